@@ -1,0 +1,43 @@
+# tidemq developer commands. Every target creates the virtual environment when missing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: run test check format bench soak clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,spark,server]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	@echo "tidemq: the network server (tidemq server) is not built yet: see README 'Status'."
+	@echo "The storage engine is usable as a library today: see docs/guide/storage.md."
+	@exit 1
+
+check: $(STAMP)
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test: check
+	$(VENV)/bin/pytest -W error -q
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_codec.py
+	$(PY) benchmarks/bench_store.py
+
+soak: $(STAMP)
+	TIDEMQ_SOAK=1 $(VENV)/bin/pytest -W error -q -m "slow" tests/simulation tests/integration
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

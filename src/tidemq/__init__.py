@@ -1,0 +1,1 @@
+"""tidemq: stream storage for Python data teams."""

@@ -1,0 +1,151 @@
+"""The one error table: every failure tidemq reports has a code, an exception class and a
+retriability flag. The wire protocol carries the code; clients rebuild the exception with
+`for_code()`. Expected outcomes (no new messages, offset out of range on a poll) are results,
+not exceptions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import IntEnum
+from typing import ClassVar, TypeVar
+
+__all__ = [
+    "BatchTooLarge",
+    "ConfigError",
+    "CorruptRecordError",
+    "DiskFull",
+    "ErrorCode",
+    "FencedProducer",
+    "InvalidBatch",
+    "InvalidTopicName",
+    "OffsetOutOfRange",
+    "OutOfOrderSequence",
+    "QueueNotFound",
+    "StorageFailure",
+    "StoreClosed",
+    "TidemqError",
+    "TopicAlreadyExists",
+    "TopicNotFound",
+    "for_code",
+]
+
+
+class ErrorCode(IntEnum):
+    UNKNOWN = 1
+    INVALID_BATCH = 2
+    BATCH_TOO_LARGE = 3
+    TOPIC_NOT_FOUND = 4
+    QUEUE_NOT_FOUND = 5
+    TOPIC_ALREADY_EXISTS = 6
+    INVALID_TOPIC_NAME = 7
+    CONFIG_ERROR = 8
+    OFFSET_OUT_OF_RANGE = 9
+    CORRUPT_RECORD = 10
+    DISK_FULL = 11
+    STORAGE_FAILURE = 12
+    OUT_OF_ORDER_SEQUENCE = 13
+    FENCED_PRODUCER = 14
+    STORE_CLOSED = 15
+
+
+class TidemqError(Exception):
+    """Base of every tidemq error. `code` goes on the wire; `retriable` tells a client whether
+    the same request may succeed later without change."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.UNKNOWN
+    retriable: ClassVar[bool] = False
+
+
+_BY_CODE: dict[ErrorCode, type[TidemqError]] = {ErrorCode.UNKNOWN: TidemqError}
+_E = TypeVar("_E", bound=type[TidemqError])
+
+
+def _error(code: ErrorCode, *, retriable: bool = False) -> Callable[[_E], _E]:
+    def register(cls: _E) -> _E:
+        assert code not in _BY_CODE, f"error code {code!r} registered twice"
+        cls.code = code
+        cls.retriable = retriable
+        _BY_CODE[code] = cls
+        return cls
+
+    return register
+
+
+def for_code(code: int) -> type[TidemqError]:
+    """The exception class for a wire error code (unknown codes map to TidemqError)."""
+    try:
+        return _BY_CODE[ErrorCode(code)]
+    except ValueError:
+        return TidemqError
+
+
+@_error(ErrorCode.INVALID_BATCH)
+class InvalidBatch(TidemqError):
+    """A batch that is malformed: bad CRC, bad offsets, wrong counts, bad field sizes."""
+
+
+@_error(ErrorCode.BATCH_TOO_LARGE)
+class BatchTooLarge(TidemqError):
+    """A batch larger than the configured or format limit."""
+
+
+@_error(ErrorCode.TOPIC_NOT_FOUND)
+class TopicNotFound(TidemqError):
+    pass
+
+
+@_error(ErrorCode.QUEUE_NOT_FOUND)
+class QueueNotFound(TidemqError):
+    pass
+
+
+@_error(ErrorCode.TOPIC_ALREADY_EXISTS)
+class TopicAlreadyExists(TidemqError):
+    pass
+
+
+@_error(ErrorCode.INVALID_TOPIC_NAME)
+class InvalidTopicName(TidemqError):
+    pass
+
+
+@_error(ErrorCode.CONFIG_ERROR)
+class ConfigError(TidemqError):
+    """An invalid configuration value; the message names the key."""
+
+
+@_error(ErrorCode.OFFSET_OUT_OF_RANGE)
+class OffsetOutOfRange(TidemqError):
+    pass
+
+
+@_error(ErrorCode.CORRUPT_RECORD)
+class CorruptRecordError(TidemqError):
+    """Bytes on disk or on the wire fail their checksum or structure checks."""
+
+
+@_error(ErrorCode.DISK_FULL, retriable=True)
+class DiskFull(TidemqError):
+    """The disk is above its usage watermark or returned ENOSPC; nothing was written.
+    Appends resume once space returns."""
+
+
+@_error(ErrorCode.STORAGE_FAILURE)
+class StorageFailure(TidemqError):
+    """An I/O error that makes durability unknowable (an fsync failed). The store fences
+    itself: every later append and flush fails until it is reopened."""
+
+
+@_error(ErrorCode.OUT_OF_ORDER_SEQUENCE)
+class OutOfOrderSequence(TidemqError):
+    """An idempotent producer skipped or reused a sequence number."""
+
+
+@_error(ErrorCode.FENCED_PRODUCER)
+class FencedProducer(TidemqError):
+    """A producer epoch older than the newest one seen for that producer id."""
+
+
+@_error(ErrorCode.STORE_CLOSED)
+class StoreClosed(TidemqError):
+    pass

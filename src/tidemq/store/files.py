@@ -1,0 +1,168 @@
+"""The store's only door to the disk.
+
+Everything the store does to files goes through a `FileSystem`, so that tests can swap in
+`tidemq.testing.files.FaultFileSystem`, which loses what was not fsynced, tears writes and
+injects EIO/ENOSPC. `OsFileSystem` is the real one.
+
+Contract (what the store relies on, and what a fake must model):
+
+* `FileHandle.append` writes all bytes at the end of the file or raises; after an OSError
+  the file may hold a prefix of them (the caller truncates back).
+* Nothing is durable until `FileHandle.sync` (file data) and, for a created, renamed or
+  removed name, `FileSystem.sync_dir` of its directory.
+* `replace` is atomic: after a crash the name holds the old or the new file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+__all__ = ["FileHandle", "FileSystem", "OsFileSystem"]
+
+Buffer = bytes | bytearray | memoryview
+
+
+class FileHandle(Protocol):
+    """An open file, read-write, appended at its end. One owner at a time."""
+
+    def append(self, buffers: Sequence[Buffer]) -> None:
+        """Write the buffers, in order, at the end of the file."""
+        ...
+
+    def pread(self, position: int, size: int) -> bytes:
+        """Up to `size` bytes from `position` (fewer at the end of the file)."""
+        ...
+
+    def sync(self) -> None:
+        """fdatasync: the data written so far survives power loss. Raises OSError on failure."""
+        ...
+
+    def truncate(self, size: int) -> None: ...
+
+    def size(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class FileSystem(Protocol):
+    def open(self, path: Path, *, create: bool = False) -> FileHandle: ...
+
+    def exists(self, path: Path) -> bool: ...
+
+    def listdir(self, path: Path) -> list[str]:
+        """Names in a directory, [] if it does not exist."""
+        ...
+
+    def makedirs(self, path: Path) -> None: ...
+
+    def remove(self, path: Path) -> None: ...
+
+    def remove_tree(self, path: Path) -> None: ...
+
+    def replace(self, source: Path, target: Path) -> None: ...
+
+    def sync_dir(self, path: Path) -> None: ...
+
+    def read_bytes(self, path: Path) -> bytes: ...
+
+    def disk_usage(self, path: Path) -> tuple[int, int]:
+        """(total bytes, free bytes) of the filesystem holding `path`."""
+        ...
+
+
+class OsFile:
+    """A FileHandle over a POSIX file descriptor."""
+
+    __slots__ = ("_fd", "_size", "path")
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+        self._size = os.lseek(fd, 0, os.SEEK_END)
+
+    def append(self, buffers: Sequence[Buffer]) -> None:
+        total = sum(len(b) for b in buffers)
+        written = os.pwritev(self._fd, buffers, self._size)
+        while written < total:  # short writes happen near ENOSPC; finish or raise
+            rest = _skip(buffers, written)
+            more = os.pwritev(self._fd, rest, self._size + written)
+            if more == 0:
+                raise OSError(28, "short write")
+            written += more
+        self._size += total
+
+    def pread(self, position: int, size: int) -> bytes:
+        return os.pread(self._fd, size, position)
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+        self._size = size
+
+    def size(self) -> int:
+        return self._size
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _skip(buffers: Sequence[Buffer], count: int) -> list[Buffer]:
+    out: list[Buffer] = []
+    for buf in buffers:
+        if count >= len(buf):
+            count -= len(buf)
+            continue
+        out.append(memoryview(buf)[count:])
+        count = 0
+    return out
+
+
+class OsFileSystem:
+    """The real filesystem."""
+
+    def open(self, path: Path, *, create: bool = False) -> OsFile:
+        flags = os.O_RDWR | (os.O_CREAT if create else 0) | getattr(os, "O_CLOEXEC", 0)
+        return OsFile(path, os.open(path, flags, 0o644))
+
+    def exists(self, path: Path) -> bool:
+        return path.exists()
+
+    def listdir(self, path: Path) -> list[str]:
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            return []
+
+    def makedirs(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+
+    def remove(self, path: Path) -> None:
+        path.unlink()
+
+    def remove_tree(self, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=False)
+
+    def replace(self, source: Path, target: Path) -> None:
+        os.replace(source, target)
+
+    def sync_dir(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read_bytes(self, path: Path) -> bytes:
+        return path.read_bytes()
+
+    def disk_usage(self, path: Path) -> tuple[int, int]:
+        st = os.statvfs(path)
+        return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize

@@ -1,0 +1,1 @@
+"""Byte layouts of the store's files. Pure: structs, packing, validation; no I/O."""

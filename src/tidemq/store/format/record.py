@@ -1,0 +1,185 @@
+"""Commit-log record: one batch of one (topic, queue), as appended by the store.
+
+Little-endian. A 64-byte header, the system properties, then the batch payload exactly as
+the producer encoded it (`tidemq.core.batch`), whose own CRC32C covers the payload::
+
+    0        4          8     9       10      12        16        20      24             32
+    +--------+----------+-----+-------+-------+---------+---------+-------+--------------+
+    |size    |header_crc|magic|version|flags  |topic_id |queue_id |count  |base_offset   |
+    |u32     |u32       |u8   |u8     |u16    |u32      |u32      |u32    |u64           |
+    +--------+----------+-----+-------+-------+---------+---------+-------+--------------+
+    32               40               48          52      54          56          60      64
+    +----------------+----------------+-----------+-------+-----------+-----------+-------+
+    |store_time_ms   |producer_id     |base_seq   |epoch  |props_size |payload_crc|reserved
+    |i64             |i64 (-1: none)  |i32        |i16    |u16        |u32        |u32    |
+    +----------------+----------------+-----------+-------+-----------+-----------+-------+
+    64: properties (props_size bytes), then payload (size - 64 - props_size bytes)
+
+* ``size`` counts the whole record, header included. A size of 0 marks the end of the log
+  (a zero-filled tail after a crash is the end, never a record).
+* ``header_crc`` is CRC32C of bytes 8..64 and the properties. ``payload_crc`` repeats the
+  batch's own CRC so that recovery can check both without decoding the batch.
+* A record never spans two segments.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+import crc32c
+
+from tidemq.core.batch import ENVELOPE, Envelope, parse_envelope
+from tidemq.core.errors import CorruptRecordError, InvalidBatch
+
+__all__ = [
+    "HEADER",
+    "MAGIC",
+    "RecordFlags",
+    "RecordHeader",
+    "encode_header",
+    "parse_header",
+    "verify_payload",
+]
+
+MAGIC: Final = 0xC7
+VERSION: Final = 1
+HEADER: Final = struct.Struct("<IIBBHIIIQqqihHII")
+assert HEADER.size == 64
+_CRC_FROM: Final = 8
+
+
+class RecordFlags:
+    """Bits of the record's `flags` field (set by the broker; the store keeps them)."""
+
+    TRANSACTION_HALF = 1 << 0
+    DELAYED = 1 << 1
+    CONTROL = 1 << 2
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    size: int
+    flags: int
+    topic_id: int
+    queue_id: int
+    count: int
+    base_offset: int
+    store_time_ms: int
+    producer_id: int
+    base_sequence: int
+    producer_epoch: int
+    properties_size: int
+    payload_crc: int
+
+    @property
+    def payload_start(self) -> int:
+        return HEADER.size + self.properties_size
+
+
+def encode_header(
+    *,
+    payload_size: int,
+    properties: bytes,
+    flags: int,
+    topic_id: int,
+    queue_id: int,
+    count: int,
+    base_offset: int,
+    store_time_ms: int,
+    producer_id: int,
+    base_sequence: int,
+    producer_epoch: int,
+    payload_crc: int,
+) -> bytes:
+    """The 64 header bytes for a record whose properties and payload follow."""
+    size = HEADER.size + len(properties) + payload_size
+    raw = HEADER.pack(
+        size,
+        0,
+        MAGIC,
+        VERSION,
+        flags,
+        topic_id,
+        queue_id,
+        count,
+        base_offset,
+        store_time_ms,
+        producer_id,
+        base_sequence,
+        producer_epoch,
+        len(properties),
+        payload_crc,
+        0,
+    )
+    crc = crc32c.crc32c(properties, crc32c.crc32c(memoryview(raw)[_CRC_FROM:]))
+    return raw[:4] + crc.to_bytes(4, "little") + raw[_CRC_FROM:]
+
+
+def parse_header(buf: bytes | memoryview, offset: int = 0) -> RecordHeader:
+    """Parse and check a header whose properties are in `buf` after it.
+
+    Raises CorruptRecordError on a bad magic, impossible size or header CRC mismatch.
+    The caller checks the size against what remains of the segment.
+    """
+    if len(buf) - offset < HEADER.size:
+        raise CorruptRecordError("record header truncated")
+    (
+        size,
+        hcrc,
+        magic,
+        version,
+        flags,
+        topic_id,
+        queue_id,
+        count,
+        base_offset,
+        store_time,
+        producer_id,
+        base_seq,
+        epoch,
+        props_size,
+        payload_crc,
+        _,
+    ) = HEADER.unpack_from(buf, offset)
+    if magic != MAGIC or version != VERSION:
+        raise CorruptRecordError(f"bad record magic/version {magic:#x}/{version}")
+    if size < HEADER.size + props_size + ENVELOPE.size:
+        raise CorruptRecordError(f"record size {size} is too small")
+    props_end = offset + HEADER.size + props_size
+    if props_end > len(buf):
+        raise CorruptRecordError("record properties truncated")
+    view = memoryview(buf)
+    actual = crc32c.crc32c(
+        view[offset + HEADER.size : props_end],
+        crc32c.crc32c(view[offset + _CRC_FROM : offset + HEADER.size]),
+    )
+    if actual != hcrc:
+        raise CorruptRecordError(f"record header CRC mismatch ({hcrc:#010x} != {actual:#010x})")
+    return RecordHeader(
+        size,
+        flags,
+        topic_id,
+        queue_id,
+        count,
+        base_offset,
+        store_time,
+        producer_id,
+        base_seq,
+        epoch,
+        props_size,
+        payload_crc,
+    )
+
+
+def verify_payload(header: RecordHeader, record: bytes | memoryview) -> Envelope:
+    """Check the payload of a whole record against its CRC and the header's count."""
+    payload = memoryview(record)[header.payload_start : header.size]
+    try:
+        env = parse_envelope(payload)
+    except InvalidBatch as exc:
+        raise CorruptRecordError(f"record payload: {exc}") from None
+    if env.crc != header.payload_crc or env.count != header.count:
+        raise CorruptRecordError("record payload does not match its header")
+    return env

@@ -1,0 +1,505 @@
+"""The storage engine's facade: the only API the layers above the store use.
+
+One commit log holds every batch of every queue; per-queue indexes point into it. The
+owner (the broker's store gateway, a test, a benchmark) serialises every call: the store
+is single-threaded by design, with no locks on the write path.
+
+Durability contract:
+
+* `append` writes the record and returns its offsets. In `sync` flush mode the record is
+  acknowledged only after `flush()` has returned a position at or past `end_position`;
+  one flush covers every record appended before it (group commit).
+* In `sync` mode reads see only flushed records, so no consumer ever sees a message that a
+  power loss could take back. In `async` mode they see every appended record.
+* `checkpoint()` writes index entries and producer state, then the checkpoint file. After a
+  crash, `MessageStore.open` truncates the torn tail of the log and re-derives everything
+  past the checkpoint (see `recovery.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+
+from tidemq.core import limits
+from tidemq.core.batch import parse_envelope
+from tidemq.core.clock import Clock, SystemClock
+from tidemq.core.errors import (
+    BatchTooLarge,
+    ConfigError,
+    DiskFull,
+    InvalidBatch,
+    QueueNotFound,
+    StorageFailure,
+    StoreClosed,
+    TopicNotFound,
+)
+from tidemq.store.checkpoint import write_checkpoint
+from tidemq.store.commit_log import CommitLog
+from tidemq.store.config import FlushMode, StoreConfig
+from tidemq.store.files import FileSystem, OsFileSystem
+from tidemq.store.format.checkpoint import Checkpoint
+from tidemq.store.format.record import parse_header
+from tidemq.store.metadata import CleanupPolicy, MessageType, Metadata, TopicInfo
+from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp, ProducerStates
+from tidemq.store.queue_index import IndexFileCache, QueueIndex
+
+__all__ = ["AppendResult", "MessageStore", "ReadResult", "ReadStatus", "StoredBatch"]
+
+#: Index entries examined per read before giving up on a tag filter that matches nothing.
+_READ_SCAN_ENTRIES_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    count: int
+    #: The record is durable (in sync mode: may be acknowledged) once the flushed
+    #: position reaches this.
+    end_position: int
+    store_time_ms: int
+    #: True when this was a retried batch already stored; nothing new was written.
+    duplicate: bool = False
+
+
+class ReadStatus(StrEnum):
+    FOUND = "found"
+    NO_NEW_MESSAGE = "no_new_message"
+    OFFSET_OUT_OF_RANGE = "offset_out_of_range"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBatch:
+    base_offset: int
+    count: int
+    store_time_ms: int
+    #: The whole commit-log record as stored: header, properties, batch payload.
+    record: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    status: ReadStatus
+    batches: list[StoredBatch]
+    #: Where the next read should start (past skipped batches too).
+    next_offset: int
+    min_offset: int
+    max_offset: int  # one past the newest readable message
+
+
+class MessageStore:
+    """One broker's data: a commit log, queue indexes, metadata, producer state."""
+
+    def __init__(
+        self,
+        *,
+        config: StoreConfig,
+        fs: FileSystem,
+        clock: Clock,
+        metadata: Metadata,
+        log: CommitLog,
+        queues: dict[tuple[int, int], QueueIndex],
+        producers: ProducerStates,
+        index_cache: IndexFileCache,
+        indexed_position: int,
+    ) -> None:
+        """Use `MessageStore.open`; this only assembles recovered parts."""
+        self.config = config
+        self._fs = fs
+        self._clock = clock
+        self._meta = metadata
+        self._log = log
+        self._queues = queues
+        self._producers = producers
+        self._index_cache = index_cache
+        self._indexed_position = indexed_position
+        self._topics: dict[str, TopicInfo] = {t.name: t for t in metadata.live_topics()}
+        self._dirty_queues: set[tuple[int, int]] = set()
+        self._closed = False
+        self._bytes_since_disk_check = config.disk_check_interval_bytes
+        self._disk_full = False
+        now = clock.monotonic_ms()
+        self._last_flush_ms = now
+        self._last_checkpoint_ms = now
+
+    @classmethod
+    def open(
+        cls,
+        config: StoreConfig,
+        *,
+        fs: FileSystem | None = None,
+        clock: Clock | None = None,
+        metadata_path: Path | None = None,
+    ) -> MessageStore:
+        """Open (and if needed recover) the store in `config.data_dir`."""
+        from tidemq.store.recovery import recover  # noqa: PLC0415 - recovery builds the store
+
+        return recover(
+            config,
+            fs or OsFileSystem(),
+            clock or SystemClock(),
+            metadata_path or config.data_dir / "meta.sqlite",
+        )
+
+    # ------------------------------------------------------------------ topics
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("the store is closed")
+
+    def create_topic(
+        self,
+        name: str,
+        queues: int,
+        *,
+        message_type: MessageType = MessageType.NORMAL,
+        cleanup_policy: CleanupPolicy = CleanupPolicy.DELETE,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        config: Mapping[str, str] | None = None,
+    ) -> TopicInfo:
+        self._check_open()
+        info = self._meta.create_topic(
+            TopicInfo(
+                id=0,
+                name=name,
+                queues=queues,
+                message_type=message_type,
+                cleanup_policy=cleanup_policy,
+                retention_ms=retention_ms,
+                retention_bytes=retention_bytes,
+                config=dict(config or {}),
+                created_ms=self._clock.now_ms(),
+            )
+        )
+        self._topics[name] = info
+        for q in range(queues):
+            self._queues[(info.id, q)] = self._new_index(info, q)
+        return info
+
+    def _new_index(self, info: TopicInfo, queue_id: int) -> QueueIndex:
+        return QueueIndex(
+            self._fs,
+            queue_dir(self.config.data_dir, info, queue_id),
+            entries_per_file=self.config.index_entries_per_file,
+            cache=self._index_cache,
+        )
+
+    def alter_topic(
+        self,
+        name: str,
+        *,
+        queues: int | None = None,
+        cleanup_policy: CleanupPolicy | None = None,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        config: Mapping[str, str] | None = None,
+    ) -> TopicInfo:
+        """Change a topic. Queues can be added, never removed (offsets must stay valid)."""
+        info = self.topic(name)
+        if queues is not None and queues < info.queues:
+            raise ConfigError(
+                f"topic {name!r} has {info.queues} queues; queues can be added, not removed"
+            )
+        if queues is not None and queues > limits.MAX_QUEUES_PER_TOPIC:
+            raise ConfigError(f"queues must be <= {limits.MAX_QUEUES_PER_TOPIC}")
+        new = replace(
+            info,
+            queues=info.queues if queues is None else queues,
+            cleanup_policy=cleanup_policy or info.cleanup_policy,
+            retention_ms=info.retention_ms if retention_ms is None else retention_ms,
+            retention_bytes=info.retention_bytes if retention_bytes is None else retention_bytes,
+            config={**info.config, **(config or {})},
+        )
+        self._meta.update_topic(new)
+        for q in range(info.queues, new.queues):
+            self._queues[(info.id, q)] = self._new_index(new, q)
+        self._topics[name] = new
+        return new
+
+    def delete_topic(self, name: str) -> None:
+        """Remove a topic and its indexes. Its records stay in the log until retention
+        deletes their segments; they are never visible again (topic ids are not reused)."""
+        info = self.topic(name)
+        self._meta.mark_deleted(info.id, self._clock.now_ms())
+        del self._topics[name]
+        self._producers.drop_topic(info.id)
+        for q in range(info.queues):
+            index = self._queues.pop((info.id, q))
+            self._dirty_queues.discard((info.id, q))
+            index.delete()
+        self._fs.remove_tree(topic_dir(self.config.data_dir, info))
+
+    def topic(self, name: str) -> TopicInfo:
+        self._check_open()
+        info = self._topics.get(name)
+        if info is None:
+            raise TopicNotFound(f"topic {name[:140]!r} does not exist")
+        return info
+
+    def topics(self) -> list[TopicInfo]:
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def _index(self, topic: str, queue_id: int) -> tuple[TopicInfo, QueueIndex]:
+        info = self.topic(topic)
+        index = self._queues.get((info.id, queue_id))
+        if index is None:
+            raise QueueNotFound(f"topic {topic!r} has no queue {queue_id} (queues: {info.queues})")
+        return info, index
+
+    # ------------------------------------------------------------------ writing
+
+    def allocate_producer_id(self) -> int:
+        return self._meta.next_producer_id()
+
+    def append(
+        self,
+        topic: str,
+        queue_id: int,
+        payload: bytes | memoryview,
+        *,
+        producer: ProducerStamp | None = None,
+        properties: bytes = b"",
+        flags: int = 0,
+    ) -> AppendResult:
+        """Append one batch as one record. Checks the batch envelope and CRC, size limits,
+        the topic and queue, producer sequence and disk space; on any failure nothing is
+        written."""
+        self._check_open()
+        info, index = self._index(topic, queue_id)
+        if len(payload) > self.config.max_batch_bytes:
+            raise BatchTooLarge(
+                f"batch of {len(payload)} bytes exceeds max_batch_bytes "
+                f"({self.config.max_batch_bytes})"
+            )
+        if len(properties) > limits.MAX_PROPERTIES_BYTES:
+            raise InvalidBatch(f"record properties exceed {limits.MAX_PROPERTIES_BYTES} bytes")
+        env = parse_envelope(payload)
+        key = (info.id, queue_id, producer.producer_id if producer else NO_PRODUCER)
+        if producer is not None:
+            seen = self._producers.check(key, producer, env.count)
+            if seen is not None:
+                return AppendResult(
+                    seen.base_offset, seen.count, seen.end_position, 0, duplicate=True
+                )
+        self._check_disk(len(payload))
+        base = index.next_offset
+        rec = self._log.append(
+            payload,
+            properties,
+            flags=flags,
+            topic_id=info.id,
+            queue_id=queue_id,
+            count=env.count,
+            base_offset=base,
+            producer_id=key[2],
+            base_sequence=producer.base_sequence if producer else -1,
+            producer_epoch=producer.epoch if producer else -1,
+            payload_crc=env.crc,
+        )
+        index.append(rec.position, rec.size, env.count, rec.store_time_ms, env.tag_summary)
+        self._dirty_queues.add((info.id, queue_id))
+        end = rec.position + rec.size
+        if producer is not None:
+            self._producers.record(key, producer, env.count, base, end)
+        return AppendResult(base, env.count, end, rec.store_time_ms)
+
+    def _check_disk(self, size: int) -> None:
+        self._bytes_since_disk_check += size
+        if not self._disk_full and (
+            self._bytes_since_disk_check < self.config.disk_check_interval_bytes
+        ):
+            return
+        self._bytes_since_disk_check = 0
+        try:
+            total, free = self._fs.disk_usage(self.config.data_dir)
+        except OSError:
+            return  # cannot tell: let the write itself find out
+        used = 1.0 - free / total if total else 1.0
+        self._disk_full = used >= self.config.disk_reject_ratio
+        if self._disk_full:
+            raise DiskFull(
+                f"disk {used:.0%} full, above disk_reject_ratio "
+                f"{self.config.disk_reject_ratio:.0%}; appends resume when space is freed"
+            )
+
+    def flush(self) -> int:
+        """fdatasync the log (group commit); return the flushed position."""
+        self._check_open()
+        flushed = self._log.flush()
+        self._last_flush_ms = self._clock.monotonic_ms()
+        return flushed
+
+    @property
+    def flushed_position(self) -> int:
+        return self._log.flushed_position
+
+    @property
+    def end_position(self) -> int:
+        return self._log.end_position
+
+    def tick(self) -> None:
+        """Periodic work for the owner to call: the async-mode flush and the checkpoint."""
+        self._check_open()
+        now = self._clock.monotonic_ms()
+        if (
+            self.config.flush_mode is FlushMode.ASYNC
+            and now - self._last_flush_ms >= self.config.flush_interval_ms
+        ):
+            self.flush()
+        if now - self._last_checkpoint_ms >= self.config.checkpoint_interval_ms:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Flush the log, write pending index entries and producer state, then the
+        checkpoint file. Recovery replays the log only past this point."""
+        self._check_open()
+        flushed = self.flush()
+        for key in self._dirty_queues:
+            index = self._queues.get(key)
+            if index is not None:
+                index.write_pending(sync=True)
+        self._dirty_queues.clear()
+        self._meta.save_producer_state(self._producers.take_dirty())
+        write_checkpoint(
+            self._fs,
+            self.config.data_dir,
+            Checkpoint(flushed, flushed),
+            self._clock.now_ms(),
+        )
+        self._indexed_position = flushed
+        self._last_checkpoint_ms = self._clock.monotonic_ms()
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def visible_position(self) -> int:
+        if self.config.flush_mode is FlushMode.SYNC:
+            return self._log.flushed_position
+        return self._log.end_position
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min offset, next offset) of a queue: the readable range is [min, next)."""
+        _, index = self._index(topic, queue_id)
+        return index.min_offset, index.next_offset
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first offset stored at or after `timestamp_ms` (the next offset if none)."""
+        _, index = self._index(topic, queue_id)
+        return index.offset_for_time(timestamp_ms)
+
+    def read(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_bytes: int,
+        tag_mask: int = 0,
+    ) -> ReadResult:
+        """Whole records from the batch holding `offset`, up to `max_bytes` (at least one
+        batch when any is readable). With `tag_mask`, batches whose tag summary shares no
+        bit with it are skipped without reading the log."""
+        self._check_open()
+        _, index = self._index(topic, queue_id)
+        visible = self.visible_position
+        lo, hi = index.min_offset, index.next_offset
+        if offset < lo or offset > hi:
+            return ReadResult(ReadStatus.OFFSET_OUT_OF_RANGE, [], offset, lo, hi)
+        entries = index.entries_from(offset, _READ_SCAN_ENTRIES_MAX)
+        batches: list[StoredBatch] = []
+        budget = max_bytes
+        next_offset = offset
+        for e in entries:
+            if e.log_position + e.size > visible or (batches and e.size > budget):
+                break
+            next_offset = e.base_offset + e.count
+            if tag_mask and not e.tag_summary & tag_mask:
+                continue
+            record = self._log.read(e.log_position, e.size)
+            header = parse_header(record)
+            if header.base_offset != e.base_offset or header.size != e.size:
+                raise StorageFailure(
+                    f"queue index of {topic}/{queue_id} points at the wrong record "
+                    f"(offset {e.base_offset}, position {e.log_position})"
+                )
+            batches.append(StoredBatch(e.base_offset, e.count, e.store_time_ms, record))
+            budget -= e.size
+            if budget <= 0:
+                break
+        status = ReadStatus.FOUND if batches else ReadStatus.NO_NEW_MESSAGE
+        return ReadResult(status, batches, next_offset, lo, hi)
+
+    # ------------------------------------------------------------------ consumer offsets
+
+    def commit_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        self._check_open()
+        self._meta.commit_offsets(group, offsets, self._clock.now_ms())
+
+    def committed_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        self._check_open()
+        return self._meta.committed_offsets(group)
+
+    def groups(self) -> list[str]:
+        return self._meta.groups()
+
+    # ------------------------------------------------------------------ retention
+
+    def enforce_retention(self) -> int:
+        """Apply every topic's time and size retention; delete log segments no queue needs.
+        Returns the number of segments deleted."""
+        from tidemq.store.retention import apply_retention  # noqa: PLC0415
+
+        self._check_open()
+        return apply_retention(self)
+
+    # ------------------------------------------------------------------ internals for
+    # recovery and retention (same package)
+
+    @property
+    def log(self) -> CommitLog:
+        return self._log
+
+    @property
+    def metadata(self) -> Metadata:
+        return self._meta
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def mark_all_queues_dirty(self) -> None:
+        self._dirty_queues.update(self._queues)
+
+    def queue_indexes(self) -> dict[tuple[int, int], QueueIndex]:
+        return self._queues
+
+    @property
+    def indexed_position(self) -> int:
+        """Position up to which the last checkpoint holds every index entry."""
+        return self._indexed_position
+
+    def close(self) -> None:
+        """Checkpoint and close. Safe to call twice."""
+        if self._closed:
+            return
+        try:
+            self.checkpoint()
+        except (StorageFailure, OSError):
+            pass  # a fenced log cannot checkpoint; recovery will replay instead
+        finally:
+            self._closed = True
+            self._log.close()
+            self._meta.close()
+
+
+def topic_dir(data_dir: Path, info: TopicInfo) -> Path:
+    # Ids make the directory unique: a topic deleted and created again never meets the
+    # files of its namesake, even after a crash in the middle of a delete.
+    return data_dir / "queues" / f"{info.id}-{info.name}"
+
+
+def queue_dir(data_dir: Path, info: TopicInfo, queue_id: int) -> Path:
+    return topic_dir(data_dir, info) / str(queue_id)

@@ -1,0 +1,291 @@
+"""Broker metadata in SQLite (WAL mode): topics, queue state, consumer offsets, producer state.
+
+Each change is one small transaction (`synchronous=FULL`: durable when `commit` returns),
+instead of rewriting a whole JSON file on every change as RocketMQ does. Data never lives
+here; only what describes it.
+
+Tables::
+
+    topics(id PK AUTOINCREMENT, name, queues, message_type, cleanup_policy, retention_ms,
+           retention_bytes, config JSON, created_ms, deleted_ms)   ids are never reused
+    queue_state(topic_id, queue_id, min_offset)                    retention's low mark
+    consumer_offsets(group_name, topic, queue_id, next_offset, updated_ms)
+    producer_state(topic_id, queue_id, producer_id, epoch, window JSON, position)
+    counters(name, value)                                          producer id allocation
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from tidemq.core import limits
+from tidemq.core.errors import (
+    ConfigError,
+    InvalidTopicName,
+    TopicAlreadyExists,
+    TopicNotFound,
+)
+
+__all__ = ["CleanupPolicy", "MessageType", "Metadata", "TopicInfo", "validate_topic_name"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS topics (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    queues INTEGER NOT NULL,
+    message_type TEXT NOT NULL,
+    cleanup_policy TEXT NOT NULL,
+    retention_ms INTEGER,
+    retention_bytes INTEGER,
+    config TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    deleted_ms INTEGER
+);
+CREATE UNIQUE INDEX IF NOT EXISTS topics_live_name ON topics(name) WHERE deleted_ms IS NULL;
+CREATE TABLE IF NOT EXISTS queue_state (
+    topic_id INTEGER NOT NULL, queue_id INTEGER NOT NULL, min_offset INTEGER NOT NULL,
+    PRIMARY KEY (topic_id, queue_id)
+);
+CREATE TABLE IF NOT EXISTS consumer_offsets (
+    group_name TEXT NOT NULL, topic TEXT NOT NULL, queue_id INTEGER NOT NULL,
+    next_offset INTEGER NOT NULL, updated_ms INTEGER NOT NULL,
+    PRIMARY KEY (group_name, topic, queue_id)
+);
+CREATE TABLE IF NOT EXISTS producer_state (
+    topic_id INTEGER NOT NULL, queue_id INTEGER NOT NULL, producer_id INTEGER NOT NULL,
+    epoch INTEGER NOT NULL, window TEXT NOT NULL,
+    PRIMARY KEY (topic_id, queue_id, producer_id)
+);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+_NAME = re.compile(limits.TOPIC_NAME_PATTERN)
+
+
+class MessageType(StrEnum):
+    NORMAL = "NORMAL"
+    FIFO = "FIFO"
+    DELAY = "DELAY"
+    TRANSACTION = "TRANSACTION"
+
+
+class CleanupPolicy(StrEnum):
+    DELETE = "delete"
+    COMPACT = "compact"
+    COMPACT_DELETE = "compact,delete"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    id: int
+    name: str
+    queues: int
+    message_type: MessageType = MessageType.NORMAL
+    cleanup_policy: CleanupPolicy = CleanupPolicy.DELETE
+    #: None: the store's default. -1: keep forever.
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    config: Mapping[str, str] = field(default_factory=dict)
+    created_ms: int = 0
+
+
+def validate_topic_name(name: str) -> None:
+    if not _NAME.match(name):
+        raise InvalidTopicName(
+            f"invalid topic name {name[:140]!r}: use 1-{limits.MAX_TOPIC_NAME_BYTES} "
+            "characters from A-Z a-z 0-9 % _ . -"
+        )
+
+
+def _check_retention(key: str, value: int | None) -> None:
+    if value is not None and value < -1:
+        raise ConfigError(f"topic {key} must be -1 (keep forever) or >= 0, got {value}")
+
+
+class Metadata:
+    """The metadata database of one broker. Single writer."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ------------------------------------------------------------------ topics
+
+    def create_topic(self, info: TopicInfo) -> TopicInfo:
+        validate_topic_name(info.name)
+        if not 1 <= info.queues <= limits.MAX_QUEUES_PER_TOPIC:
+            raise ConfigError(
+                f"topic {info.name!r}: queues must be 1..{limits.MAX_QUEUES_PER_TOPIC}, "
+                f"got {info.queues}"
+            )
+        _check_retention("retention.ms", info.retention_ms)
+        _check_retention("retention.bytes", info.retention_bytes)
+        try:
+            cur = self._db.execute(
+                "INSERT INTO topics (name, queues, message_type, cleanup_policy, retention_ms,"
+                " retention_bytes, config, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    info.name,
+                    info.queues,
+                    info.message_type.value,
+                    info.cleanup_policy.value,
+                    info.retention_ms,
+                    info.retention_bytes,
+                    json.dumps(dict(info.config)),
+                    info.created_ms,
+                ),
+            )
+        except sqlite3.IntegrityError:
+            raise TopicAlreadyExists(f"topic {info.name!r} already exists") from None
+        assert cur.lastrowid is not None
+        return self.topic_by_id(cur.lastrowid)
+
+    def _row_to_topic(self, row: tuple[Any, ...]) -> TopicInfo:
+        tid, name, queues, mtype, policy, rms, rbytes, config, created = row
+        return TopicInfo(
+            id=int(tid),
+            name=str(name),
+            queues=int(queues),
+            message_type=MessageType(mtype),
+            cleanup_policy=CleanupPolicy(policy),
+            retention_ms=None if rms is None else int(rms),
+            retention_bytes=None if rbytes is None else int(rbytes),
+            config=json.loads(str(config)),
+            created_ms=int(created),
+        )
+
+    _COLS = (
+        "id, name, queues, message_type, cleanup_policy, retention_ms, retention_bytes, "
+        "config, created_ms"
+    )
+
+    def topic_by_id(self, topic_id: int) -> TopicInfo:
+        row = self._db.execute(
+            f"SELECT {self._COLS} FROM topics WHERE id = ?", (topic_id,)
+        ).fetchone()
+        if row is None:
+            raise TopicNotFound(f"topic id {topic_id} does not exist")
+        return self._row_to_topic(row)
+
+    def live_topics(self) -> list[TopicInfo]:
+        rows = self._db.execute(
+            f"SELECT {self._COLS} FROM topics WHERE deleted_ms IS NULL ORDER BY name"
+        ).fetchall()
+        return [self._row_to_topic(r) for r in rows]
+
+    def update_topic(self, info: TopicInfo) -> None:
+        _check_retention("retention.ms", info.retention_ms)
+        _check_retention("retention.bytes", info.retention_bytes)
+        self._db.execute(
+            "UPDATE topics SET queues = ?, cleanup_policy = ?, retention_ms = ?,"
+            " retention_bytes = ?, config = ? WHERE id = ? AND deleted_ms IS NULL",
+            (
+                info.queues,
+                info.cleanup_policy.value,
+                info.retention_ms,
+                info.retention_bytes,
+                json.dumps(dict(info.config)),
+                info.id,
+            ),
+        )
+
+    def mark_deleted(self, topic_id: int, now_ms: int) -> None:
+        with self._tx():
+            self._db.execute("UPDATE topics SET deleted_ms = ? WHERE id = ?", (now_ms, topic_id))
+            self._db.execute("DELETE FROM queue_state WHERE topic_id = ?", (topic_id,))
+            self._db.execute("DELETE FROM producer_state WHERE topic_id = ?", (topic_id,))
+
+    # ------------------------------------------------------------------ queue state
+
+    def queue_min_offsets(self) -> dict[tuple[int, int], int]:
+        rows = self._db.execute("SELECT topic_id, queue_id, min_offset FROM queue_state")
+        return {(t, q): m for t, q, m in rows}
+
+    def set_queue_min_offsets(self, values: Mapping[tuple[int, int], int]) -> None:
+        with self._tx():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO queue_state VALUES (?, ?, ?)",
+                [(t, q, m) for (t, q), m in values.items()],
+            )
+
+    # ------------------------------------------------------------------ consumer offsets
+
+    def commit_offsets(
+        self, group: str, offsets: Mapping[tuple[str, int], int], now_ms: int
+    ) -> None:
+        with self._tx():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO consumer_offsets VALUES (?, ?, ?, ?, ?)",
+                [(group, t, q, o, now_ms) for (t, q), o in offsets.items()],
+            )
+
+    def committed_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        rows = self._db.execute(
+            "SELECT topic, queue_id, next_offset FROM consumer_offsets WHERE group_name = ?",
+            (group,),
+        )
+        return {(t, q): o for t, q, o in rows}
+
+    def groups(self) -> list[str]:
+        rows = self._db.execute("SELECT DISTINCT group_name FROM consumer_offsets ORDER BY 1")
+        return [r[0] for r in rows]
+
+    def delete_group(self, group: str) -> None:
+        self._db.execute("DELETE FROM consumer_offsets WHERE group_name = ?", (group,))
+
+    # ------------------------------------------------------------------ producers
+
+    def next_producer_id(self) -> int:
+        with self._tx():
+            self._db.execute(
+                "INSERT INTO counters VALUES ('producer_id', 1) "
+                "ON CONFLICT(name) DO UPDATE SET value = value + 1"
+            )
+            row = self._db.execute(
+                "SELECT value FROM counters WHERE name = 'producer_id'"
+            ).fetchone()
+        return int(row[0])
+
+    def load_producer_state(self) -> Iterable[tuple[int, int, int, int, list[list[int]]]]:
+        rows = self._db.execute(
+            "SELECT topic_id, queue_id, producer_id, epoch, window FROM producer_state"
+        ).fetchall()
+        return [(t, q, p, e, json.loads(w)) for t, q, p, e, w in rows]
+
+    def save_producer_state(
+        self, rows: Iterable[tuple[int, int, int, int, list[list[int]]]]
+    ) -> None:
+        with self._tx():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO producer_state VALUES (?, ?, ?, ?, ?)",
+                [(t, q, p, e, json.dumps(w)) for t, q, p, e, w in rows],
+            )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")

@@ -1,0 +1,292 @@
+"""Per-queue index: one fixed-width entry per batch (`format.index_entry`).
+
+Files live in the queue's directory, named by the base offset of their first entry
+(20 digits + ``.idx``), each holding at most `entries_per_file` entries. The last file's
+entries are also kept in memory (`_tail`), loaded on first use, so appends and lookups of
+recent offsets never touch the disk. Entries are written to the file only at checkpoints
+(`write_pending`); until then they exist in memory and are re-derived from the commit log
+after a crash. Sealed files are read whole into a shared LRU cache for lookups.
+
+Derived, never trusted: recovery cuts every entry at or past the checkpoint's indexed
+position (`cut_from_position`) and re-appends them from the log.
+
+Single writer: the store's owner serialises every call.
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from tidemq.store.files import FileSystem
+from tidemq.store.format.index_entry import ENTRY, ENTRY_DTYPE
+
+__all__ = ["IndexEntry", "IndexFileCache", "QueueIndex"]
+
+_SUFFIX = ".idx"
+_W = ENTRY.size
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    log_position: int
+    size: int
+    count: int
+    base_offset: int
+    store_time_ms: int
+    tag_summary: int
+
+
+class IndexFileCache:
+    """Sealed index files in memory, least recently used dropped first."""
+
+    def __init__(self, max_files: int) -> None:
+        self._max = max_files
+        self._files: OrderedDict[Path, npt.NDArray[np.void]] = OrderedDict()
+
+    def get(self, fs: FileSystem, path: Path) -> npt.NDArray[np.void]:
+        arr = self._files.get(path)
+        if arr is None:
+            raw = fs.read_bytes(path)
+            raw = raw[: len(raw) - len(raw) % _W]
+            arr = np.frombuffer(raw, dtype=ENTRY_DTYPE)
+            self._files[path] = arr
+            while len(self._files) > self._max:
+                self._files.popitem(last=False)
+        else:
+            self._files.move_to_end(path)
+        return arr
+
+    def drop(self, path: Path) -> None:
+        self._files.pop(path, None)
+
+
+def _file_name(first_offset: int) -> str:
+    return f"{first_offset:020d}{_SUFFIX}"
+
+
+class QueueIndex:
+    """The index of one queue."""
+
+    def __init__(
+        self, fs: FileSystem, directory: Path, *, entries_per_file: int, cache: IndexFileCache
+    ) -> None:
+        self._fs = fs
+        self._dir = directory
+        self._per_file = entries_per_file
+        self._cache = cache
+        fs.makedirs(directory)
+        self._files: list[int] = sorted(
+            int(n[: -len(_SUFFIX)])
+            for n in fs.listdir(directory)
+            if n.endswith(_SUFFIX) and n[: -len(_SUFFIX)].isdigit()
+        )
+        self._tail: bytearray | None = None  # entries of the last file, loaded lazily
+        self._tail_bases: array[int] = array("q")
+        self._tail_written = 0  # tail entries already in the file
+        self._next_offset = 0
+        self._last_position = -1
+        self.min_offset = 0
+        self._load_bounds()
+
+    # ------------------------------------------------------------------ state
+
+    def _path(self, first: int) -> Path:
+        return self._dir / _file_name(first)
+
+    def _load_bounds(self) -> None:
+        """Set next_offset and last_position from the files (the newest whole entry)."""
+        self._last_position = -1
+        if not self._files:
+            return
+        self._next_offset = self._files[-1]  # an empty last file: its name is the next offset
+        for i, first in enumerate(reversed(self._files)):
+            handle = self._fs.open(self._path(first))
+            try:
+                size = handle.size() - handle.size() % _W
+                if size == 0:
+                    continue
+                entry = IndexEntry(*ENTRY.unpack(handle.pread(size - _W, _W)))
+            finally:
+                handle.close()
+            if i == 0:
+                self._next_offset = entry.base_offset + entry.count
+            self._last_position = entry.log_position
+            break
+        self.min_offset = self._files[0]
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next appended message gets (max offset + 1)."""
+        return self._next_offset
+
+    @property
+    def last_position(self) -> int:
+        """Log position of the newest entry, -1 if none."""
+        return self._last_position
+
+    def _load_tail(self) -> bytearray:
+        if self._tail is None:
+            self._tail = bytearray()
+            self._tail_bases = array("q")
+            if self._files:
+                raw = self._fs.read_bytes(self._path(self._files[-1]))
+                raw = raw[: len(raw) - len(raw) % _W]
+                self._tail += raw
+                self._tail_bases.extend(
+                    int(b) for b in np.frombuffer(raw, dtype=ENTRY_DTYPE)["base_offset"]
+                )
+                self._tail_written = len(self._tail_bases)
+        return self._tail
+
+    # ------------------------------------------------------------------ writing
+
+    def append(
+        self, log_position: int, size: int, count: int, store_time_ms: int, tag_summary: int
+    ) -> int:
+        """Add the entry for a batch at the next offset; return its base offset."""
+        assert log_position > self._last_position
+        tail = self._load_tail()
+        if not self._files or len(self._tail_bases) >= self._per_file:
+            self._roll()
+            tail = self._load_tail()
+        base = self._next_offset
+        tail += ENTRY.pack(log_position, size, count, base, store_time_ms, tag_summary)
+        self._tail_bases.append(base)
+        self._next_offset = base + count
+        self._last_position = log_position
+        return base
+
+    def _roll(self) -> None:
+        if self._files:
+            self.write_pending(sync=True)
+        self._files.append(self._next_offset)
+        self._fs.open(self._path(self._next_offset), create=True).close()
+        self._fs.sync_dir(self._dir)
+        self._tail = bytearray()
+        self._tail_bases = array("q")
+        self._tail_written = 0
+
+    def has_pending(self) -> bool:
+        return self._tail is not None and self._tail_written < len(self._tail_bases)
+
+    def write_pending(self, *, sync: bool) -> None:
+        """Write the in-memory entries not yet in the file (at checkpoints)."""
+        if not self.has_pending():
+            return
+        assert self._tail is not None
+        handle = self._fs.open(self._path(self._files[-1]))
+        try:
+            handle.append((memoryview(self._tail)[self._tail_written * _W :],))
+            if sync:
+                handle.sync()
+        finally:
+            handle.close()
+        self._tail_written = len(self._tail_bases)
+
+    # ------------------------------------------------------------------ reading
+
+    def _file_array(self, file_index: int) -> npt.NDArray[np.void]:
+        if file_index == len(self._files) - 1:
+            tail = self._load_tail()
+            return np.frombuffer(bytes(tail), dtype=ENTRY_DTYPE)
+        return self._cache.get(self._fs, self._path(self._files[file_index]))
+
+    def entries_from(self, offset: int, max_entries: int) -> list[IndexEntry]:
+        """Entries starting with the one whose batch holds `offset`, in offset order."""
+        if offset >= self._next_offset or not self._files:
+            return []
+        offset = max(offset, self.min_offset)
+        fi = max(bisect.bisect_right(self._files, offset) - 1, 0)
+        out: list[IndexEntry] = []
+        while fi < len(self._files) and len(out) < max_entries:
+            if fi == len(self._files) - 1:
+                tail = self._load_tail()
+                i = max(bisect.bisect_right(self._tail_bases, offset) - 1, 0)
+                stop = min(len(self._tail_bases), i + max_entries - len(out))
+                out.extend(IndexEntry(*e) for e in ENTRY.iter_unpack(tail[i * _W : stop * _W]))
+            else:
+                arr = self._file_array(fi)
+                i = max(int(np.searchsorted(arr["base_offset"], offset, side="right")) - 1, 0)
+                stop = min(len(arr), i + max_entries - len(out))
+                out.extend(IndexEntry(*e) for e in ENTRY.iter_unpack(arr[i:stop].tobytes()))
+            fi += 1
+            offset = out[-1].base_offset + out[-1].count if out else offset
+        return out
+
+    def offset_for_time(self, timestamp_ms: int) -> int:
+        """First offset stored at or after `timestamp_ms` (next_offset if none)."""
+        for fi in range(len(self._files)):
+            arr = self._file_array(fi)
+            if len(arr) == 0 or int(arr["store_time_ms"][-1]) < timestamp_ms:
+                continue
+            i = int(np.searchsorted(arr["store_time_ms"], timestamp_ms, side="left"))
+            return max(int(arr["base_offset"][i]), self.min_offset)
+        return self._next_offset
+
+    def first_entry(self) -> IndexEntry | None:
+        got = self.entries_from(self.min_offset, 1)
+        return got[0] if got else None
+
+    def all_entries(self) -> npt.NDArray[np.void]:
+        """Every entry still on file or in memory (retention and tests)."""
+        if not self._files:
+            return np.zeros(0, dtype=ENTRY_DTYPE)
+        return np.concatenate([self._file_array(i) for i in range(len(self._files))])
+
+    # ------------------------------------------------------------------ trimming
+
+    def advance_min_offset(self, offset: int) -> None:
+        """Retention: offsets below `offset` are gone. Whole files below it are deleted."""
+        offset = min(max(offset, self.min_offset), self._next_offset)
+        self.min_offset = offset
+        removed = False
+        while len(self._files) > 1 and self._files[1] <= offset:
+            first = self._files.pop(0)
+            self._cache.drop(self._path(first))
+            self._fs.remove(self._path(first))
+            removed = True
+        if removed:
+            self._fs.sync_dir(self._dir)
+
+    def cut_from_position(self, position: int) -> None:
+        """Recovery: drop every entry at or past log `position` (and torn partial entries).
+
+        The queue then continues at the first dropped offset, which replay re-derives.
+        """
+        self._tail = None
+        min_offset = self.min_offset
+        while self._files:
+            path = self._path(self._files[-1])
+            self._cache.drop(path)
+            raw = self._fs.read_bytes(path)
+            arr = np.frombuffer(raw[: len(raw) - len(raw) % _W], dtype=ENTRY_DTYPE)
+            keep = int(np.searchsorted(arr["log_position"], position, side="left"))
+            if keep == 0 and len(self._files) > 1:
+                self._fs.remove(path)
+                self._files.pop()
+                continue
+            if keep * _W != len(raw):
+                handle = self._fs.open(path)
+                try:
+                    handle.truncate(keep * _W)
+                    handle.sync()
+                finally:
+                    handle.close()
+            break
+        self._fs.sync_dir(self._dir)
+        self._load_bounds()
+        self.min_offset = min(max(min_offset, self.min_offset), self._next_offset)
+
+    def delete(self) -> None:
+        for first in self._files:
+            self._cache.drop(self._path(first))
+        self._fs.remove_tree(self._dir)
+        self._files = []
+        self._tail = None

@@ -1,0 +1,136 @@
+"""Opening a store: find the valid end of the log, re-derive what the crash may have lost.
+
+1. Read the checkpoint (missing or damaged: replay from the start of the log).
+2. Open every live topic's queue indexes and cut each at the checkpoint's indexed
+   position: entries past it may point at records the crash tore off.
+3. Scan the log from that position, checking each record's header CRC and payload CRC;
+   the first bad or zero-length record in the last segment is the end of the log.
+4. Re-append an index entry, and replay the producer state, for every record scanned.
+5. Truncate the torn tail and write a fresh checkpoint.
+
+After this no index entry points past the recovered log, and every queue continues at
+the offset after its last recovered record.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tidemq.core.clock import Clock
+from tidemq.core.errors import CorruptRecordError
+from tidemq.store.checkpoint import read_checkpoint
+from tidemq.store.commit_log import CommitLog
+from tidemq.store.config import StoreConfig
+from tidemq.store.files import FileSystem
+from tidemq.store.message_store import MessageStore, queue_dir
+from tidemq.store.metadata import Metadata
+from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp, ProducerStates
+from tidemq.store.queue_index import IndexFileCache, QueueIndex
+from tidemq.store.segmented_log import SegmentedLog
+
+__all__ = ["recover"]
+
+
+def recover(config: StoreConfig, fs: FileSystem, clock: Clock, metadata_path: Path) -> MessageStore:
+    fs.makedirs(config.data_dir)
+    meta = Metadata(metadata_path)
+    try:
+        return _recover(config, fs, clock, meta)
+    except BaseException:
+        meta.close()
+        raise
+
+
+def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) -> MessageStore:
+    cp = read_checkpoint(fs, config.data_dir)
+    segments = SegmentedLog(fs, config.data_dir / "commitlog", config.segment_size_bytes)
+    log = CommitLog(segments, clock=clock)
+    replay_from = max(cp.indexed_position if cp else 0, log.start_position)
+    if replay_from > log.end_position:
+        log.close()
+        raise CorruptRecordError(
+            f"checkpoint says position {replay_from} was flushed but the log ends at "
+            f"{log.end_position}: acknowledged data is missing from {config.data_dir}"
+        )
+
+    cache = IndexFileCache(config.index_cache_files)
+    queues = _open_indexes(config, fs, meta, cache, replay_from)
+
+    producers = ProducerStates(config.idempotence_window)
+    producers.load(meta.load_producer_state())
+    valid_end = replay_from
+    for rec in log.scan(replay_from):
+        h = rec.header
+        valid_end = rec.position + h.size
+        log.note_store_time(h.store_time_ms)
+        index = queues.get((h.topic_id, h.queue_id))
+        if index is None:
+            continue  # a deleted topic: its records wait for retention
+        if h.base_offset != index.next_offset:
+            raise CorruptRecordError(
+                f"record at {rec.position} has offset {h.base_offset} for topic id "
+                f"{h.topic_id} queue {h.queue_id}, but the queue continues at "
+                f"{index.next_offset}"
+            )
+        index.append(rec.position, h.size, h.count, h.store_time_ms, rec.tag_summary)
+        if h.producer_id != NO_PRODUCER:
+            stamp = ProducerStamp(h.producer_id, h.producer_epoch, h.base_sequence)
+            producers.record(
+                (h.topic_id, h.queue_id, h.producer_id), stamp, h.count, h.base_offset, valid_end
+            )
+    if valid_end < log.end_position:
+        log.truncate_to(valid_end)
+    else:
+        log.truncate_to(log.end_position)
+    for index in queues.values():
+        if index.last_position >= 0:
+            entry = index.entries_from(index.next_offset - 1, 1)
+            if entry:
+                log.note_store_time(entry[0].store_time_ms)
+    store = MessageStore(
+        config=config,
+        fs=fs,
+        clock=clock,
+        metadata=meta,
+        log=log,
+        queues=queues,
+        producers=producers,
+        index_cache=cache,
+        indexed_position=replay_from,
+    )
+    store.mark_all_queues_dirty()  # re-derived entries must reach their files
+    store.checkpoint()
+    return store
+
+
+def _open_indexes(
+    config: StoreConfig, fs: FileSystem, meta: Metadata, cache: IndexFileCache, replay_from: int
+) -> dict[tuple[int, int], QueueIndex]:
+    """Every live queue's index, cut back to the replay position."""
+    topics = meta.live_topics()
+    _remove_orphan_dirs(fs, config.data_dir, {f"{t.id}-{t.name}" for t in topics})
+    min_offsets = meta.queue_min_offsets()
+    queues: dict[tuple[int, int], QueueIndex] = {}
+    for info in topics:
+        for q in range(info.queues):
+            index = QueueIndex(
+                fs,
+                queue_dir(config.data_dir, info, q),
+                entries_per_file=config.index_entries_per_file,
+                cache=cache,
+            )
+            index.cut_from_position(replay_from)
+            saved_min = min_offsets.get((info.id, q))
+            if saved_min is not None:
+                index.min_offset = min(max(index.min_offset, saved_min), index.next_offset)
+            queues[(info.id, q)] = index
+
+    return queues
+
+
+def _remove_orphan_dirs(fs: FileSystem, data_dir: Path, live: set[str]) -> None:
+    """Index directories of topics deleted before a crash finished removing them."""
+    root = data_dir / "queues"
+    for name in fs.listdir(root):
+        if name not in live:
+            fs.remove_tree(root / name)

@@ -1,0 +1,72 @@
+"""Retention: advance each queue's min offset by time and size, then delete log segments
+that no queue needs any more.
+
+Only whole batches are removed. Time retention keeps every batch stored at or after
+`now - retention.ms`; size retention keeps the newest batches whose records add up to at
+most `retention.bytes`. A segment is deleted only when every live queue's first kept
+record lies past it and the checkpoint no longer needs it for recovery.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from tidemq.store.metadata import CleanupPolicy
+
+if TYPE_CHECKING:
+    from tidemq.store.message_store import MessageStore
+
+__all__ = ["apply_retention"]
+
+
+def apply_retention(store: MessageStore) -> int:
+    now = store.clock.now_ms()
+    config = store.config
+    indexes = store.queue_indexes()
+    changed: dict[tuple[int, int], int] = {}
+    for info in store.topics():
+        if info.cleanup_policy is CleanupPolicy.COMPACT:
+            continue  # compact-only topics keep the latest value per key, not a time window
+        retention_ms = config.retention_ms if info.retention_ms is None else info.retention_ms
+        retention_bytes = (
+            config.retention_bytes if info.retention_bytes is None else info.retention_bytes
+        )
+        for q in range(info.queues):
+            index = indexes[(info.id, q)]
+            new_min = index.min_offset
+            if retention_ms >= 0:
+                new_min = max(new_min, index.offset_for_time(now - retention_ms))
+            if retention_bytes >= 0:
+                new_min = max(
+                    new_min, _offset_for_size(index.all_entries(), new_min, retention_bytes)
+                )
+            if new_min > index.min_offset:
+                index.advance_min_offset(new_min)
+                changed[(info.id, q)] = index.min_offset
+    if changed:
+        store.metadata.set_queue_min_offsets(changed)
+
+    needed = min(store.indexed_position, store.log.end_position)
+    for index in indexes.values():
+        first = index.first_entry()
+        if first is not None and index.min_offset < index.next_offset:
+            needed = min(needed, first.log_position)
+    return len(store.log.segments.delete_segments_before(needed))
+
+
+def _offset_for_size(entries: npt.NDArray[np.void], min_offset: int, retention_bytes: int) -> int:
+    """The first offset to keep so that the kept batches total at most retention_bytes."""
+    if len(entries) == 0:
+        return min_offset
+    live = entries[entries["base_offset"] + entries["count"] > min_offset]
+    sizes = live["size"].astype(np.int64)
+    # bytes kept if we start at batch i = suffix sum from i
+    suffix = np.cumsum(sizes[::-1])[::-1]
+    keep_from = int(np.searchsorted(-suffix, -retention_bytes, side="left"))
+    if keep_from >= len(live):
+        last = live[-1]
+        return int(last["base_offset"] + last["count"])
+    return max(min_offset, int(live["base_offset"][keep_from]))
