@@ -24,13 +24,13 @@ def read_checkpoint(fs: FileSystem, directory: Path) -> Checkpoint | None:
         return None
 
 
-def write_checkpoint(fs: FileSystem, directory: Path, cp: Checkpoint, now_ms: int) -> None:
+def write_checkpoint(fs: FileSystem, directory: Path, cp: Checkpoint) -> None:
     """Temp file, fsync, rename, fsync the directory: the name always holds a whole file."""
     tmp = directory / (NAME + ".tmp")
     handle = fs.open(tmp, create=True)
     try:
         handle.truncate(0)
-        handle.append((encode_checkpoint(cp, now_ms),))
+        handle.append((encode_checkpoint(cp),))
         handle.sync()
     finally:
         handle.close()

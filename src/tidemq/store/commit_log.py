@@ -68,6 +68,10 @@ class CommitLog:
         if self._failure is not None:
             raise StorageFailure(f"commit log fenced after an earlier failure: {self._failure}")
 
+    @property
+    def last_store_time_ms(self) -> int:
+        return self._last_store_time_ms
+
     def note_store_time(self, store_time_ms: int) -> None:
         """Recovery tells the log the newest store time seen, to keep store times monotone."""
         self._last_store_time_ms = max(self._last_store_time_ms, store_time_ms)

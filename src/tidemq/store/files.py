@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["FileHandle", "FileSystem", "OsFileSystem"]
+__all__ = ["FileHandle", "FileSystem", "OsFileSystem", "ensure_dir"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -72,6 +72,22 @@ class FileSystem(Protocol):
     def disk_usage(self, path: Path) -> tuple[int, int]:
         """(total bytes, free bytes) of the filesystem holding `path`."""
         ...
+
+
+def ensure_dir(fs: FileSystem, path: Path) -> None:
+    """Create `path` and its missing parents durably: each new directory's entry is
+    synced in its parent, or a power loss could take the directory, and every synced file
+    in it, away."""
+    missing = []
+    probe = path
+    while not fs.exists(probe) and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    if not missing:
+        return
+    fs.makedirs(path)
+    for created in reversed(missing):
+        fs.sync_dir(created.parent)
 
 
 class OsFile:

@@ -363,12 +363,8 @@ class MessageStore:
                 index.write_pending(sync=True)
         self._dirty_queues.clear()
         self._meta.save_producer_state(self._producers.take_dirty())
-        write_checkpoint(
-            self._fs,
-            self.config.data_dir,
-            Checkpoint(flushed, flushed),
-            self._clock.now_ms(),
-        )
+        cp = Checkpoint(flushed, flushed, self._log.last_store_time_ms)
+        write_checkpoint(self._fs, self.config.data_dir, cp)
         self._indexed_position = flushed
         self._last_checkpoint_ms = self._clock.monotonic_ms()
 

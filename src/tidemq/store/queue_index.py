@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tidemq.store.files import FileSystem
+from tidemq.store.files import FileSystem, ensure_dir
 from tidemq.store.format.index_entry import ENTRY, ENTRY_DTYPE
 
 __all__ = ["IndexEntry", "IndexFileCache", "QueueIndex"]
@@ -81,7 +81,7 @@ class QueueIndex:
         self._dir = directory
         self._per_file = entries_per_file
         self._cache = cache
-        fs.makedirs(directory)
+        ensure_dir(fs, directory)
         self._files: list[int] = sorted(
             int(n[: -len(_SUFFIX)])
             for n in fs.listdir(directory)
@@ -267,7 +267,7 @@ class QueueIndex:
             self._cache.drop(path)
             raw = self._fs.read_bytes(path)
             arr = np.frombuffer(raw[: len(raw) - len(raw) % _W], dtype=ENTRY_DTYPE)
-            keep = int(np.searchsorted(arr["log_position"], position, side="left"))
+            keep = _trusted_prefix(arr, self._files[-1], position)
             if keep == 0 and len(self._files) > 1:
                 self._fs.remove(path)
                 self._files.pop()
@@ -290,3 +290,25 @@ class QueueIndex:
         self._fs.remove_tree(self._dir)
         self._files = []
         self._tail = None
+
+
+def _trusted_prefix(arr: npt.NDArray[np.void], first_offset: int, position: int) -> int:
+    """How many leading entries of an index file recovery may keep.
+
+    Entries before the checkpoint were synced before it was written, so they are whole.
+    Entries written after it may be torn or garbage after a power loss, in any order, so
+    the kept prefix stops at the first entry that points at or past `position` or does not
+    continue its predecessor (offsets contiguous from the file's name, positions rising).
+    """
+    n = len(arr)
+    if n == 0:
+        return 0
+    pos = arr["log_position"]
+    base = arr["base_offset"]
+    count = arr["count"]
+    expected = np.empty(n, dtype=np.uint64)
+    expected[0] = first_offset
+    expected[1:] = base[:-1] + count[:-1]
+    ok = (pos < position) & (base == expected) & (count > 0)
+    ok[1:] &= pos[1:] > pos[:-1]
+    return n if bool(ok.all()) else int(np.argmin(ok))

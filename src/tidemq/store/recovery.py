@@ -21,7 +21,7 @@ from tidemq.core.errors import CorruptRecordError
 from tidemq.store.checkpoint import read_checkpoint
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.config import StoreConfig
-from tidemq.store.files import FileSystem
+from tidemq.store.files import FileSystem, ensure_dir
 from tidemq.store.message_store import MessageStore, queue_dir
 from tidemq.store.metadata import Metadata
 from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp, ProducerStates
@@ -32,7 +32,7 @@ __all__ = ["recover"]
 
 
 def recover(config: StoreConfig, fs: FileSystem, clock: Clock, metadata_path: Path) -> MessageStore:
-    fs.makedirs(config.data_dir)
+    ensure_dir(fs, config.data_dir)
     meta = Metadata(metadata_path)
     try:
         return _recover(config, fs, clock, meta)
@@ -46,6 +46,8 @@ def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) 
     segments = SegmentedLog(fs, config.data_dir / "commitlog", config.segment_size_bytes)
     log = CommitLog(segments, clock=clock)
     replay_from = max(cp.indexed_position if cp else 0, log.start_position)
+    if cp is not None:
+        log.note_store_time(cp.max_store_time_ms)
     if replay_from > log.end_position:
         log.close()
         raise CorruptRecordError(
@@ -82,11 +84,6 @@ def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) 
         log.truncate_to(valid_end)
     else:
         log.truncate_to(log.end_position)
-    for index in queues.values():
-        if index.last_position >= 0:
-            entry = index.entries_from(index.next_offset - 1, 1)
-            if entry:
-                log.note_store_time(entry[0].store_time_ms)
     store = MessageStore(
         config=config,
         fs=fs,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tidemq.core.errors import CorruptRecordError
-from tidemq.store.files import Buffer, FileHandle, FileSystem
+from tidemq.store.files import Buffer, FileHandle, FileSystem, ensure_dir
 
 __all__ = ["SegmentedLog", "segment_name"]
 
@@ -36,7 +36,7 @@ class SegmentedLog:
         self._fs = fs
         self._dir = directory
         self._segment_size = segment_size_bytes
-        fs.makedirs(directory)
+        ensure_dir(fs, directory)
         starts = sorted(
             int(name[: -len(_SUFFIX)])
             for name in fs.listdir(directory)

@@ -1,1 +1,5 @@
-"""testing"""
+"""Test doubles for tidemq; production code never imports this package.
+
+`tidemq.testing.files.FaultFileSystem` is an in-memory `tidemq.store.files.FileSystem` for
+deterministic crash simulation: it loses what was not synced, tears writes and injects faults.
+"""

@@ -1,0 +1,29 @@
+"""Shared test options: `--seed N` replays one simulation seed; TIDEMQ_SOAK=1 runs longer."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--seed",
+        action="store",
+        type=int,
+        default=None,
+        help="replay a simulation with this seed (printed when a simulation fails)",
+    )
+
+
+@pytest.fixture
+def replay_seed(request: pytest.FixtureRequest) -> int | None:
+    seed = request.config.getoption("--seed")
+    return None if seed is None else int(seed)
+
+
+@pytest.fixture
+def soak() -> bool:
+    """True under `make soak`: simulations and kill loops run many more cycles."""
+    return os.environ.get("TIDEMQ_SOAK") == "1"
