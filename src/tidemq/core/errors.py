@@ -11,21 +11,28 @@ from typing import ClassVar, TypeVar
 
 __all__ = [
     "BatchTooLarge",
+    "BrokerNotAvailable",
     "ConfigError",
     "CorruptRecordError",
     "DiskFull",
     "ErrorCode",
     "FencedProducer",
     "InvalidBatch",
+    "InvalidRequest",
     "InvalidTopicName",
+    "NotCoordinator",
     "OffsetOutOfRange",
     "OutOfOrderSequence",
     "QueueNotFound",
+    "RequestTimeout",
+    "StaleGeneration",
     "StorageFailure",
     "StoreClosed",
     "TidemqError",
     "TopicAlreadyExists",
     "TopicNotFound",
+    "UnknownMember",
+    "Unsupported",
     "for_code",
 ]
 
@@ -46,6 +53,13 @@ class ErrorCode(IntEnum):
     OUT_OF_ORDER_SEQUENCE = 13
     FENCED_PRODUCER = 14
     STORE_CLOSED = 15
+    STALE_GENERATION = 16
+    UNKNOWN_MEMBER = 17
+    NOT_COORDINATOR = 18
+    INVALID_REQUEST = 19
+    REQUEST_TIMEOUT = 20
+    BROKER_NOT_AVAILABLE = 21
+    UNSUPPORTED = 22
 
 
 class TidemqError(Exception):
@@ -149,3 +163,39 @@ class FencedProducer(TidemqError):
 @_error(ErrorCode.STORE_CLOSED)
 class StoreClosed(TidemqError):
     pass
+
+
+@_error(ErrorCode.STALE_GENERATION)
+class StaleGeneration(TidemqError):
+    """A consumer-group request from a generation that is no longer current: the member
+    must take its new assignment (heartbeat) before committing."""
+
+
+@_error(ErrorCode.UNKNOWN_MEMBER)
+class UnknownMember(TidemqError):
+    """The member is not (or no longer) in the group: it must join again."""
+
+
+@_error(ErrorCode.NOT_COORDINATOR, retriable=True)
+class NotCoordinator(TidemqError):
+    """This broker does not coordinate that group; refresh routes and retry."""
+
+
+@_error(ErrorCode.INVALID_REQUEST)
+class InvalidRequest(TidemqError):
+    """A request whose fields are out of range or inconsistent; the message names them."""
+
+
+@_error(ErrorCode.REQUEST_TIMEOUT, retriable=True)
+class RequestTimeout(TidemqError):
+    """No answer in time. For a send the outcome is unknown; idempotence makes a retry safe."""
+
+
+@_error(ErrorCode.BROKER_NOT_AVAILABLE, retriable=True)
+class BrokerNotAvailable(TidemqError):
+    """No connection to the broker (refused, reset, or shutting down)."""
+
+
+@_error(ErrorCode.UNSUPPORTED)
+class Unsupported(TidemqError):
+    """The request is valid but this broker does not support it."""

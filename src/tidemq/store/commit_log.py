@@ -11,13 +11,13 @@ Single writer: the store's owner serialises every call.
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tidemq.core.clock import Clock
 from tidemq.core.errors import CorruptRecordError, DiskFull, StorageFailure
-from tidemq.store.format.record import HEADER, RecordHeader, encode_header, parse_header
-from tidemq.store.format.record import verify_payload as _verify_payload
+from tidemq.core.record import HEADER, RecordHeader, encode_header, parse_header
+from tidemq.core.record import verify_payload as _verify_payload
 from tidemq.store.segmented_log import SegmentedLog
 
 __all__ = ["AppendedRecord", "CommitLog", "ScannedRecord"]
@@ -119,6 +119,25 @@ class CommitLog:
             raise StorageFailure(f"commit log write failed: {exc}") from None
         self._last_store_time_ms = store_time
         return AppendedRecord(position, size, store_time)
+
+    def begin_flush(self) -> tuple[int, Callable[[], None]]:
+        """Split flush, for an owner that runs the fdatasync on another thread while it
+        keeps appending: returns (target position, the sync to run). Then call
+        `complete_flush(target)` on success or `fail_flush(error)` on OSError.
+
+        Segments sealed since the last flush were synced when they rolled, so syncing the
+        active segment makes everything up to the target durable.
+        """
+        self._check_usable()
+        return self._segments.end_position, self._segments.active_handle().sync
+
+    def complete_flush(self, target: int) -> None:
+        self._flushed = max(self._flushed, target)
+
+    def fail_flush(self, error: OSError) -> StorageFailure:
+        """Fence the log after a failed fdatasync; returns the error to report."""
+        self._failure = f"fdatasync failed: {error}"
+        return StorageFailure(f"commit log fdatasync failed: {error}")
 
     def flush(self) -> int:
         """fdatasync everything appended so far; return the flushed position."""

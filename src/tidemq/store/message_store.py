@@ -18,7 +18,7 @@ Durability contract:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
@@ -36,12 +36,12 @@ from tidemq.core.errors import (
     StoreClosed,
     TopicNotFound,
 )
+from tidemq.core.record import parse_header
 from tidemq.store.checkpoint import write_checkpoint
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.config import FlushMode, StoreConfig
 from tidemq.store.files import FileSystem, OsFileSystem
 from tidemq.store.format.checkpoint import Checkpoint
-from tidemq.store.format.record import parse_header
 from tidemq.store.metadata import CleanupPolicy, MessageType, Metadata, TopicInfo
 from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp, ProducerStates
 from tidemq.store.queue_index import IndexFileCache, QueueIndex
@@ -332,6 +332,35 @@ class MessageStore:
         self._last_flush_ms = self._clock.monotonic_ms()
         return flushed
 
+    def begin_flush(self) -> tuple[int, Callable[[], None]]:
+        """Group commit off the owner's thread: returns (target, sync). Run `sync()` on
+        any thread (it only calls fdatasync), then `complete_flush(target)` or, on OSError,
+        `fail_flush(error)`, both on the owner's thread. Appends may continue meanwhile."""
+        self._check_open()
+        return self._log.begin_flush()
+
+    def complete_flush(self, target: int) -> None:
+        self._log.complete_flush(target)
+        self._last_flush_ms = self._clock.monotonic_ms()
+
+    def fail_flush(self, error: OSError) -> StorageFailure:
+        """The log is fenced; returns the StorageFailure to give every waiting append."""
+        return self._log.fail_flush(error)
+
+    def flush_due(self) -> bool:
+        """Async mode: the flush interval has passed with unflushed records."""
+        return (
+            self.config.flush_mode is FlushMode.ASYNC
+            and self._log.flushed_position < self._log.end_position
+            and self._clock.monotonic_ms() - self._last_flush_ms >= self.config.flush_interval_ms
+        )
+
+    def checkpoint_due(self) -> bool:
+        return (
+            self._clock.monotonic_ms() - self._last_checkpoint_ms
+            >= self.config.checkpoint_interval_ms
+        )
+
     @property
     def flushed_position(self) -> int:
         return self._log.flushed_position
@@ -404,7 +433,7 @@ class MessageStore:
         lo, hi = index.min_offset, index.next_offset
         if offset < lo or offset > hi:
             return ReadResult(ReadStatus.OFFSET_OUT_OF_RANGE, [], offset, lo, hi)
-        entries = index.entries_from(offset, _READ_SCAN_ENTRIES_MAX)
+        entries = index.iter_entries(offset, _READ_SCAN_ENTRIES_MAX)
         batches: list[StoredBatch] = []
         budget = max_bytes
         next_offset = offset

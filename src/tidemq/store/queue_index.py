@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,9 @@ __all__ = ["IndexEntry", "IndexFileCache", "QueueIndex"]
 
 _SUFFIX = ".idx"
 _W = ENTRY.size
+#: `iter_entries` unpacks this many entries first, doubling up to _CHUNK_MAX.
+_CHUNK_FIRST = 32
+_CHUNK_MAX = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,25 +204,40 @@ class QueueIndex:
 
     def entries_from(self, offset: int, max_entries: int) -> list[IndexEntry]:
         """Entries starting with the one whose batch holds `offset`, in offset order."""
+        return list(self.iter_entries(offset, max_entries))
+
+    def iter_entries(self, offset: int, max_entries: int) -> Iterator[IndexEntry]:
+        """`entries_from`, unpacked lazily in growing chunks: a reader that stops after a
+        few entries (a read's byte budget) does not pay for `max_entries` of them. The
+        index must not change while the iterator is in use."""
         if offset >= self._next_offset or not self._files:
-            return []
+            return
         offset = max(offset, self.min_offset)
         fi = max(bisect.bisect_right(self._files, offset) - 1, 0)
-        out: list[IndexEntry] = []
-        while fi < len(self._files) and len(out) < max_entries:
-            if fi == len(self._files) - 1:
+        left = max_entries
+        chunk = _CHUNK_FIRST
+        while fi < len(self._files) and left > 0:
+            in_tail = fi == len(self._files) - 1
+            if in_tail:
                 tail = self._load_tail()
                 i = max(bisect.bisect_right(self._tail_bases, offset) - 1, 0)
-                stop = min(len(self._tail_bases), i + max_entries - len(out))
-                out.extend(IndexEntry(*e) for e in ENTRY.iter_unpack(tail[i * _W : stop * _W]))
+                stop = min(len(self._tail_bases), i + left)
             else:
                 arr = self._file_array(fi)
                 i = max(int(np.searchsorted(arr["base_offset"], offset, side="right")) - 1, 0)
-                stop = min(len(arr), i + max_entries - len(out))
-                out.extend(IndexEntry(*e) for e in ENTRY.iter_unpack(arr[i:stop].tobytes()))
+                stop = min(len(arr), i + left)
+            while i < stop:
+                j = min(stop, i + chunk)
+                # Copies (never views): the tail bytearray must stay resizable.
+                raw = bytes(tail[i * _W : j * _W]) if in_tail else arr[i:j].tobytes()
+                for fields in ENTRY.iter_unpack(raw):
+                    entry = IndexEntry(*fields)
+                    offset = entry.base_offset + entry.count
+                    yield entry
+                left -= j - i
+                i = j
+                chunk = min(chunk * 2, _CHUNK_MAX)
             fi += 1
-            offset = out[-1].base_offset + out[-1].count if out else offset
-        return out
 
     def offset_for_time(self, timestamp_ms: int) -> int:
         """First offset stored at or after `timestamp_ms` (next_offset if none)."""

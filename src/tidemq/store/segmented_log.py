@@ -112,6 +112,11 @@ class SegmentedLog:
     def sync(self) -> None:
         self._active.sync()
 
+    def active_handle(self) -> FileHandle:
+        """The segment being written, for a flush that runs on another thread: the handle
+        stays open until at least 16 more segments roll, far longer than one fdatasync."""
+        return self._active
+
     def truncate(self, position: int) -> None:
         """Cut the active segment at `position` (recovery of a torn tail)."""
         start = self._starts[-1]

@@ -1,0 +1,226 @@
+"""The composition root: build the broker's parts, start them in order, stop them in reverse.
+
+Start: open (and recover) the store on a worker thread, start the writer thread
+(`StoreGateway`), load topics, listen, register with the name servers (or with the name
+server in this process, for `tidemq server`).
+
+Stop (SIGTERM/SIGINT or `stop()`): stop accepting, answer parked fetches, let in-flight
+requests finish (bounded by `shutdown_timeout_ms`), unregister, then flush, checkpoint and
+close the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.groups import GroupCoordinator
+from tidemq.broker.handlers.admin import AdminHandlers
+from tidemq.broker.handlers.data import DataHandlers
+from tidemq.broker.handlers.groups import GroupHandlers
+from tidemq.broker.long_polling import LongPolling
+from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.topics import TopicTable
+from tidemq.cluster.nameserver import NameServer
+from tidemq.cluster.registration import Registration
+from tidemq.cluster.service import NAMESERVER_CODES, NameServerHandlers
+from tidemq.core.clock import Clock, SystemClock
+from tidemq.core.errors import InvalidRequest
+from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
+from tidemq.protocol.codec import decode_request
+from tidemq.protocol.codes import RequestCode
+from tidemq.protocol.frame import Frame
+from tidemq.store.files import FileSystem
+from tidemq.store.message_store import MessageStore
+
+__all__ = ["Broker"]
+
+log = logging.getLogger(__name__)
+
+#: How often expired group members and silent brokers are swept.
+_SWEEP_INTERVAL_S = 1.0
+#: How often retention runs.
+_RETENTION_INTERVAL_S = 60.0
+
+Handler = Callable[[Any, bytes], Awaitable[Any]]
+
+
+class Broker:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        clock: Clock | None = None,
+        fs: FileSystem | None = None,
+        embedded_nameserver: bool = False,
+    ) -> None:
+        self.config = config
+        self._clock = clock or SystemClock()
+        self._fs = fs
+        self._embedded = embedded_nameserver
+        self.address = ""
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = asyncio.Event()
+        self.nameserver: NameServer | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> str:
+        """Start serving; return the address clients dial."""
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        store = await asyncio.to_thread(
+            MessageStore.open, cfg.store, fs=self._fs, clock=self._clock
+        )
+        self._polling = LongPolling(cfg.max_parked_fetches)
+        self._gateway = StoreGateway(store, loop, self._polling.notify)
+        self._topics = TopicTable(cfg, self._gateway)
+        await self._topics.refresh()
+        self._server = TcpServer(
+            self._dispatch,
+            ServerLimits(
+                max_frame_bytes=cfg.max_frame_bytes,
+                max_in_flight=cfg.max_in_flight_requests,
+                max_connections=cfg.max_connections,
+            ),
+        )
+        host, port = await self._server.start(cfg.host, cfg.port)
+        self.address = cfg.advertised_address or f"{host}:{port}"
+        self._coordinator = GroupCoordinator(
+            self._clock,
+            session_timeout_ms_min=cfg.group_session_timeout_ms_min,
+            session_timeout_ms_max=cfg.group_session_timeout_ms_max,
+        )
+        self._data = DataHandlers(cfg, self._gateway, self._topics, self._polling)
+        self._admin = AdminHandlers(cfg, self._gateway, self._topics, self.address)
+        self._admin.connections = lambda: self._server.connections
+        self._groups = GroupHandlers(self._coordinator, self._gateway, self._topics)
+        self._handlers = self._handler_table()
+        if self._embedded:
+            self.nameserver = NameServer(
+                self._clock,
+                broker_ttl_ms=cfg.broker_ttl_ms,
+                heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
+            )
+            self._ns_handlers: NameServerHandlers | None = NameServerHandlers(self.nameserver)
+            self._topics.on_change = self._register_local
+            self._register_local()
+        else:
+            self._ns_handlers = None
+            self._registration = Registration(
+                cfg.broker_name,
+                self.address,
+                cfg.name_servers,
+                self._topic_list,
+                cfg.broker_heartbeat_interval_ms,
+            )
+            self._topics.on_change = self._registration.changed
+            self._registration.start()
+        self._tasks.append(loop.create_task(self._sweep()))
+        self._tasks.append(loop.create_task(self._retention()))
+        log.info("broker %s serving on %s", cfg.broker_name, self.address)
+        return self.address
+
+    async def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        await self._server.stop_accepting()
+        self._polling.wake_all()
+        await self._server.drain(self.config.shutdown_timeout_ms / 1000)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if not self._embedded:
+            await self._registration.stop()
+        await self._gateway.close()
+        log.info("broker %s stopped", self.config.broker_name)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    # ------------------------------------------------------------------ registration
+
+    def _topic_list(self) -> list[tuple[str, int, str, list[int]]]:
+        return [
+            (t.name, t.queues, t.message_type.value, self._topics.hosted(t.name))
+            for t in self._topics.all()
+        ]
+
+    def _register_local(self) -> None:
+        assert self.nameserver is not None
+        self.nameserver.register(self.config.broker_name, self.address, self._topic_list())
+
+    async def _sweep(self) -> None:
+        interval = self.config.broker_heartbeat_interval_ms / 1000
+        since_beat = 0.0
+        while True:
+            await asyncio.sleep(_SWEEP_INTERVAL_S)
+            self._coordinator.expire()
+            if self.nameserver is not None:
+                since_beat += _SWEEP_INTERVAL_S
+                if since_beat >= interval:
+                    since_beat = 0.0
+                    self._register_local()
+                self.nameserver.expire()
+
+    async def _retention(self) -> None:
+        while True:
+            await asyncio.sleep(_RETENTION_INTERVAL_S)
+            try:
+                deleted = await self._gateway.call(lambda s: s.enforce_retention())
+                if deleted:
+                    log.info("retention deleted %d commit-log segments", deleted)
+            except Exception:
+                log.exception("retention failed")
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _handler_table(self) -> dict[RequestCode, Handler]:
+        d, a, g = self._data, self._admin, self._groups
+
+        def plain(fn: Callable[[Any], Awaitable[Any]]) -> Handler:
+            async def run(header: Any, body: bytes) -> Any:
+                return await fn(header)
+
+            return run
+
+        return {
+            RequestCode.PRODUCE: d.produce,
+            RequestCode.FETCH: plain(d.fetch),
+            RequestCode.LIST_OFFSETS: plain(d.list_offsets),
+            RequestCode.INIT_PRODUCER: plain(d.init_producer),
+            RequestCode.CREATE_TOPIC: plain(a.create_topic),
+            RequestCode.ALTER_TOPIC: plain(a.alter_topic),
+            RequestCode.DELETE_TOPIC: plain(a.delete_topic),
+            RequestCode.LIST_TOPICS: plain(a.list_topics),
+            RequestCode.DESCRIBE_TOPIC: plain(a.describe_topic),
+            RequestCode.STATUS: plain(lambda _: a.status()),
+            RequestCode.JOIN_GROUP: plain(g.join),
+            RequestCode.HEARTBEAT: plain(g.heartbeat),
+            RequestCode.LEAVE_GROUP: plain(g.leave),
+            RequestCode.COMMIT_OFFSETS: plain(g.commit),
+            RequestCode.FETCH_OFFSETS: plain(g.fetch_offsets),
+            RequestCode.LIST_GROUPS: plain(g.list_groups),
+            RequestCode.DESCRIBE_GROUP: plain(g.describe),
+            RequestCode.RESET_OFFSETS: plain(g.reset),
+        }
+
+    async def _dispatch(self, frame: Frame, conn: ServerConnection) -> tuple[Any, bytes]:
+        code, header = decode_request(frame)
+        if code in NAMESERVER_CODES:
+            if self._ns_handlers is None:
+                raise InvalidRequest(
+                    f"{code.name} goes to a name server; this broker runs without one"
+                )
+            return self._ns_handlers.handle(code, header), b""
+        result = await self._handlers[code](header, frame.body)
+        if isinstance(result, tuple):
+            return result
+        return result, b""

@@ -1,0 +1,88 @@
+"""BrokerConfig: the broker's settings (it nests the store's), validated once, frozen.
+
+Only `tidemq.cli` reads files and the environment; everything else receives one of these.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tidemq.core.errors import ConfigError
+from tidemq.store.config import StoreConfig
+
+__all__ = ["FRAME_OVERHEAD_BYTES", "BrokerConfig"]
+
+#: Room for a frame's prefix and header on top of the largest batch.
+FRAME_OVERHEAD_BYTES = 64 << 10
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _default_store() -> StoreConfig:
+    return StoreConfig(data_dir=Path("data"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerConfig:
+    broker_name: str = "broker-0"
+    host: str = "127.0.0.1"
+    #: 10911 for a broker alone (RocketMQ's listenPort); `tidemq server` uses 9876.
+    port: int = 10911
+    #: What clients should dial; defaults to host:port as bound.
+    advertised_address: str | None = None
+    #: Name servers to register with; empty when the name server runs in this process.
+    name_servers: tuple[str, ...] = ()
+    auto_create_topics: bool = False
+    default_queues: int = 8
+    #: Largest batch a producer may send (Kafka's message.max.bytes).
+    max_message_bytes: int = 4 << 20
+    #: Largest fetch answer.
+    max_fetch_bytes: int = 16 << 20
+    #: Longest a fetch may park waiting for data.
+    max_fetch_wait_ms: int = 30_000
+    #: Parked fetches over all connections.
+    max_parked_fetches: int = 100_000
+    max_in_flight_requests: int = 32
+    max_connections: int = 1024
+    #: How long shutdown waits for in-flight requests.
+    shutdown_timeout_ms: int = 10_000
+    #: Consumer-group session bounds.
+    group_session_timeout_ms_min: int = 1_000
+    group_session_timeout_ms_max: int = 300_000
+    #: Name server: a broker silent this long drops out of routes.
+    broker_ttl_ms: int = 30_000
+    broker_heartbeat_interval_ms: int = 10_000
+    store: StoreConfig = field(default_factory=_default_store)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.broker_name):
+            raise ConfigError(
+                f"broker.broker_name {self.broker_name!r}: use 1-64 of A-Z a-z 0-9 _ . -"
+            )
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"broker.port must be 0..65535, got {self.port}")
+        for name in (
+            "default_queues",
+            "max_message_bytes",
+            "max_fetch_bytes",
+            "max_fetch_wait_ms",
+            "max_parked_fetches",
+            "max_in_flight_requests",
+            "max_connections",
+            "broker_ttl_ms",
+            "broker_heartbeat_interval_ms",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"broker.{name} must be positive, got {getattr(self, name)}")
+        if self.max_message_bytes > self.store.max_batch_bytes:
+            raise ConfigError(
+                f"broker.max_message_bytes ({self.max_message_bytes}) exceeds "
+                f"store.max_batch_bytes ({self.store.max_batch_bytes})"
+            )
+        if self.broker_heartbeat_interval_ms * 2 > self.broker_ttl_ms:
+            raise ConfigError("broker.broker_ttl_ms must be at least twice the heartbeat interval")
+
+    @property
+    def max_frame_bytes(self) -> int:
+        return max(self.max_message_bytes, self.max_fetch_bytes) + FRAME_OVERHEAD_BYTES

@@ -1,0 +1,1 @@
+"""Request handlers: decode nothing, validate, call the gateway or a service, answer."""

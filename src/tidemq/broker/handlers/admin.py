@@ -1,0 +1,120 @@
+"""Topic admin and broker status."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.topic_config import HOSTED_QUEUES_KEY
+from tidemq.broker.topics import TopicTable
+from tidemq.core.version import __version__
+from tidemq.protocol.commands import (
+    AlterTopicRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeTopicRequest,
+    Empty,
+    ListTopicsRequest,
+    ListTopicsResponse,
+    QueueInfo,
+    StatusResponse,
+    TopicInfoMsg,
+)
+from tidemq.store.message_store import MessageStore
+from tidemq.store.metadata import TopicInfo
+
+__all__ = ["AdminHandlers"]
+
+
+def _public_config(info: TopicInfo) -> dict[str, str]:
+    config = {k: v for k, v in info.config.items() if k != HOSTED_QUEUES_KEY}
+    config["cleanup.policy"] = info.cleanup_policy.value
+    if info.retention_ms is not None:
+        config["retention.ms"] = str(info.retention_ms)
+    if info.retention_bytes is not None:
+        config["retention.bytes"] = str(info.retention_bytes)
+    return config
+
+
+class AdminHandlers:
+    def __init__(
+        self, config: BrokerConfig, gateway: StoreGateway, topics: TopicTable, address: str
+    ) -> None:
+        self._config = config
+        self._gateway = gateway
+        self._topics = topics
+        self.address = address
+        self._started = time.monotonic()
+        self.connections: Callable[[], int] = lambda: 0
+
+    async def _describe(self, info: TopicInfo) -> TopicInfoMsg:
+        hosted = self._topics.hosted(info.name)
+
+        def bounds(store: MessageStore) -> list[tuple[int, int]]:
+            return [store.queue_bounds(info.name, q) for q in hosted]
+
+        ranges = await self._gateway.call(bounds)
+        return TopicInfoMsg(
+            name=info.name,
+            queues=info.queues,
+            message_type=info.message_type.value,
+            config=_public_config(info),
+            queue_info=[
+                QueueInfo(queue=q, min_offset=lo, max_offset=hi, broker=self.address)
+                for q, (lo, hi) in zip(hosted, ranges, strict=True)
+            ],
+        )
+
+    async def create_topic(self, req: CreateTopicRequest) -> TopicInfoMsg:
+        info = await self._topics.create(
+            req.name,
+            req.queues,
+            message_type=req.message_type,
+            config=dict(req.config),
+            hosted=list(req.hosted_queues),
+        )
+        return await self._describe(info)
+
+    async def alter_topic(self, req: AlterTopicRequest) -> TopicInfoMsg:
+        info = await self._topics.alter(
+            req.name, queues=req.queues, config=dict(req.config), hosted=list(req.hosted_queues)
+        )
+        return await self._describe(info)
+
+    async def delete_topic(self, req: DeleteTopicRequest) -> Empty:
+        await self._topics.delete(req.name)
+        return Empty()
+
+    async def list_topics(self, req: ListTopicsRequest) -> ListTopicsResponse:
+        return ListTopicsResponse(
+            topics=[
+                TopicInfoMsg(
+                    name=t.name,
+                    queues=t.queues,
+                    message_type=t.message_type.value,
+                    config=_public_config(t),
+                )
+                for t in self._topics.all()
+            ]
+        )
+
+    async def describe_topic(self, req: DescribeTopicRequest) -> TopicInfoMsg:
+        return await self._describe(self._topics.get(req.name))
+
+    async def status(self) -> StatusResponse:
+        def positions(store: MessageStore) -> tuple[int, int]:
+            return store.end_position, store.flushed_position
+
+        end, flushed = await self._gateway.call(positions)
+        return StatusResponse(
+            broker_name=self._config.broker_name,
+            version=__version__,
+            flush_mode=self._config.store.flush_mode.value,
+            topics=len(self._topics.all()),
+            log_end_position=end,
+            log_flushed_position=flushed,
+            connections=self.connections(),
+            uptime_ms=int((time.monotonic() - self._started) * 1000),
+        )

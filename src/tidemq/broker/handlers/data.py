@@ -1,0 +1,112 @@
+"""Produce, fetch (with long polling), list offsets, init producer."""
+
+from __future__ import annotations
+
+import time
+
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.long_polling import LongPolling
+from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.topics import TopicTable
+from tidemq.core.errors import BatchTooLarge, InvalidRequest
+from tidemq.protocol.commands import (
+    FetchRequest,
+    FetchResponse,
+    InitProducerRequest,
+    InitProducerResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ProduceRequest,
+    ProduceResponse,
+)
+from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus
+from tidemq.store.producer_state import ProducerStamp
+
+__all__ = ["DataHandlers"]
+
+
+class DataHandlers:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        gateway: StoreGateway,
+        topics: TopicTable,
+        polling: LongPolling,
+    ) -> None:
+        self._config = config
+        self._gateway = gateway
+        self._topics = topics
+        self._polling = polling
+
+    async def produce(self, req: ProduceRequest, body: bytes) -> ProduceResponse:
+        await self._topics.check_queue(req.topic, req.queue, create=True)
+        limit = self._topics.max_message_bytes(req.topic)
+        if len(body) > limit:
+            raise BatchTooLarge(
+                f"batch of {len(body)} bytes exceeds max.message.bytes ({limit}) of "
+                f"topic {req.topic!r}"
+            )
+        stamp = None
+        if req.producer_id >= 0:
+            if req.epoch < 0 or req.base_sequence < 0:
+                raise InvalidRequest("an idempotent produce needs epoch and base_sequence >= 0")
+            stamp = ProducerStamp(req.producer_id, req.epoch, req.base_sequence)
+        result = await self._gateway.append(req.topic, req.queue, body, producer=stamp)
+        return ProduceResponse(
+            base_offset=result.base_offset,
+            count=result.count,
+            duplicate=result.duplicate,
+            store_time_ms=result.store_time_ms,
+        )
+
+    async def fetch(self, req: FetchRequest) -> tuple[FetchResponse, bytes]:
+        await self._topics.check_queue(req.topic, req.queue)
+        if not 0 < req.max_bytes <= self._config.max_fetch_bytes:
+            raise InvalidRequest(f"max_bytes must be 1..{self._config.max_fetch_bytes}")
+        if not 0 <= req.max_wait_ms <= self._config.max_fetch_wait_ms:
+            raise InvalidRequest(f"max_wait_ms must be 0..{self._config.max_fetch_wait_ms}")
+        if req.offset < 0:
+            raise InvalidRequest(f"offset must be >= 0, got {req.offset}")
+        key = (req.topic, req.queue)
+        deadline = time.monotonic() + req.max_wait_ms / 1000
+
+        def read(store: MessageStore) -> ReadResult:
+            return store.read(
+                req.topic, req.queue, req.offset, max_bytes=req.max_bytes, tag_mask=req.tag_mask
+            )
+
+        while True:
+            seen = self._polling.version(key)
+            result = await self._gateway.call(read)
+            if result.status is not ReadStatus.NO_NEW_MESSAGE or result.next_offset != req.offset:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await self._polling.wait(key, seen, remaining):
+                break
+        records = [b.record for b in result.batches]
+        response = FetchResponse(
+            status=result.status.value,
+            next_offset=result.next_offset,
+            min_offset=result.min_offset,
+            max_offset=result.max_offset,
+            record_sizes=[len(r) for r in records],
+        )
+        return response, b"".join(records)
+
+    async def list_offsets(self, req: ListOffsetsRequest) -> ListOffsetsResponse:
+        await self._topics.check_queue(req.topic, req.queue)
+
+        def run(store: MessageStore) -> ListOffsetsResponse:
+            lo, hi = store.queue_bounds(req.topic, req.queue)
+            at = None
+            if req.timestamp_ms is not None:
+                at = store.offset_for_time(req.topic, req.queue, req.timestamp_ms)
+            return ListOffsetsResponse(min_offset=lo, max_offset=hi, offset_for_time=at)
+
+        return await self._gateway.call(run)
+
+    async def init_producer(self, req: InitProducerRequest) -> InitProducerResponse:
+        # Every producer instance gets a fresh id at epoch 0: its sequences start over,
+        # and nothing can confuse it with an earlier instance.
+        producer_id = await self._gateway.call(lambda s: s.allocate_producer_id())
+        return InitProducerResponse(producer_id=producer_id, epoch=0)

@@ -1,0 +1,200 @@
+"""Consumer-group requests: membership (GroupCoordinator, on the loop) and offsets (store).
+
+Commits are fenced by generation: a member that has not yet taken its assignment for the
+current generation cannot commit, so a consumer that lost a queue in a rebalance can never
+overwrite the offsets of its new owner.
+"""
+
+from __future__ import annotations
+
+from tidemq.broker.groups import GroupCoordinator
+from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.topics import TopicTable
+from tidemq.core.errors import InvalidRequest, TopicNotFound
+from tidemq.protocol.commands import (
+    CommitOffsetsRequest,
+    CommitOffsetsResponse,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    Empty,
+    FetchOffsetsRequest,
+    FetchOffsetsResponse,
+    GroupMember,
+    GroupOffset,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    QueueOffset,
+    ResetOffsetsRequest,
+    ResetOffsetsResponse,
+)
+from tidemq.store.message_store import MessageStore
+
+__all__ = ["GroupHandlers"]
+
+_GROUP_NAME_MAX = 255
+#: Offsets in one commit (a member owns at most this many queues at once).
+_COMMIT_OFFSETS_MAX = 65_536
+
+
+def _check_group(group: str) -> None:
+    if not group or len(group) > _GROUP_NAME_MAX:
+        raise InvalidRequest(f"group name must be 1-{_GROUP_NAME_MAX} characters")
+
+
+class GroupHandlers:
+    def __init__(
+        self, coordinator: GroupCoordinator, gateway: StoreGateway, topics: TopicTable
+    ) -> None:
+        self._coordinator = coordinator
+        self._gateway = gateway
+        self._topics = topics
+
+    def _queue_counts(self, topics: list[str]) -> dict[str, int]:
+        counts = {}
+        for name in topics:
+            counts[name] = self._topics.get(name).queues
+        return counts
+
+    async def join(self, req: JoinGroupRequest) -> JoinGroupResponse:
+        _check_group(req.group)
+        assignment = self._coordinator.join(
+            req.group,
+            member_id=req.member_id,
+            client_id=req.client_id,
+            topics=list(req.topics),
+            session_timeout_ms=req.session_timeout_ms,
+            queue_counts=self._queue_counts(list(req.topics)),
+        )
+        return JoinGroupResponse(
+            member_id=assignment.member_id,
+            generation=assignment.generation,
+            assignment=list(assignment.queues),
+        )
+
+    async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
+        _check_group(req.group)
+        state = self._coordinator.describe(req.group)
+        topics = sorted({t for m in state.members for t in m.topics}) if state else []
+        counts = {t: self._topics.get(t).queues for t in topics if self._topic_exists(t)}
+        assignment = self._coordinator.heartbeat(req.group, req.member_id, req.generation, counts)
+        return HeartbeatResponse(
+            generation=assignment.generation, assignment=list(assignment.queues)
+        )
+
+    def _topic_exists(self, name: str) -> bool:
+        try:
+            self._topics.get(name)
+        except TopicNotFound:
+            return False
+        return True
+
+    async def leave(self, req: LeaveGroupRequest) -> Empty:
+        _check_group(req.group)
+        self._coordinator.leave(req.group, req.member_id)
+        return Empty()
+
+    async def commit(self, req: CommitOffsetsRequest) -> CommitOffsetsResponse:
+        _check_group(req.group)
+        if len(req.offsets) > _COMMIT_OFFSETS_MAX:
+            raise InvalidRequest(f"at most {_COMMIT_OFFSETS_MAX} offsets per commit")
+        for o in req.offsets:
+            if o.offset < 0:
+                raise InvalidRequest(f"offset for {o.topic}/{o.queue} must be >= 0")
+            self._topics.get(o.topic)
+        self._coordinator.check_commit(req.group, req.member_id, req.generation)
+        offsets = {(o.topic, o.queue): o.offset for o in req.offsets}
+        await self._gateway.call(lambda s: s.commit_offsets(req.group, offsets))
+        return CommitOffsetsResponse()
+
+    async def fetch_offsets(self, req: FetchOffsetsRequest) -> FetchOffsetsResponse:
+        _check_group(req.group)
+        committed = await self._gateway.call(lambda s: s.committed_offsets(req.group))
+        return FetchOffsetsResponse(
+            offsets=[
+                QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(committed.items())
+            ]
+        )
+
+    async def list_groups(self, req: ListGroupsRequest) -> ListGroupsResponse:
+        stored = await self._gateway.call(lambda s: s.groups())
+        return ListGroupsResponse(groups=sorted(set(stored) | set(self._coordinator.groups())))
+
+    async def describe(self, req: DescribeGroupRequest) -> DescribeGroupResponse:
+        _check_group(req.group)
+        state = self._coordinator.describe(req.group)
+        members = [] if state is None else state.members
+        committed = await self._gateway.call(lambda s: s.committed_offsets(req.group))
+        topics = {t for t, _ in committed} | {t for m in members for t in m.topics}
+        queues = sorted(
+            (t, q) for t in topics if self._topic_exists(t) for q in self._topics.hosted(t)
+        )
+
+        def bounds(store: MessageStore) -> list[int]:
+            return [store.queue_bounds(t, q)[1] for t, q in queues]
+
+        ends = await self._gateway.call(bounds)
+        offsets = []
+        for (t, q), end in zip(queues, ends, strict=True):
+            done = committed.get((t, q), -1)
+            offsets.append(
+                GroupOffset(
+                    topic=t, queue=q, committed=done, max_offset=end, lag=end - max(done, 0)
+                )
+            )
+        return DescribeGroupResponse(
+            group=req.group,
+            generation=0 if state is None else state.generation,
+            members=[
+                GroupMember(
+                    member_id=m.member_id, client_id=m.client_id, assignment=list(m.assignment)
+                )
+                for m in members
+            ],
+            offsets=offsets,
+        )
+
+    async def reset(self, req: ResetOffsetsRequest) -> ResetOffsetsResponse:
+        _check_group(req.group)
+        self._topics.get(req.topic)
+        if req.to not in ("earliest", "latest", "timestamp", "offset", "shift"):
+            raise InvalidRequest(
+                f"reset target must be earliest, latest, timestamp, offset or shift, got {req.to!r}"
+            )
+        if req.execute and self._coordinator.describe(req.group) is not None:
+            state = self._coordinator.describe(req.group)
+            if state is not None and state.members:
+                raise InvalidRequest(
+                    f"group {req.group!r} has {len(state.members)} active members; "
+                    "stop them before resetting offsets"
+                )
+        hosted = self._topics.hosted(req.topic)
+
+        def run(store: MessageStore) -> dict[tuple[str, int], int]:
+            committed = store.committed_offsets(req.group)
+            new: dict[tuple[str, int], int] = {}
+            for q in hosted:
+                lo, hi = store.queue_bounds(req.topic, q)
+                if req.to == "earliest":
+                    target = lo
+                elif req.to == "latest":
+                    target = hi
+                elif req.to == "timestamp":
+                    target = store.offset_for_time(req.topic, q, req.value)
+                elif req.to == "offset":
+                    target = req.value
+                else:
+                    target = committed.get((req.topic, q), lo) + req.value
+                new[(req.topic, q)] = min(max(target, lo), hi)
+            if req.execute:
+                store.commit_offsets(req.group, new)
+            return new
+
+        new = await self._gateway.call(run)
+        return ResetOffsetsResponse(
+            offsets=[QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(new.items())]
+        )

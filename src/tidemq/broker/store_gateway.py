@@ -1,0 +1,176 @@
+"""The single bridge between the event loop and the synchronous store.
+
+The store is single-threaded and its operations (appends to the page cache, index lookups,
+preads) take microseconds, so they run right on the event loop: no thread hop, no lock,
+no GIL hand-off per request. Only fdatasync, which takes a millisecond or more and releases
+the GIL, runs on a flusher thread:
+
+* In sync flush mode an append returns only when a flush covering its end has completed.
+  The flusher coroutine starts an fdatasync whenever records are waiting and none is
+  running; appends keep landing meanwhile and the next fdatasync covers all of them
+  together (group commit: one sync per round, however many producers).
+* In async flush mode appends return at once; the flusher syncs every `flush_interval_ms`.
+* Readable data wakes parked fetches: after each completed flush in sync mode (readers see
+  only flushed records there), at once in async mode.
+* A periodic task runs the checkpoint when due (on the loop, so nothing else touches the
+  store meanwhile).
+
+A failed fdatasync fences the store: every waiting append fails with StorageFailure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+from tidemq.core.errors import StoreClosed, TidemqError
+from tidemq.store.config import FlushMode
+from tidemq.store.message_store import AppendResult, MessageStore
+from tidemq.store.producer_state import ProducerStamp
+
+__all__ = ["StoreGateway"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: How often the periodic task looks at the checkpoint and the async-mode flush.
+_TICK_INTERVAL_S: Final = 0.05
+
+
+class StoreGateway:
+    def __init__(
+        self,
+        store: MessageStore,
+        loop: asyncio.AbstractEventLoop,
+        on_data: Callable[[set[tuple[str, int]]], None],
+    ) -> None:
+        self._store = store
+        self._loop = loop
+        self._on_data = on_data
+        self._sync = store.config.flush_mode is FlushMode.SYNC
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, "tidemq-fsync")
+        # (end position, future) of appends waiting for durability, in append order
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+        self._unflushed_queues: set[tuple[str, int]] = set()
+        self._work = asyncio.Event()
+        self._closed = False
+        self._flusher = loop.create_task(self._flush_loop())
+        self._ticker = loop.create_task(self._tick_loop())
+
+    @property
+    def store(self) -> MessageStore:
+        return self._store
+
+    # ------------------------------------------------------------------ API for coroutines
+
+    async def call(self, fn: Callable[[MessageStore], T]) -> T:
+        """Run `fn(store)` (on the loop: it must not block)."""
+        if self._closed:
+            raise StoreClosed("the broker is shutting down")
+        return fn(self._store)
+
+    async def append(
+        self,
+        topic: str,
+        queue_id: int,
+        payload: bytes | memoryview,
+        *,
+        producer: ProducerStamp | None = None,
+        properties: bytes = b"",
+        flags: int = 0,
+    ) -> AppendResult:
+        """Append one batch; returns once it is durable per the flush mode."""
+        if self._closed:
+            raise StoreClosed("the broker is shutting down")
+        result = self._store.append(
+            topic, queue_id, payload, producer=producer, properties=properties, flags=flags
+        )
+        if not self._sync:
+            if not result.duplicate:
+                self._on_data({(topic, queue_id)})
+            return result
+        if result.end_position <= self._store.flushed_position:
+            return result  # a retried batch that is durable already
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._waiting.append((result.end_position, future))
+        self._unflushed_queues.add((topic, queue_id))
+        self._work.set()
+        await future
+        return result
+
+    # ------------------------------------------------------------------ flushing
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            await self._flush_once()
+
+    async def _flush_once(self) -> None:
+        store = self._store
+        if store.flushed_position >= store.end_position:
+            return
+        try:
+            target, sync = store.begin_flush()
+        except TidemqError as exc:
+            self._fail_waiting(exc)
+            return
+        touched, self._unflushed_queues = self._unflushed_queues, set()
+        try:
+            await self._loop.run_in_executor(self._executor, sync)
+        except OSError as exc:
+            self._fail_waiting(store.fail_flush(exc))
+            return
+        store.complete_flush(target)
+        done = 0
+        for end, future in self._waiting:
+            if end > target:
+                break
+            if not future.done():
+                future.set_result(None)
+            done += 1
+        del self._waiting[:done]
+        if touched:
+            self._on_data(touched)
+        if self._waiting:
+            self._work.set()
+
+    def _fail_waiting(self, error: TidemqError) -> None:
+        for _, future in self._waiting:
+            if not future.done():
+                future.set_exception(error)
+        self._waiting.clear()
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(_TICK_INTERVAL_S)
+            try:
+                if self._store.flush_due():
+                    await self._flush_once()
+                if self._store.checkpoint_due():
+                    self._store.checkpoint()
+            except StoreClosed:
+                return
+            except Exception:
+                log.exception("periodic store work failed")
+
+    async def close(self) -> None:
+        """Flush what is waiting, checkpoint and close the store."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._waiting:
+            await self._flush_once()
+        for task in (self._flusher, self._ticker):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        try:
+            self._store.close()
+        finally:
+            self._executor.shutdown(wait=True)

@@ -1,0 +1,112 @@
+"""Topic configs by their Kafka names, validated, and mapped onto the store's topic fields.
+
+Known keys and their meaning are listed in `KNOWN`; anything else is refused with the key
+named, so a typo never silently does nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from tidemq.core.errors import ConfigError
+from tidemq.store.metadata import CleanupPolicy, MessageType
+
+__all__ = [
+    "HOSTED_QUEUES_KEY",
+    "KNOWN",
+    "TopicSettings",
+    "parse_hosted",
+    "parse_message_type",
+    "parse_topic_config",
+]
+
+#: Internal key: the queues of a multi-broker topic that this broker serves.
+HOSTED_QUEUES_KEY: Final = "tidemq.hosted.queues"
+
+KNOWN: Final[dict[str, str]] = {
+    "cleanup.policy": "delete | compact | compact,delete",
+    "retention.ms": "keep batches this long (-1: forever)",
+    "retention.bytes": "keep at most this many bytes per queue (-1: no limit)",
+    "max.message.bytes": "largest batch accepted for this topic",
+    "message.timestamp.type": "CreateTime | LogAppendTime",
+    "compression.type": "producer | none | zstd | lz4 (what producers should use)",
+    "segment.bytes": "accepted for Kafka compatibility; the commit log is shared",
+    "segment.ms": "accepted for Kafka compatibility; the commit log is shared",
+    "min.compaction.lag.ms": "compact topics: not yet implemented",
+    "delete.retention.ms": "compact topics: not yet implemented",
+    "remote.storage.enable": "tiered storage: not yet implemented",
+    "local.retention.ms": "tiered storage: not yet implemented",
+    "local.retention.bytes": "tiered storage: not yet implemented",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    cleanup_policy: CleanupPolicy | None
+    retention_ms: int | None
+    retention_bytes: int | None
+    extra: dict[str, str]
+
+
+def _int(key: str, value: str, minimum: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"topic config {key} must be an integer, got {value!r}") from None
+    if number < minimum:
+        raise ConfigError(f"topic config {key} must be >= {minimum}, got {number}")
+    return number
+
+
+def parse_topic_config(config: Mapping[str, str]) -> TopicSettings:
+    unknown = sorted(k for k in config if k not in KNOWN and k != HOSTED_QUEUES_KEY)
+    if unknown:
+        raise ConfigError(
+            f"unknown topic config {', '.join(unknown)}; known: {', '.join(sorted(KNOWN))}"
+        )
+    policy = None
+    if "cleanup.policy" in config:
+        value = config["cleanup.policy"].replace(" ", "")
+        try:
+            policy = CleanupPolicy(value)
+        except ValueError:
+            raise ConfigError(
+                f"cleanup.policy must be delete, compact or compact,delete, got {value!r}"
+            ) from None
+    retention_ms = (
+        _int("retention.ms", config["retention.ms"], -1) if "retention.ms" in config else None
+    )
+    retention_bytes = (
+        _int("retention.bytes", config["retention.bytes"], -1)
+        if "retention.bytes" in config
+        else None
+    )
+    if "max.message.bytes" in config:
+        _int("max.message.bytes", config["max.message.bytes"], 1)
+    if config.get("message.timestamp.type", "CreateTime") not in ("CreateTime", "LogAppendTime"):
+        raise ConfigError("message.timestamp.type must be CreateTime or LogAppendTime")
+    extra = {
+        k: v
+        for k, v in config.items()
+        if k not in ("cleanup.policy", "retention.ms", "retention.bytes")
+    }
+    return TopicSettings(policy, retention_ms, retention_bytes, extra)
+
+
+def parse_message_type(value: str) -> MessageType:
+    try:
+        return MessageType(value.upper())
+    except ValueError:
+        raise ConfigError(
+            f"message type must be one of {', '.join(t.value for t in MessageType)}, got {value!r}"
+        ) from None
+
+
+def parse_hosted(config: Mapping[str, str], queues: int) -> list[int]:
+    """The hosted queue ids stored in a topic's config (all queues when absent)."""
+    raw = config.get(HOSTED_QUEUES_KEY, "")
+    if not raw:
+        return list(range(queues))
+    return [int(q) for q in raw.split(",")]

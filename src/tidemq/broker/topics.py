@@ -1,0 +1,149 @@
+"""The event loop's view of the broker's topics, and the topic admin operations.
+
+The store owns topics; this table mirrors them on the loop so that every produce and fetch
+can be checked (topic exists, queue served here, size limit) without a trip to the writer
+thread. Every change goes through the gateway first and then refreshes the mirror.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.topic_config import (
+    HOSTED_QUEUES_KEY,
+    parse_hosted,
+    parse_message_type,
+    parse_topic_config,
+)
+from tidemq.core import limits
+from tidemq.core.errors import ConfigError, QueueNotFound, TopicAlreadyExists, TopicNotFound
+from tidemq.store.message_store import MessageStore
+from tidemq.store.metadata import TopicInfo
+
+__all__ = ["TopicTable"]
+
+
+def _hosted_value(hosted: list[int], queues: int) -> dict[str, str]:
+    if not hosted:
+        return {}
+    bad = [q for q in hosted if not 0 <= q < queues]
+    if bad or len(set(hosted)) != len(hosted):
+        raise ConfigError(f"hosted queues {hosted} must be distinct ids in 0..{queues - 1}")
+    return {HOSTED_QUEUES_KEY: ",".join(str(q) for q in sorted(hosted))}
+
+
+class TopicTable:
+    def __init__(self, config: BrokerConfig, gateway: StoreGateway) -> None:
+        self._config = config
+        self._gateway = gateway
+        self._topics: dict[str, TopicInfo] = {}
+        self._hosted: dict[str, frozenset[int]] = {}
+        #: Called after any change, so the broker re-registers with the name servers.
+        self.on_change: Callable[[], None] = lambda: None
+
+    async def refresh(self) -> None:
+        topics = await self._gateway.call(lambda s: s.topics())
+        self._topics = {t.name: t for t in topics}
+        self._hosted = {t.name: frozenset(parse_hosted(t.config, t.queues)) for t in topics}
+        self.on_change()
+
+    def all(self) -> list[TopicInfo]:
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def get(self, name: str) -> TopicInfo:
+        info = self._topics.get(name)
+        if info is None:
+            raise TopicNotFound(f"topic {name[:140]!r} does not exist on this broker")
+        return info
+
+    def hosted(self, name: str) -> list[int]:
+        return sorted(self._hosted.get(name, ()))
+
+    def max_message_bytes(self, name: str) -> int:
+        info = self._topics.get(name)
+        raw = info.config.get("max.message.bytes") if info else None
+        limit = self._config.max_message_bytes
+        return min(limit, int(raw)) if raw else limit
+
+    async def check_queue(self, topic: str, queue: int, *, create: bool = False) -> TopicInfo:
+        info = self._topics.get(topic)
+        if info is None and create and self._config.auto_create_topics:
+            try:
+                info = await self.create(topic, self._config.default_queues)
+            except TopicAlreadyExists:
+                await self.refresh()
+                info = self.get(topic)
+        if info is None:
+            raise TopicNotFound(f"topic {topic[:140]!r} does not exist on this broker")
+        if queue not in self._hosted.get(topic, ()):
+            raise QueueNotFound(
+                f"queue {queue} of topic {topic!r} is not served by this broker "
+                f"(it serves {self.hosted(topic)})"
+            )
+        return info
+
+    # ------------------------------------------------------------------ admin
+
+    async def create(
+        self,
+        name: str,
+        queues: int,
+        *,
+        message_type: str = "NORMAL",
+        config: dict[str, str] | None = None,
+        hosted: list[int] | None = None,
+    ) -> TopicInfo:
+        if name.startswith("%") and not name.startswith(("%RETRY%", "%DLQ%", "%SYS%")):
+            raise ConfigError(f"topic names starting with % are reserved, got {name!r}")
+        if not 1 <= queues <= limits.MAX_QUEUES_PER_TOPIC:
+            raise ConfigError(f"queues must be 1..{limits.MAX_QUEUES_PER_TOPIC}, got {queues}")
+        settings = parse_topic_config(config or {})
+        mtype = parse_message_type(message_type)
+        extra = {**settings.extra, **_hosted_value(hosted or [], queues)}
+
+        def run(store: MessageStore) -> TopicInfo:
+            kwargs = {}
+            if settings.cleanup_policy is not None:
+                kwargs["cleanup_policy"] = settings.cleanup_policy
+            return store.create_topic(
+                name,
+                queues,
+                message_type=mtype,
+                retention_ms=settings.retention_ms,
+                retention_bytes=settings.retention_bytes,
+                config=extra,
+                **kwargs,
+            )
+
+        info = await self._gateway.call(run)
+        await self.refresh()
+        return info
+
+    async def alter(
+        self, name: str, *, queues: int | None, config: dict[str, str], hosted: list[int]
+    ) -> TopicInfo:
+        current = self.get(name)
+        settings = parse_topic_config(config)
+        total = current.queues if queues is None else queues
+        extra = {**settings.extra, **_hosted_value(hosted, total)}
+
+        def run(store: MessageStore) -> TopicInfo:
+            return store.alter_topic(
+                name,
+                queues=queues,
+                cleanup_policy=settings.cleanup_policy,
+                retention_ms=settings.retention_ms,
+                retention_bytes=settings.retention_bytes,
+                config=extra,
+            )
+
+        info = await self._gateway.call(run)
+        await self.refresh()
+        return info
+
+    async def delete(self, name: str) -> None:
+        self.get(name)
+        await self._gateway.call(lambda s: s.delete_topic(name))
+        await self.refresh()

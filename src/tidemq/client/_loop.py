@@ -1,0 +1,48 @@
+"""One background event loop for the synchronous API.
+
+Sync client objects run their asyncio twins on this loop from a daemon thread, so a sync
+call is `run(coroutine)`: submit, then block until it finishes. Calls from inside that loop
+would deadlock and are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["run", "submit"]
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _get_loop() -> asyncio.AbstractEventLoop:
+    global _loop  # noqa: PLW0603 - one loop per process, created on first use
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="tidemq-client", daemon=True)
+            thread.start()
+            _loop = loop
+        return _loop
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    loop = _get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        coro.close()
+        raise RuntimeError("a sync tidemq call from the client loop itself would deadlock")
+    return asyncio.run_coroutine_threadsafe(coro, loop)
+
+
+def run(coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+    return submit(coro).result(timeout_s)

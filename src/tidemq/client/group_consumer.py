@@ -1,0 +1,260 @@
+"""Consumer groups: the coordinator broker assigns queues to members; members commit.
+
+Membership is server-side and generation-fenced. A background heartbeat keeps the member
+alive and learns of rebalances; on a new generation the consumer drops revoked queues (its
+uncommitted progress there is redelivered to the new owner: at-least-once) and starts the
+new ones at their committed offsets, or where `start` says for a queue the group never
+committed. Commits carry the generation; one from a generation that is no longer current
+is refused by the broker, so a member that lost a queue can never move its offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+
+from tidemq.client.cluster import ClientConfig, ClusterClient
+from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
+from tidemq.core.errors import StaleGeneration, TidemqError, UnknownMember
+from tidemq.core.message import Message
+from tidemq.protocol.commands import (
+    CommitOffsetsRequest,
+    CommitOffsetsResponse,
+    Empty,
+    FetchOffsetsRequest,
+    FetchOffsetsResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    QueueOffset,
+)
+
+__all__ = ["AsyncGroupConsumer"]
+
+log = logging.getLogger(__name__)
+
+AssignmentCallback = Callable[[list[TopicQueue]], None]
+
+
+class AsyncGroupConsumer:
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        topics: Iterable[str],
+        *,
+        start: str | int = "latest",
+        auto_commit: bool = True,
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 1_000,
+        client_id: str = "",
+        on_assign: AssignmentCallback | None = None,
+        on_revoke: AssignmentCallback | None = None,
+        max_bytes_per_queue: int = 1 << 20,
+        client_config: ClientConfig | None = None,
+    ) -> None:
+        """`start`: where a queue the group never committed begins: "earliest", "latest",
+        or a timestamp in milliseconds. The same rule applies every time."""
+        if not (start in ("earliest", "latest") or isinstance(start, int)):
+            raise ValueError("start must be 'earliest', 'latest' or a timestamp in ms")
+        self._cluster = ClusterClient(bootstrap, client_config)
+        self._group = group
+        self._topics = sorted(set(topics))
+        if not self._topics:
+            raise ValueError("subscribe to at least one topic")
+        self._start = start
+        self._auto_commit = auto_commit
+        self._session_ms = session_timeout_ms
+        self._heartbeat_s = heartbeat_interval_ms / 1000
+        self._client_id = client_id
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._stream = AsyncStreamConsumer(
+            bootstrap,
+            start="earliest",
+            max_bytes_per_queue=max_bytes_per_queue,
+            cluster=self._cluster,
+        )
+        self._member_id = ""
+        self._generation = -1
+        self._assignment: list[TopicQueue] = []
+        self._pending_assignment: tuple[int, list[TopicQueue]] | None = None
+        self._consumed: dict[TopicQueue, int] = {}  # next offsets of messages handed out
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def member_id(self) -> str:
+        return self._member_id
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def assignment(self) -> list[TopicQueue]:
+        return list(self._assignment)
+
+    # ------------------------------------------------------------------ membership
+
+    async def _join(self) -> None:
+        coordinator = await self._cluster.coordinator()
+        request = JoinGroupRequest(
+            group=self._group,
+            topics=self._topics,
+            member_id=self._member_id,
+            client_id=self._client_id,
+            session_timeout_ms=self._session_ms,
+        )
+        response = await self._cluster.call(coordinator, request, JoinGroupResponse)
+        self._member_id = response.member_id
+        await self._apply_assignment(response.generation, [tuple(a) for a in response.assignment])  # type: ignore[misc]
+        if self._heartbeat_task is None:
+            self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeats())
+
+    async def _heartbeats(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._heartbeat_s)
+            try:
+                coordinator = await self._cluster.coordinator()
+                request = HeartbeatRequest(
+                    group=self._group, member_id=self._member_id, generation=self._generation
+                )
+                response = await self._cluster.call(coordinator, request, HeartbeatResponse)
+            except UnknownMember:
+                self._pending_assignment = (-1, [])  # expired: rejoin at the next poll
+                continue
+            except TidemqError as exc:
+                log.warning("group %s heartbeat failed: %s", self._group, exc)
+                continue
+            if response.generation != self._generation:
+                queues = [(t, q) for t, q in response.assignment]
+                self._pending_assignment = (response.generation, queues)
+
+    async def _apply_assignment(self, generation: int, queues: list[TopicQueue]) -> None:
+        revoked = [tq for tq in self._assignment if tq not in queues]
+        added = [tq for tq in queues if tq not in self._assignment]
+        if revoked:
+            for tq in revoked:
+                self._consumed.pop(tq, None)
+            if self._on_revoke:
+                self._on_revoke(revoked)
+        self._generation = generation
+        self._assignment = sorted(queues)
+        self._stream.assign(self._assignment)
+        if added:
+            await self._position_new(added)
+            if self._on_assign:
+                self._on_assign(added)
+
+    async def _position_new(self, queues: list[TopicQueue]) -> None:
+        coordinator = await self._cluster.coordinator()
+        committed = await self._cluster.call(
+            coordinator, FetchOffsetsRequest(group=self._group), FetchOffsetsResponse
+        )
+        offsets = {(o.topic, o.queue): o.offset for o in committed.offsets}
+        for tq in queues:
+            if tq in offsets:
+                self._stream.seek(*tq, offsets[tq])
+            elif self._start == "earliest":
+                await self._stream.seek_to_beginning(tq)
+            elif self._start == "latest":
+                await self._stream.seek_to_end(tq)
+            else:
+                assert isinstance(self._start, int)
+                address = await self._cluster.broker_for(*tq)
+                bounds = await self._cluster.call(
+                    address,
+                    ListOffsetsRequest(topic=tq[0], queue=tq[1], timestamp_ms=self._start),
+                    ListOffsetsResponse,
+                )
+                assert bounds.offset_for_time is not None
+                self._stream.seek(*tq, bounds.offset_for_time)
+
+    async def _sync(self) -> None:
+        if self._generation < 0:
+            await self._join()
+        pending, self._pending_assignment = self._pending_assignment, None
+        if pending is not None:
+            generation, queues = pending
+            if generation < 0:
+                self._generation = -1
+                await self._join()
+            else:
+                await self._apply_assignment(generation, queues)
+
+    # ------------------------------------------------------------------ consuming
+
+    async def poll(self, timeout_ms: int = 1000) -> list[Message]:
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        if self._auto_commit and self._consumed:
+            await self._commit_quietly()
+        await self._sync()
+        messages = await self._stream.poll(timeout_ms)
+        owned = set(self._assignment)
+        messages = [m for m in messages if (m.topic, m.queue) in owned]
+        for m in messages:
+            self._consumed[(m.topic, m.queue)] = m.offset + 1
+        return messages
+
+    async def commit(self, offsets: dict[TopicQueue, int] | None = None) -> None:
+        """Commit the next offsets to read (default: after every message polled so far).
+        Raises StaleGeneration if the group rebalanced; poll again to take the new
+        assignment."""
+        chosen = dict(self._consumed if offsets is None else offsets)
+        owned = set(self._assignment)
+        chosen = {tq: o for tq, o in chosen.items() if tq in owned}
+        if not chosen:
+            return
+        coordinator = await self._cluster.coordinator()
+        request = CommitOffsetsRequest(
+            group=self._group,
+            offsets=[
+                QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(chosen.items())
+            ],
+            member_id=self._member_id,
+            generation=self._generation,
+        )
+        await self._cluster.call(coordinator, request, CommitOffsetsResponse)
+        if offsets is None:
+            for tq, o in chosen.items():
+                if self._consumed.get(tq) == o:
+                    del self._consumed[tq]
+
+    async def _commit_quietly(self) -> None:
+        try:
+            await self.commit()
+        except (StaleGeneration, UnknownMember) as exc:
+            log.info("group %s: commit refused (%s); taking the new assignment", self._group, exc)
+
+    async def __aiter__(self) -> AsyncIterator[Message]:
+        while not self._closed:
+            for message in await self.poll():
+                yield message
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        if self._auto_commit and self._consumed and self._generation >= 0:
+            await self._commit_quietly()
+        self._closed = True
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat_task
+        if self._member_id:
+            with contextlib.suppress(TidemqError):
+                coordinator = await self._cluster.coordinator()
+                await self._cluster.call(
+                    coordinator,
+                    LeaveGroupRequest(group=self._group, member_id=self._member_id),
+                    Empty,
+                )
+        await self._stream.close()
+        await self._cluster.close()

@@ -1,0 +1,469 @@
+"""The asyncio producer: an accumulator per queue, and an ordered sender per queue.
+
+* Queue choice: the explicit `queue`, else the key's stable hash, else round robin.
+* Accumulator: sends to one queue made in the same loop tick (or within `linger_ms`) go
+  out as one batch, up to `batch_bytes` / `batch_messages`. `send_batch` sends its list as
+  one batch of its own: one record, one index entry.
+* Sender: up to `max_in_flight_per_queue` batches in flight per queue, acknowledged in
+  order. A retriable failure (connection lost, timeout, disk full) waits for the window to
+  settle, backs off, re-reads routes, and resends every unacknowledged batch in order.
+  With `idempotent=True` (default) each batch carries (producer id, epoch, sequence), so a
+  resent batch that was in fact stored gets its original offsets back instead of being
+  written twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from tidemq.client.cluster import ClientConfig, ClusterClient
+from tidemq.core import limits
+from tidemq.core.batch import Codec, MessageRecord, encode_batch
+from tidemq.core.errors import (
+    BatchTooLarge,
+    InvalidBatch,
+    OutOfOrderSequence,
+    RequestTimeout,
+    TidemqError,
+)
+from tidemq.core.message import Receipt, message_id
+from tidemq.protocol.commands import (
+    InitProducerRequest,
+    InitProducerResponse,
+    ProduceRequest,
+    ProduceResponse,
+)
+
+__all__ = ["AsyncProducer"]
+
+_CODECS = {"none": Codec.NONE, "zstd": Codec.ZSTD, "lz4": Codec.LZ4}
+
+
+@dataclass(slots=True)
+class _Batch:
+    topic: str
+    queue: int
+    payload: bytes
+    count: int
+    futures: list[asyncio.Future[Receipt]] | None  # one per message; None for send_batch
+    whole: asyncio.Future[list[Receipt]] | None  # send_batch's single future
+    deadline: float
+    stamp: tuple[str, int, int, int] | None = None  # (address, producer id, epoch, sequence)
+
+    def resolve(self, base: int) -> None:
+        receipts = [
+            Receipt(self.topic, self.queue, base + i, message_id(self.topic, self.queue, base + i))
+            for i in range(self.count)
+        ]
+        if self.whole is not None and not self.whole.done():
+            self.whole.set_result(receipts)
+        for fut, receipt in zip(self.futures or (), receipts, strict=False):
+            if not fut.done():
+                fut.set_result(receipt)
+
+    def fail(self, error: BaseException) -> None:
+        if self.whole is not None and not self.whole.done():
+            self.whole.set_exception(error)
+        for fut in self.futures or ():
+            if not fut.done():
+                fut.set_exception(error)
+
+
+@dataclass(slots=True)
+class _Pending:
+    records: list[MessageRecord] = field(default_factory=list)
+    futures: list[asyncio.Future[Receipt]] = field(default_factory=list)
+    size: int = 0
+    timer: asyncio.TimerHandle | asyncio.Handle | None = None
+
+
+class AsyncProducer:
+    def __init__(
+        self,
+        bootstrap: str = "127.0.0.1:9876",
+        *,
+        linger_ms: float = 0,
+        batch_bytes: int = 1 << 20,
+        batch_messages: int = 4096,
+        idempotent: bool = True,
+        compression: str = "none",
+        max_in_flight_per_queue: int = 5,
+        delivery_timeout_ms: int = 120_000,
+        client_config: ClientConfig | None = None,
+        cluster: ClusterClient | None = None,
+    ) -> None:
+        if linger_ms < 0 or batch_bytes <= 0 or not 0 < batch_messages <= limits.MAX_BATCH_MESSAGES:
+            raise ValueError(
+                "linger_ms must be >= 0, batch_bytes > 0, and batch_messages in "
+                f"1..{limits.MAX_BATCH_MESSAGES}"
+            )
+        if compression not in _CODECS:
+            raise ValueError(f"compression must be one of {', '.join(_CODECS)}")
+        if not 1 <= max_in_flight_per_queue <= 5 and idempotent:
+            raise ValueError("an idempotent producer keeps at most 5 batches in flight per queue")
+        self._cluster = cluster or ClusterClient(bootstrap, client_config)
+        self._own_cluster = cluster is None
+        self._linger_s = linger_ms / 1000
+        self._batch_bytes = batch_bytes
+        self._batch_messages = batch_messages
+        self._idempotent = idempotent
+        self._codec = _CODECS[compression]
+        self._window = max_in_flight_per_queue
+        self._delivery_timeout_s = delivery_timeout_ms / 1000
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._senders: dict[tuple[str, int], _QueueSender] = {}
+        self._round_robin = itertools.count()
+        self._producer_ids: dict[str, tuple[int, int]] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ sending
+
+    async def _queue_for(self, topic: str, key: bytes | None, queue: int | None) -> int:
+        if queue is not None:
+            if queue < 0:
+                raise ValueError(f"queue must be >= 0, got {queue}")
+            return queue
+        routes = await self._cluster.refresh_routes()
+        if topic not in routes:
+            routes = await self._cluster.refresh_routes(force=True)
+        return routes.select_queue(topic, key, next(self._round_robin))
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        tag: str | None = None,
+        keys: Sequence[str] = (),
+        headers: Mapping[str, bytes] | None = None,
+        queue: int | None = None,
+        timestamp: datetime | float | None = None,
+    ) -> Receipt:
+        """Send one message; returns once the broker acknowledged it (per its flush mode)."""
+        future = await self.send_nowait(
+            topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
+            timestamp=timestamp,
+        )  # fmt: skip
+        return await future
+
+    async def send_nowait(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        tag: str | None = None,
+        keys: Sequence[str] = (),
+        headers: Mapping[str, bytes] | None = None,
+        queue: int | None = None,
+        timestamp: datetime | float | None = None,
+    ) -> asyncio.Future[Receipt]:
+        """Queue one message and return a future of its receipt (sends batch up)."""
+        self._check_open()
+        record = _record(value, key, tag, keys, headers, timestamp)
+        q = await self._queue_for(topic, key, queue)
+        future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+        pending = self._pending.setdefault((topic, q), _Pending())
+        pending.records.append(record)
+        pending.futures.append(future)
+        pending.size += _approx_size(record)
+        if pending.size >= self._batch_bytes or len(pending.records) >= self._batch_messages:
+            self._seal(topic, q)
+        elif pending.timer is None:
+            loop = asyncio.get_running_loop()
+            if self._linger_s > 0:
+                pending.timer = loop.call_later(self._linger_s, self._seal, topic, q)
+            else:
+                pending.timer = loop.call_soon(self._seal, topic, q)
+        return future
+
+    async def send_batch(
+        self,
+        topic: str,
+        values: Sequence[bytes | None],
+        *,
+        keys: Sequence[bytes | None] | None = None,
+        tags: Sequence[str | None] | None = None,
+        headers: Mapping[str, bytes] | None = None,
+        queue: int | None = None,
+        timestamp: datetime | float | None = None,
+    ) -> list[Receipt]:
+        """Send `values` as one end-to-end batch (one record, one index entry) to one queue:
+        the explicit `queue`, else the first key's queue, else round robin."""
+        return await (
+            await self.send_batch_nowait(
+                topic, values, keys=keys, tags=tags, headers=headers, queue=queue,
+                timestamp=timestamp,
+            )
+        )  # fmt: skip
+
+    async def send_batch_nowait(
+        self,
+        topic: str,
+        values: Sequence[bytes | None],
+        *,
+        keys: Sequence[bytes | None] | None = None,
+        tags: Sequence[str | None] | None = None,
+        headers: Mapping[str, bytes] | None = None,
+        queue: int | None = None,
+        timestamp: datetime | float | None = None,
+    ) -> asyncio.Future[list[Receipt]]:
+        self._check_open()
+        n = len(values)
+        if (keys is not None and len(keys) != n) or (tags is not None and len(tags) != n):
+            raise ValueError("keys and tags must have one entry per value")
+        ts = _timestamp_ms(timestamp)
+        hdr = tuple((headers or {}).items())
+        records = [
+            MessageRecord(
+                v,
+                keys[i] if keys is not None else None,
+                tags[i] if tags is not None else None,
+                (),
+                hdr,
+                ts,
+            )
+            for i, v in enumerate(values)
+        ]
+        first_key = keys[0] if keys else None
+        q = await self._queue_for(topic, first_key, queue)
+        self._seal(topic, q)  # whatever was accumulated for this queue goes first
+        payload = encode_batch(records, codec=self._codec)
+        future: asyncio.Future[list[Receipt]] = asyncio.get_running_loop().create_future()
+        self._sender(topic, q).add(
+            _Batch(topic, q, payload, n, None, future, time.monotonic() + self._delivery_timeout_s)
+        )
+        return future
+
+    def _seal(self, topic: str, queue: int) -> None:
+        pending = self._pending.pop((topic, queue), None)
+        if pending is None:
+            return
+        if pending.timer is not None:
+            pending.timer.cancel()
+        try:
+            payload = encode_batch(pending.records, codec=self._codec)
+        except (InvalidBatch, BatchTooLarge) as exc:
+            for fut in pending.futures:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        deadline = time.monotonic() + self._delivery_timeout_s
+        batch = _Batch(topic, queue, payload, len(pending.records), pending.futures, None, deadline)
+        self._sender(topic, queue).add(batch)
+
+    def _sender(self, topic: str, queue: int) -> _QueueSender:
+        sender = self._senders.get((topic, queue))
+        if sender is None:
+            sender = self._senders[(topic, queue)] = _QueueSender(self, topic, queue)
+        return sender
+
+    async def flush(self) -> None:
+        """Send everything accumulated and wait until every batch is answered."""
+        for topic, queue in list(self._pending):
+            self._seal(topic, queue)
+        waits = [s.idle.wait() for s in self._senders.values() if not s.idle.is_set()]
+        if waits:
+            await asyncio.gather(*waits)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await self.flush()
+        self._closed = True
+        if self._own_cluster:
+            await self._cluster.close()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the producer is closed")
+
+    # ------------------------------------------------------------------ used by senders
+
+    @property
+    def cluster(self) -> ClusterClient:
+        return self._cluster
+
+    async def producer_id(self, address: str, *, renew: bool = False) -> tuple[int, int]:
+        if renew or address not in self._producer_ids:
+            resp = await self._cluster.call(address, InitProducerRequest(), InitProducerResponse)
+            self._producer_ids[address] = (resp.producer_id, resp.epoch)
+        return self._producer_ids[address]
+
+
+class _QueueSender:
+    """Ordered delivery of one queue's batches, with a window of requests in flight."""
+
+    def __init__(self, producer: AsyncProducer, topic: str, queue: int) -> None:
+        self._p = producer
+        self._topic = topic
+        self._queue = queue
+        self._waiting: deque[_Batch] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._sequence = 0
+        self._stamp_key: tuple[str, int, int] | None = None  # (address, pid, epoch)
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def add(self, batch: _Batch) -> None:
+        self._waiting.append(batch)
+        self.idle.clear()
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _stamp(self, batch: _Batch, address: str, *, renew: bool = False) -> None:
+        if not self._p._idempotent:
+            batch.stamp = (address, -1, -1, -1)
+            return
+        pid, epoch = await self._p.producer_id(address, renew=renew)
+        if self._stamp_key != (address, pid, epoch):
+            self._stamp_key = (address, pid, epoch)
+            self._sequence = 0
+        batch.stamp = (address, pid, epoch, self._sequence)
+        self._sequence += batch.count
+
+    async def _send(self, batch: _Batch) -> ProduceResponse:
+        assert batch.stamp is not None
+        address, pid, epoch, seq = batch.stamp
+        request = ProduceRequest(
+            topic=self._topic, queue=self._queue, producer_id=pid, epoch=epoch, base_sequence=seq
+        )
+        header, _ = await self._p.cluster.request(address, request, ProduceResponse, batch.payload)
+        return header
+
+    async def _run(self) -> None:
+        inflight: deque[tuple[_Batch, asyncio.Task[ProduceResponse]]] = deque()
+        attempt = 0
+        restamp = False
+        while self._waiting or inflight:
+            try:
+                address = await self._p.cluster.broker_for(self._topic, self._queue)
+                while self._waiting and len(inflight) < self._p._window:
+                    batch = self._waiting.popleft()
+                    if batch.stamp is None or batch.stamp[0] != address or restamp:
+                        await self._stamp(batch, address, renew=restamp)
+                        restamp = False
+                    task = asyncio.get_running_loop().create_task(self._send(batch))
+                    inflight.append((batch, task))
+            except TidemqError as exc:
+                # No route (yet): every waiting batch waits for the next attempt.
+                attempt = await self._retry_or_fail(exc, attempt, list(self._waiting))
+                continue
+            batch, task = inflight[0]
+            try:
+                response = await task
+            except TidemqError as exc:
+                settled = await self._settle(inflight)
+                requeue = [b for b, err in settled if err is not None]
+                if exc.retriable:
+                    self._waiting.extendleft(reversed(requeue))
+                    attempt = await self._retry_or_fail(exc, attempt, requeue)
+                    continue
+                batch.fail(exc)
+                rest = [b for b in requeue if b is not batch]
+                self._waiting.extendleft(reversed(rest))
+                # Later batches were refused for the gap this one left: restart the
+                # sequence under a fresh producer id before resending them.
+                restamp = self._p._idempotent and bool(rest or self._waiting)
+                for b in self._waiting:
+                    b.stamp = None
+                continue
+            inflight.popleft()
+            attempt = 0
+            batch.resolve(response.base_offset)
+        self.idle.set()
+
+    async def _settle(
+        self, inflight: deque[tuple[_Batch, asyncio.Task[ProduceResponse]]]
+    ) -> list[tuple[_Batch, BaseException | None]]:
+        """Wait for every request in flight; resolve the ones that succeeded."""
+        out: list[tuple[_Batch, BaseException | None]] = []
+        while inflight:
+            batch, task = inflight.popleft()
+            try:
+                response = await task
+            except TidemqError as exc:
+                out.append((batch, exc))
+                continue
+            batch.resolve(response.base_offset)
+            out.append((batch, None))
+        return out
+
+    async def _retry_or_fail(self, exc: TidemqError, attempt: int, batches: list[_Batch]) -> int:
+        attempt += 1
+        now = time.monotonic()
+        expired = [b for b in batches if b.deadline <= now]
+        if not exc.retriable or attempt > self._p.cluster.config.retries or expired:
+            error: TidemqError = exc
+            if expired and exc.retriable:
+                error = RequestTimeout(f"delivery timed out after retries: {exc}")
+            if not exc.retriable or attempt > self._p.cluster.config.retries:
+                for b in list(self._waiting):
+                    b.fail(error)
+                self._waiting.clear()
+            else:
+                for b in expired:
+                    b.fail(error)
+                    if b in self._waiting:
+                        self._waiting.remove(b)
+            return 0
+        self._p.cluster.invalidate(exc)
+        if isinstance(exc, OutOfOrderSequence):
+            for b in self._waiting:
+                b.stamp = None
+        await asyncio.sleep(self._p.cluster.backoff_s(attempt))
+        return attempt
+
+
+def _timestamp_ms(timestamp: datetime | float | None) -> int:
+    if timestamp is None:
+        return time.time_ns() // 1_000_000
+    if isinstance(timestamp, datetime):
+        if timestamp.tzinfo is None:
+            raise ValueError("timestamp must be timezone-aware")
+        return int(timestamp.timestamp() * 1000)
+    return int(timestamp * 1000)
+
+
+def _record(  # noqa: PLR0917 - mirrors send()'s arguments one to one
+    value: bytes | None,
+    key: bytes | None,
+    tag: str | None,
+    keys: Sequence[str],
+    headers: Mapping[str, bytes] | None,
+    timestamp: datetime | float | None,
+) -> MessageRecord:
+    if value is not None and not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"value must be bytes or None, got {type(value).__name__}")
+    if key is not None and not isinstance(key, (bytes, bytearray, memoryview)):
+        raise TypeError(f"key must be bytes or None, got {type(key).__name__}")
+    if isinstance(keys, str):
+        raise TypeError("keys is a sequence of strings, not one string")
+    return MessageRecord(
+        None if value is None else bytes(value),
+        None if key is None else bytes(key),
+        tag,
+        tuple(keys),
+        tuple((headers or {}).items()),
+        _timestamp_ms(timestamp),
+    )
+
+
+def _approx_size(record: MessageRecord) -> int:
+    size = 24 + len(record.value or b"") + len(record.key or b"")
+    if record.headers:
+        size += sum(len(k) + len(v) + 8 for k, v in record.headers)
+    return size

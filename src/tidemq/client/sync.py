@@ -1,0 +1,283 @@
+"""The synchronous client API: thin wrappers running the asyncio classes on a background
+loop (`_loop`). Same names and arguments as `tidemq.aio`; durations in seconds as floats
+unless the name carries its unit."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from tidemq.client._loop import run, submit
+from tidemq.client.admin import AsyncAdmin
+from tidemq.client.group_consumer import AssignmentCallback, AsyncGroupConsumer
+from tidemq.client.producer import AsyncProducer
+from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
+from tidemq.core.message import Message, Receipt
+from tidemq.protocol.commands import (
+    BrokerStatus,
+    DescribeGroupResponse,
+    QueueOffset,
+    StatusResponse,
+    TopicInfoMsg,
+)
+
+__all__ = ["Admin", "GroupConsumer", "Producer", "StreamConsumer"]
+
+
+async def _make(cls: type[Any], *args: Any, **kwargs: Any) -> Any:
+    return cls(*args, **kwargs)
+
+
+class Producer:
+    """Sends messages; see `tidemq.aio.Producer` for the behaviour."""
+
+    def __init__(self, bootstrap: str = "127.0.0.1:9876", **options: Any) -> None:
+        self._p: AsyncProducer = run(_make(AsyncProducer, bootstrap, **options))
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        tag: str | None = None,
+        keys: Sequence[str] = (),
+        headers: Mapping[str, bytes] | None = None,
+        queue: int | None = None,
+        timestamp: datetime | float | None = None,
+    ) -> Receipt:
+        """Send one message and wait for its receipt."""
+        return self.send_async(
+            topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
+            timestamp=timestamp,
+        ).result()  # fmt: skip
+
+    def send_async(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        tag: str | None = None,
+        keys: Sequence[str] = (),
+        headers: Mapping[str, bytes] | None = None,
+        queue: int | None = None,
+        timestamp: datetime | float | None = None,
+    ) -> concurrent.futures.Future[Receipt]:
+        """Send one message; the future completes with its receipt. Sends made close
+        together to one queue travel as one batch."""
+        return submit(
+            self._p.send(
+                topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
+                timestamp=timestamp,
+            )
+        )  # fmt: skip
+
+    def send_batch(
+        self,
+        topic: str,
+        values: Sequence[bytes | None],
+        *,
+        keys: Sequence[bytes | None] | None = None,
+        tags: Sequence[str | None] | None = None,
+        headers: Mapping[str, bytes] | None = None,
+        queue: int | None = None,
+        timestamp: datetime | float | None = None,
+    ) -> list[Receipt]:
+        """Send `values` as one end-to-end batch (one record, one index entry)."""
+        return self.send_batch_async(
+            topic, values, keys=keys, tags=tags, headers=headers, queue=queue, timestamp=timestamp
+        ).result()
+
+    def send_batch_async(
+        self,
+        topic: str,
+        values: Sequence[bytes | None],
+        *,
+        keys: Sequence[bytes | None] | None = None,
+        tags: Sequence[str | None] | None = None,
+        headers: Mapping[str, bytes] | None = None,
+        queue: int | None = None,
+        timestamp: datetime | float | None = None,
+    ) -> concurrent.futures.Future[list[Receipt]]:
+        return submit(
+            self._p.send_batch(
+                topic, values, keys=keys, tags=tags, headers=headers, queue=queue,
+                timestamp=timestamp,
+            )
+        )  # fmt: skip
+
+    def flush(self) -> None:
+        run(self._p.flush())
+
+    def close(self) -> None:
+        run(self._p.close())
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StreamConsumer:
+    """Assign queues, seek, poll; see `tidemq.aio.StreamConsumer`."""
+
+    def __init__(self, bootstrap: str = "127.0.0.1:9876", **options: Any) -> None:
+        self._c: AsyncStreamConsumer = run(_make(AsyncStreamConsumer, bootstrap, **options))
+
+    def assign(self, queues: Iterable[TopicQueue]) -> None:
+        run(_call(self._c.assign, list(queues)))
+
+    def assignment(self) -> list[TopicQueue]:
+        return self._c.assignment()
+
+    def seek(self, topic: str, queue: int, offset: int) -> None:
+        run(_call(self._c.seek, topic, queue, offset))
+
+    def position(self, topic: str, queue: int) -> int | None:
+        return self._c.position(topic, queue)
+
+    def seek_to_beginning(self, *queues: TopicQueue) -> None:
+        run(self._c.seek_to_beginning(*queues))
+
+    def seek_to_end(self, *queues: TopicQueue) -> None:
+        run(self._c.seek_to_end(*queues))
+
+    def seek_to_time(self, timestamp_ms: int, *queues: TopicQueue) -> None:
+        run(self._c.seek_to_time(timestamp_ms, *queues))
+
+    def poll(self, timeout_ms: int = 1000) -> list[Message]:
+        return run(self._c.poll(timeout_ms))
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            yield from self.poll()
+
+    def close(self) -> None:
+        run(self._c.close())
+
+    def __enter__(self) -> StreamConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class GroupConsumer:
+    """A member of a consumer group; see `tidemq.aio.GroupConsumer`."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        topics: Iterable[str],
+        *,
+        on_assign: AssignmentCallback | None = None,
+        on_revoke: AssignmentCallback | None = None,
+        **options: Any,
+    ) -> None:
+        self._c: AsyncGroupConsumer = run(
+            _make(
+                AsyncGroupConsumer,
+                bootstrap,
+                group,
+                list(topics),
+                on_assign=on_assign,
+                on_revoke=on_revoke,
+                **options,
+            )
+        )
+
+    @property
+    def member_id(self) -> str:
+        return self._c.member_id
+
+    @property
+    def generation(self) -> int:
+        return self._c.generation
+
+    def assignment(self) -> list[TopicQueue]:
+        return self._c.assignment()
+
+    def poll(self, timeout_ms: int = 1000) -> list[Message]:
+        return run(self._c.poll(timeout_ms))
+
+    def commit(self, offsets: dict[TopicQueue, int] | None = None) -> None:
+        run(self._c.commit(offsets))
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            yield from self.poll()
+
+    def close(self) -> None:
+        run(self._c.close())
+
+    def __enter__(self) -> GroupConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Admin:
+    """Topics, groups, cluster; see `tidemq.aio.Admin`."""
+
+    def __init__(self, bootstrap: str = "127.0.0.1:9876", **options: Any) -> None:
+        self._a: AsyncAdmin = run(_make(AsyncAdmin, bootstrap, **options))
+
+    def create_topic(
+        self,
+        name: str,
+        queues: int = 8,
+        *,
+        message_type: str = "NORMAL",
+        config: Mapping[str, str] | None = None,
+    ) -> TopicInfoMsg:
+        return run(self._a.create_topic(name, queues, message_type=message_type, config=config))
+
+    def alter_topic(
+        self, name: str, *, queues: int | None = None, config: Mapping[str, str] | None = None
+    ) -> TopicInfoMsg:
+        return run(self._a.alter_topic(name, queues=queues, config=config))
+
+    def delete_topic(self, name: str) -> None:
+        run(self._a.delete_topic(name))
+
+    def list_topics(self) -> list[TopicInfoMsg]:
+        return run(self._a.list_topics())
+
+    def describe_topic(self, name: str) -> TopicInfoMsg:
+        return run(self._a.describe_topic(name))
+
+    def list_groups(self) -> list[str]:
+        return run(self._a.list_groups())
+
+    def describe_group(self, group: str) -> DescribeGroupResponse:
+        return run(self._a.describe_group(group))
+
+    def reset_offsets(
+        self, group: str, topic: str, *, to: str, value: int = 0, execute: bool = False
+    ) -> list[QueueOffset]:
+        return run(self._a.reset_offsets(group, topic, to=to, value=value, execute=execute))
+
+    def cluster_status(self) -> list[BrokerStatus]:
+        return run(self._a.cluster_status())
+
+    def broker_status(self, address: str) -> StatusResponse:
+        return run(self._a.broker_status(address))
+
+    def close(self) -> None:
+        run(self._a.close())
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _call(fn: Any, *args: Any) -> Any:
+    return fn(*args)

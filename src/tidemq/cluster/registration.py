@@ -1,0 +1,103 @@
+"""A broker's heartbeat to its name servers: register every interval with its topics.
+
+Registration and heartbeat are one request (the name server replaces the broker's topic
+list each time), so a name server that restarts learns everything at the next beat.
+Failures are logged and retried at the next interval; they never stop the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from tidemq.core.errors import TidemqError
+from tidemq.net.client import ClientConnection
+from tidemq.protocol.commands import (
+    Empty,
+    RegisterBrokerRequest,
+    RegisterBrokerResponse,
+    UnregisterBrokerRequest,
+)
+
+__all__ = ["Registration"]
+
+log = logging.getLogger(__name__)
+
+_REQUEST_TIMEOUT_S = 5.0
+_FRAME_BYTES_MAX = 16 << 20
+
+TopicList = list[tuple[str, int, str, list[int]]]
+
+
+class Registration:
+    def __init__(
+        self,
+        broker_name: str,
+        address: str,
+        name_servers: tuple[str, ...],
+        topics: Callable[[], TopicList],
+        interval_ms: int,
+    ) -> None:
+        self._name = broker_name
+        self._address = address
+        self._servers = name_servers
+        self._topics = topics
+        self._interval_s = interval_ms / 1000
+        self._conns: dict[str, ClientConnection] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def changed(self) -> None:
+        """Topics changed: register now instead of at the next beat."""
+        self._wake.set()
+
+    async def _conn(self, server: str) -> ClientConnection:
+        conn = self._conns.get(server)
+        if conn is None or not conn.is_open:
+            conn = await ClientConnection.open(server, max_frame_bytes=_FRAME_BYTES_MAX)
+            self._conns[server] = conn
+        return conn
+
+    async def register_once(self) -> None:
+        request = RegisterBrokerRequest(
+            broker_name=self._name, address=self._address, topics=self._topics()
+        )
+        for server in self._servers:
+            try:
+                conn = await self._conn(server)
+                await conn.request(request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S)
+            except TidemqError as exc:
+                log.warning("registering with name server %s failed: %s", server, exc)
+
+    async def _run(self) -> None:
+        while True:
+            await self.register_once()
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(self._interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for server in self._servers:
+            try:
+                conn = await self._conn(server)
+                await conn.request(
+                    UnregisterBrokerRequest(broker_name=self._name),
+                    Empty,
+                    timeout_s=_REQUEST_TIMEOUT_S,
+                )
+            except TidemqError as exc:
+                log.info("unregistering from %s failed: %s", server, exc)
+        for conn in self._conns.values():
+            conn.close()

@@ -1,0 +1,97 @@
+"""Messages as clients see them, and the decoding of fetched records into them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import crc32c
+
+from tidemq.core.batch import decode_messages
+from tidemq.core.errors import CorruptRecordError
+from tidemq.core.record import parse_header
+
+__all__ = ["Message", "Receipt", "iter_records", "message_id", "messages_from_records"]
+
+
+def message_id(topic: str, queue: int, offset: int) -> str:
+    """A message's id: 28 hex digits from (topic, queue, offset), the same for every reader.
+
+    Unique within a topic's life on a broker; RocketMQ ids are opaque strings too.
+    """
+    return f"{crc32c.crc32c(topic.encode()):08X}{queue:04X}{offset:016X}"
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What a producer gets back for one message: where it was stored."""
+
+    topic: str
+    queue: int
+    offset: int
+    message_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    topic: str
+    queue: int
+    offset: int
+    value: bytes | None
+    key: bytes | None = None
+    tag: str | None = None
+    keys: tuple[str, ...] = ()
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+    #: Producer's timestamp, milliseconds since the epoch.
+    timestamp_ms: int = 0
+
+    @property
+    def timestamp(self) -> datetime:
+        return datetime.fromtimestamp(self.timestamp_ms / 1000, tz=UTC)
+
+    @property
+    def message_id(self) -> str:
+        return message_id(self.topic, self.queue, self.offset)
+
+
+def iter_records(body: bytes, sizes: list[int]) -> Iterator[memoryview]:
+    """Split a fetch response body into its records."""
+    view = memoryview(body)
+    pos = 0
+    for size in sizes:
+        if size <= 0 or pos + size > len(view):
+            raise CorruptRecordError("fetch response record sizes do not match its body")
+        yield view[pos : pos + size]
+        pos += size
+
+
+def messages_from_records(
+    topic: str, queue: int, body: bytes, sizes: list[int], from_offset: int
+) -> list[Message]:
+    """Decode fetched records into messages at offsets >= `from_offset` (a fetch starts at
+    the batch holding the requested offset, so its first messages may be older)."""
+    out: list[Message] = []
+    for record in iter_records(body, sizes):
+        header = parse_header(record)
+        if header.size != len(record):
+            raise CorruptRecordError("record size does not match its header")
+        records = decode_messages(record[header.payload_start :])
+        base = header.base_offset
+        skip = max(0, from_offset - base)
+        for i in range(skip, len(records)):
+            m = records[i]
+            out.append(
+                Message(
+                    topic,
+                    queue,
+                    base + i,
+                    m.value,
+                    m.key,
+                    m.tag,
+                    m.keys,
+                    dict(m.headers),
+                    m.timestamp_ms,
+                )
+            )
+    return out

@@ -1,0 +1,37 @@
+"""Request codes. A response carries its request's code. Values are part of the wire
+format: append new codes, never renumber."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+__all__ = ["RequestCode"]
+
+
+class RequestCode(IntEnum):
+    # data
+    PRODUCE = 1
+    FETCH = 2
+    LIST_OFFSETS = 3
+    INIT_PRODUCER = 4
+    # topics
+    CREATE_TOPIC = 10
+    ALTER_TOPIC = 11
+    DELETE_TOPIC = 12
+    LIST_TOPICS = 13
+    DESCRIBE_TOPIC = 14
+    # consumer groups
+    JOIN_GROUP = 20
+    HEARTBEAT = 21
+    LEAVE_GROUP = 22
+    COMMIT_OFFSETS = 23
+    FETCH_OFFSETS = 24
+    LIST_GROUPS = 25
+    DESCRIBE_GROUP = 26
+    RESET_OFFSETS = 27
+    # cluster
+    GET_ROUTES = 40
+    REGISTER_BROKER = 41
+    UNREGISTER_BROKER = 42
+    CLUSTER_STATUS = 43
+    STATUS = 44
