@@ -111,7 +111,18 @@ class AsyncGroupConsumer:
             client_id=self._client_id,
             session_timeout_ms=self._session_ms,
         )
-        response = await self._cluster.call(coordinator, request, JoinGroupResponse)
+        try:
+            response = await self._cluster.call(coordinator, request, JoinGroupResponse)
+        except UnknownMember:
+            # Our session expired: join as a new member (the old id is never reissued).
+            self._member_id = ""
+            request = JoinGroupRequest(
+                group=self._group,
+                topics=self._topics,
+                client_id=self._client_id,
+                session_timeout_ms=self._session_ms,
+            )
+            response = await self._cluster.call(coordinator, request, JoinGroupResponse)
         self._member_id = response.member_id
         await self._apply_assignment(response.generation, [tuple(a) for a in response.assignment])  # type: ignore[misc]
         if self._heartbeat_task is None:

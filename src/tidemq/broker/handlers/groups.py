@@ -79,8 +79,9 @@ class GroupHandlers:
     async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
         _check_group(req.group)
         state = self._coordinator.describe(req.group)
-        topics = sorted({t for m in state.members for t in m.topics}) if state else []
-        counts = {t: self._topics.get(t).queues for t in topics if self._topic_exists(t)}
+        topics = sorted({t for m in state.members for t in m.topics})
+        # A deleted topic counts as 0 queues, so its queues leave the assignment.
+        counts = {t: self._topics.get(t).queues if self._topic_exists(t) else 0 for t in topics}
         assignment = self._coordinator.heartbeat(req.group, req.member_id, req.generation, counts)
         return HeartbeatResponse(
             generation=assignment.generation, assignment=list(assignment.queues)
@@ -127,7 +128,7 @@ class GroupHandlers:
     async def describe(self, req: DescribeGroupRequest) -> DescribeGroupResponse:
         _check_group(req.group)
         state = self._coordinator.describe(req.group)
-        members = [] if state is None else state.members
+        members = state.members
         committed = await self._gateway.call(lambda s: s.committed_offsets(req.group))
         topics = {t for t, _ in committed} | {t for m in members for t in m.topics}
         queues = sorted(
@@ -148,7 +149,7 @@ class GroupHandlers:
             )
         return DescribeGroupResponse(
             group=req.group,
-            generation=0 if state is None else state.generation,
+            generation=state.generation,
             members=[
                 GroupMember(
                     member_id=m.member_id, client_id=m.client_id, assignment=list(m.assignment)
@@ -165,9 +166,9 @@ class GroupHandlers:
             raise InvalidRequest(
                 f"reset target must be earliest, latest, timestamp, offset or shift, got {req.to!r}"
             )
-        if req.execute and self._coordinator.describe(req.group) is not None:
+        if req.execute:
             state = self._coordinator.describe(req.group)
-            if state is not None and state.members:
+            if state.members:
                 raise InvalidRequest(
                     f"group {req.group!r} has {len(state.members)} active members; "
                     "stop them before resetting offsets"

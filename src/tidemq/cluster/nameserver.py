@@ -1,0 +1,385 @@
+"""The name server: brokers register the queues they host; clients ask who serves what.
+
+Like RocketMQ's NameServer it keeps no durable state. Each broker calls `register` every
+`heartbeat_interval_ms` with its full topic list (registration and heartbeat are the same
+call); a broker silent for more than `broker_ttl_ms` (monotonic clock) is no longer live.
+Several name servers may run side by side, each fed by every broker: every answer is a
+pure function of the live registrations, so they agree.
+
+Broker states::
+
+    (absent) --register--> LIVE --silent > TTL--> LAPSED --expire()--> (absent)
+                           LIVE --unregister--> (absent)
+                           LAPSED --register--> LIVE, as a new broker (see claims)
+
+A LAPSED broker is invisible to `routes`, `brokers` and `coordinator` at once, whether or
+not `expire()` has run yet; `status` still lists it until then.
+
+Queue claims. A registration claims queues (topic, queue id); several live brokers may
+claim the same queue (a misconfiguration, or a queue being moved). The queue is served by
+the claimant whose claim is oldest: a claim keeps its age across re-registrations that
+repeat it, and starts anew when a broker claims a queue it did not claim in its previous
+registration, or registers after lapsing. So a broker cannot take over a queue another
+live broker serves; the takeover happens when the holder drops the queue from its
+registration, unregisters, or lapses. Refusing the conflicting registration instead would
+stop that broker's heartbeats and so take all its other queues offline. `conflicts()`
+lists the contested queues for the operator.
+
+A broker name is its identity: re-registering under the same name with another address
+(a restart on a new host or port) replaces the address and keeps the claims.
+
+Topic-level fields: a route's queue count is the largest total any live broker reports (a
+topic's queue count only grows; while brokers pick up an alter one by one the largest is
+the newest), its message type is the one the live broker with the smallest name reports.
+
+The group coordinator is the live broker with the smallest name: a pure function of the
+live set, so every name server names the same one.
+
+Not thread-safe. No I/O.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+from tidemq.core import limits
+from tidemq.core.clock import Clock
+from tidemq.core.errors import ConfigError, InvalidRequest, InvalidTopicName
+from tidemq.protocol.commands import BrokerStatus, TopicRoute
+
+__all__ = [
+    "MAX_BROKER_NAME_CHARS",
+    "MAX_HOST_CHARS",
+    "MAX_QUEUES_PER_BROKER",
+    "MAX_TOPICS_PER_BROKER",
+    "NameServer",
+    "QueueConflict",
+    "TopicRegistration",
+    "parse_address",
+]
+
+#: Broker names: the same character set as topic names (they name directories and
+#: appear in metrics), same length.
+MAX_BROKER_NAME_CHARS: Final = 127
+_BROKER_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
+#: DNS names are at most 253 characters.
+MAX_HOST_CHARS: Final = 253
+# Host names and IPv4 literals; underscores are allowed because container names have them.
+_HOST = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+_MAX_PORT: Final = 65_535
+#: Message types are short upper-case words (NORMAL, FIFO, DELAY, TRANSACTION); the
+#: store owns the list, the name server only checks the shape.
+_MESSAGE_TYPE = re.compile(r"^[A-Z][A-Z_]{0,31}$")
+_TOPIC_NAME = re.compile(limits.TOPIC_NAME_PATTERN)
+#: Topics in one registration: bounds the size of one heartbeat and the work it causes.
+MAX_TOPICS_PER_BROKER: Final = 65_536
+#: Queues one broker may claim in total (a registration rebuilds its claims each time).
+MAX_QUEUES_PER_BROKER: Final = 1 << 20
+
+#: One registered topic: (topic, total queues, message type, hosted queue ids; [] = all).
+TopicRegistration = tuple[str, int, str, list[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConflict:
+    """A queue claimed by more than one live broker: `serving` has it, `waiting` (oldest
+    claim first) would take it over in that order."""
+
+    topic: str
+    queue: int
+    serving: str
+    waiting: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _TopicReg:
+    total: int
+    message_type: str
+    queues: tuple[int, ...]  # sorted, distinct, < total
+
+
+@dataclass(slots=True)
+class _Broker:
+    name: str
+    address: str
+    last_seen_ms: float
+    topics: dict[str, _TopicReg] = field(default_factory=dict)
+    #: (topic, queue) -> claim sequence number (smaller = older claim)
+    claims: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split "host:port" ("[v6 address]:port" for IPv6) and check both parts; raises
+    InvalidRequest. A wildcard address (0.0.0.0, [::]) is refused: clients cannot dial it,
+    so the broker must advertise a routable one."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host:
+        raise InvalidRequest(f"broker address {address[:80]!r} is not host:port")
+    if not port_text.isascii() or not port_text.isdigit() or not 0 < int(port_text) <= _MAX_PORT:
+        raise InvalidRequest(f"broker address {address[:80]!r} has no valid port (1-65535)")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise InvalidRequest(f"broker address {address[:80]!r}: bad IPv6 literal") from None
+    elif len(host) <= MAX_HOST_CHARS and _HOST.match(host):
+        try:
+            ip = ipaddress.IPv4Address(host)
+        except ValueError:
+            return host, int(port_text)  # a host name
+    else:
+        raise InvalidRequest(f"broker address {address[:80]!r} has an invalid host")
+    if ip.is_unspecified:
+        raise InvalidRequest(
+            f"broker address {address!r} is a wildcard: advertise an address clients can reach"
+        )
+    return host, int(port_text)
+
+
+class NameServer:
+    """Broker registrations and the routes derived from them."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        broker_ttl_ms: int = 30_000,
+        heartbeat_interval_ms: int = 10_000,
+        max_brokers: int = 1024,
+    ) -> None:
+        if not 0 < heartbeat_interval_ms < broker_ttl_ms:
+            raise ConfigError(
+                "name server needs 0 < heartbeat_interval_ms < broker_ttl_ms (a broker must "
+                f"get a heartbeat in before it expires), got {heartbeat_interval_ms} and "
+                f"{broker_ttl_ms}"
+            )
+        if max_brokers < 1:
+            raise ConfigError(f"max_brokers must be >= 1, got {max_brokers}")
+        self._clock = clock
+        self._ttl = broker_ttl_ms
+        self._interval = heartbeat_interval_ms
+        self._max_brokers = max_brokers
+        self._brokers: dict[str, _Broker] = {}
+        #: (topic, queue) -> {broker name: claim sequence number}
+        self._claimants: dict[tuple[str, int], dict[str, int]] = {}
+        #: topic -> names of the brokers registering it
+        self._topic_brokers: dict[str, set[str]] = {}
+        self._next_claim = 0
+
+    # ------------------------------------------------------------------ brokers
+
+    def register(
+        self, broker_name: str, address: str, topics: Iterable[TopicRegistration]
+    ) -> tuple[int, int]:
+        """Register or heartbeat: replace the broker's topic list, refresh its TTL and
+        return (heartbeat_interval_ms, broker_ttl_ms). Raises InvalidRequest for a bad
+        name, address or topic entry, or when `max_brokers` live brokers are registered;
+        InvalidTopicName for a bad topic name. When it raises, no live registration has
+        changed (lapsed brokers may have been forgotten to make room)."""
+        if not _BROKER_NAME.match(broker_name):
+            raise InvalidRequest(
+                f"invalid broker name {broker_name[:140]!r}: use 1-{MAX_BROKER_NAME_CHARS} "
+                "characters from A-Z a-z 0-9 _ . -"
+            )
+        parse_address(address)
+        registered = _check_topics(list(topics))
+        now = self._clock.monotonic_ms()
+
+        broker = self._brokers.get(broker_name)
+        if broker is not None and not self._live(broker, now):
+            # Back after lapsing: as if expire() had run, its claims start anew.
+            self._remove(broker_name)
+            broker = None
+        if broker is None:
+            if len(self._brokers) >= self._max_brokers:
+                for lapsed in [b.name for b in self._brokers.values() if not self._live(b, now)]:
+                    self._remove(lapsed)
+            if len(self._brokers) >= self._max_brokers:
+                raise InvalidRequest(
+                    f"{len(self._brokers)} brokers are registered, the name server's max_brokers"
+                )
+            broker = _Broker(broker_name, address, now)
+            self._brokers[broker_name] = broker
+        broker.address = address
+        broker.last_seen_ms = now
+        self._replace_topics(broker, registered)
+        return self._interval, self._ttl
+
+    def unregister(self, broker_name: str) -> bool:
+        """Forget the broker (a clean shutdown); False if it was not registered."""
+        if broker_name not in self._brokers:
+            return False
+        self._remove(broker_name)
+        return True
+
+    def expire(self) -> list[str]:
+        """Forget the brokers silent for more than the TTL; returns their names, sorted."""
+        now = self._clock.monotonic_ms()
+        lapsed = sorted(b.name for b in self._brokers.values() if not self._live(b, now))
+        for name in lapsed:
+            self._remove(name)
+        return lapsed
+
+    # ------------------------------------------------------------------ queries
+
+    def routes(self, topics: Iterable[str] | None = None) -> list[TopicRoute]:
+        """Routes of the given topics (all when None), sorted by topic. A topic no live
+        broker serves is left out; a partly served topic lists only its served queues."""
+        now = self._clock.monotonic_ms()
+        names = sorted(self._topic_brokers) if topics is None else sorted(set(topics))
+        result = []
+        for topic in names:
+            route = self._route(topic, now)
+            if route is not None:
+                result.append(route)
+        return result
+
+    def brokers(self) -> dict[str, str]:
+        """Live broker name -> address, sorted by name."""
+        now = self._clock.monotonic_ms()
+        return {
+            name: self._brokers[name].address
+            for name in sorted(self._brokers)
+            if self._live(self._brokers[name], now)
+        }
+
+    def coordinator(self) -> str:
+        """Address of the live broker with the smallest name; "" if none is live."""
+        live = self.brokers()
+        return next(iter(live.values()), "")
+
+    def status(self) -> list[BrokerStatus]:
+        """Every registered broker, lapsed ones included until `expire()`, by name."""
+        now = self._clock.monotonic_ms()
+        return [
+            BrokerStatus(
+                name=b.name,
+                address=b.address,
+                last_heartbeat_ms_ago=int(now - b.last_seen_ms),
+                topics=len(b.topics),
+            )
+            for b in sorted(self._brokers.values(), key=lambda b: b.name)
+        ]
+
+    def conflicts(self) -> list[QueueConflict]:
+        """Queues claimed by more than one live broker, by (topic, queue)."""
+        now = self._clock.monotonic_ms()
+        found = []
+        for (topic, queue), claimants in sorted(self._claimants.items()):
+            live = sorted(
+                (seq, name)
+                for name, seq in claimants.items()
+                if self._live(self._brokers[name], now)
+            )
+            if len(live) > 1:
+                found.append(QueueConflict(topic, queue, live[0][1], [n for _, n in live[1:]]))
+        return found
+
+    # ------------------------------------------------------------------ internals
+
+    def _live(self, broker: _Broker, now: float) -> bool:
+        return now - broker.last_seen_ms <= self._ttl
+
+    def _route(self, topic: str, now: float) -> TopicRoute | None:
+        live = sorted(
+            name
+            for name in self._topic_brokers.get(topic, ())
+            if self._live(self._brokers[name], now)
+        )
+        if not live:
+            return None
+        regs = [self._brokers[name].topics[topic] for name in live]
+        total = max(reg.total for reg in regs)
+        served: dict[int, str] = {}
+        for reg in regs:
+            for queue in reg.queues:
+                if queue in served:
+                    continue
+                claimants = self._claimants[(topic, queue)]
+                _, owner = min(
+                    (seq, name)
+                    for name, seq in claimants.items()
+                    if self._live(self._brokers[name], now)
+                )
+                served[queue] = self._brokers[owner].address
+        return TopicRoute(
+            topic=topic,
+            queues=total,
+            message_type=regs[0].message_type,
+            brokers=dict(sorted(served.items())),
+        )
+
+    def _replace_topics(self, broker: _Broker, registered: dict[str, _TopicReg]) -> None:
+        claims = {(topic, q) for topic, reg in registered.items() for q in reg.queues}
+        for key in [key for key in broker.claims if key not in claims]:
+            del broker.claims[key]
+            self._drop_claimant(key, broker.name)
+        for key in sorted(claims):
+            if key not in broker.claims:
+                broker.claims[key] = self._next_claim
+                self._claimants.setdefault(key, {})[broker.name] = self._next_claim
+                self._next_claim += 1
+        for topic in broker.topics.keys() - registered.keys():
+            self._drop_topic_broker(topic, broker.name)
+        for topic in registered.keys() - broker.topics.keys():
+            self._topic_brokers.setdefault(topic, set()).add(broker.name)
+        broker.topics = registered
+
+    def _remove(self, name: str) -> None:
+        broker = self._brokers.pop(name)
+        for key in broker.claims:
+            self._drop_claimant(key, name)
+        for topic in broker.topics:
+            self._drop_topic_broker(topic, name)
+
+    def _drop_claimant(self, key: tuple[str, int], name: str) -> None:
+        claimants = self._claimants[key]
+        del claimants[name]
+        if not claimants:
+            del self._claimants[key]
+
+    def _drop_topic_broker(self, topic: str, name: str) -> None:
+        names = self._topic_brokers[topic]
+        names.discard(name)
+        if not names:
+            del self._topic_brokers[topic]
+
+
+def _check_topics(topics: list[TopicRegistration]) -> dict[str, _TopicReg]:
+    if len(topics) > MAX_TOPICS_PER_BROKER:
+        raise InvalidRequest(
+            f"{len(topics)} topics in one registration, more than {MAX_TOPICS_PER_BROKER}"
+        )
+    registered: dict[str, _TopicReg] = {}
+    claimed = 0
+    for topic, total, message_type, hosted in topics:
+        if not _TOPIC_NAME.match(topic):
+            raise InvalidTopicName(
+                f"invalid topic name {topic[:140]!r}: use 1-{limits.MAX_TOPIC_NAME_BYTES} "
+                "characters from A-Z a-z 0-9 % _ . -"
+            )
+        if topic in registered:
+            raise InvalidRequest(f"topic {topic!r} appears twice in one registration")
+        if not 1 <= total <= limits.MAX_QUEUES_PER_TOPIC:
+            raise InvalidRequest(
+                f"topic {topic!r}: {total} queues, outside [1, {limits.MAX_QUEUES_PER_TOPIC}]"
+            )
+        if not _MESSAGE_TYPE.match(message_type):
+            raise InvalidRequest(f"topic {topic!r}: invalid message type {message_type[:40]!r}")
+        queues = tuple(sorted(set(hosted))) if hosted else tuple(range(total))
+        if len(queues) != len(hosted) and hosted:
+            raise InvalidRequest(f"topic {topic!r}: a hosted queue id appears twice")
+        bad = queues[0] if queues[0] < 0 else queues[-1]
+        if not 0 <= bad < total:
+            raise InvalidRequest(f"topic {topic!r}: hosted queue id {bad} is outside [0, {total})")
+        claimed += len(queues)
+        if claimed > MAX_QUEUES_PER_BROKER:
+            raise InvalidRequest(
+                f"a registration may claim at most {MAX_QUEUES_PER_BROKER} queues in all"
+            )
+        registered[topic] = _TopicReg(total, message_type, queues)
+    return registered

@@ -1,0 +1,134 @@
+"""The route table a client (or a broker forwarding a request) consults: which broker serves
+which queue of which topic, and which queue a message goes to.
+
+Built from one `GetRoutesResponse`; immutable, so a refresh builds a new table and swaps it
+in. Pure: no I/O, no clock.
+
+Queue selection:
+
+* with a key, `queue_for_key(key, total queues)`: CRC32C of the key modulo the topic's
+  total queue count. The hash is fixed (the same in every process, client language and
+  version, unlike Python's salted `hash()`), and it ranges over all queues rather than the
+  ones currently served, so a key keeps its queue, and its order, while a broker is away;
+  sending to an unserved queue fails with BrokerNotAvailable (retriable) instead of
+  silently moving the key;
+* without a key, round-robin over the served queues with a counter the caller advances.
+
+A route answer lists, per topic, only the queues some live broker serves. Entries for queue
+ids outside [0, queues) (a route fetched while the topic was being altered) are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+import crc32c
+
+from tidemq.core.errors import BrokerNotAvailable, TopicNotFound
+from tidemq.protocol.commands import GetRoutesResponse, TopicRoute
+
+__all__ = ["RouteTable", "key_hash", "queue_for_key"]
+
+
+def key_hash(key: bytes) -> int:
+    """The stable 32-bit hash of a message key: CRC32C (Castagnoli), as an unsigned int."""
+    return int(crc32c.crc32c(key))
+
+
+def queue_for_key(key: bytes, queue_count: int) -> int:
+    """The queue a keyed message goes to among `queue_count` queues (ids 0..count-1)."""
+    if queue_count < 1:
+        raise ValueError(f"a topic has at least one queue, got {queue_count}")
+    return key_hash(key) % queue_count
+
+
+class _Topic:
+    __slots__ = ("message_type", "queue_count", "served", "served_ids")
+
+    def __init__(self, route: TopicRoute) -> None:
+        self.queue_count = route.queues
+        self.message_type = route.message_type
+        #: queue id -> broker address, sorted by queue id
+        self.served: dict[int, str] = {
+            queue: route.brokers[queue]
+            for queue in sorted(route.brokers)
+            if 0 <= queue < route.queues
+        }
+        self.served_ids = tuple(self.served)
+
+
+class RouteTable:
+    """Routes of some topics, plus the broker directory and the group coordinator."""
+
+    def __init__(
+        self,
+        routes: Iterable[TopicRoute] = (),
+        brokers: Mapping[str, str] | None = None,
+        coordinator: str = "",
+    ) -> None:
+        self._topics = {route.topic: _Topic(route) for route in routes}
+        self._brokers = MappingProxyType(dict(brokers or {}))
+        self._coordinator = coordinator
+
+    @classmethod
+    def from_response(cls, response: GetRoutesResponse) -> RouteTable:
+        return cls(response.routes, response.brokers, response.coordinator)
+
+    @property
+    def brokers(self) -> Mapping[str, str]:
+        """Broker name -> address, read-only."""
+        return self._brokers
+
+    @property
+    def coordinator(self) -> str:
+        """Address of the broker coordinating consumer groups; "" if none is live."""
+        return self._coordinator
+
+    def topics(self) -> list[str]:
+        """The topics in the table, sorted."""
+        return sorted(self._topics)
+
+    def __contains__(self, topic: object) -> bool:
+        return topic in self._topics
+
+    def queue_count(self, topic: str) -> int:
+        """The topic's total queue count, served or not; raises TopicNotFound."""
+        return self._topic(topic).queue_count
+
+    def message_type(self, topic: str) -> str:
+        return self._topic(topic).message_type
+
+    def queues(self, topic: str) -> list[int]:
+        """The served queue ids of the topic, sorted; [] for a topic not in the table."""
+        found = self._topics.get(topic)
+        return list(found.served_ids) if found is not None else []
+
+    def broker_for(self, topic: str, queue: int) -> str | None:
+        """The address serving the queue, or None (unknown topic or unserved queue)."""
+        found = self._topics.get(topic)
+        return found.served.get(queue) if found is not None else None
+
+    def select_queue(self, topic: str, key: bytes | None, round_robin_counter: int) -> int:
+        """The queue a message goes to: by key hash over all queues, else the served queue
+        at `round_robin_counter` (any int; the caller increments it per message). Raises
+        TopicNotFound for a topic not in the table, BrokerNotAvailable if the chosen queue
+        (with a key) or every queue (without) has no live broker."""
+        found = self._topic(topic)
+        if key is not None:
+            queue = queue_for_key(key, found.queue_count)
+            if queue not in found.served:
+                raise BrokerNotAvailable(
+                    f"queue {queue} of topic {topic!r}, where this key goes, has no live broker"
+                )
+            return queue
+        if not found.served:
+            raise BrokerNotAvailable(f"no queue of topic {topic!r} has a live broker")
+        served = found.served_ids
+        return served[round_robin_counter % len(served)]
+
+    def _topic(self, topic: str) -> _Topic:
+        found = self._topics.get(topic)
+        if found is None:
+            raise TopicNotFound(f"no route for topic {topic!r}")
+        return found

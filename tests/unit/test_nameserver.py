@@ -1,0 +1,348 @@
+"""NameServer: registration as heartbeat, TTL expiry, routes, queue claims, coordinator."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidemq.cluster.nameserver import (
+    MAX_TOPICS_PER_BROKER,
+    NameServer,
+    QueueConflict,
+    TopicRegistration,
+    parse_address,
+)
+from tidemq.core.errors import ConfigError, InvalidRequest, InvalidTopicName
+from tidemq.protocol.commands import BrokerStatus, TopicRoute
+from tidemq.testing.clock import ManualClock
+
+TTL = 30_000
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def ns(clock: ManualClock) -> NameServer:
+    return NameServer(clock)
+
+
+def _reg(topic: str, total: int, hosted: list[int] | None = None) -> TopicRegistration:
+    return (topic, total, "NORMAL", hosted or [])
+
+
+# ------------------------------------------------------------------ registration
+
+
+def test_register_returns_interval_and_ttl_and_lists_the_broker(ns: NameServer) -> None:
+    assert ns.register("b1", "10.0.0.1:8081", [_reg("orders", 4)]) == (10_000, TTL)
+    assert ns.brokers() == {"b1": "10.0.0.1:8081"}
+    assert ns.routes() == [
+        TopicRoute(
+            topic="orders",
+            queues=4,
+            message_type="NORMAL",
+            brokers=dict.fromkeys(range(4), "10.0.0.1:8081"),
+        )
+    ]
+
+
+def test_reregistration_replaces_the_topic_list(ns: NameServer) -> None:
+    ns.register("b1", "h:1", [_reg("a", 1), _reg("b", 1)])
+    ns.register("b1", "h:1", [_reg("b", 2), _reg("c", 1)])
+    assert [r.topic for r in ns.routes()] == ["b", "c"]
+    assert ns.routes(["b"])[0].queues == 2
+
+
+def test_restart_with_a_new_address_under_the_same_name_is_accepted(ns: NameServer) -> None:
+    ns.register("b1", "old-host:8081", [_reg("orders", 2)])
+    ns.register("b1", "new-host:9091", [_reg("orders", 2)])
+    assert ns.brokers() == {"b1": "new-host:9091"}
+    assert set(ns.routes()[0].brokers.values()) == {"new-host:9091"}
+
+
+def test_unregister(ns: NameServer) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 2)])
+    assert ns.unregister("b1") is True
+    assert ns.unregister("b1") is False
+    assert ns.brokers() == {}
+    assert ns.routes() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "address", "match"),
+    [
+        ("", "h:1", "invalid broker name"),
+        ("b/1", "h:1", "invalid broker name"),
+        ("b" * 128, "h:1", "invalid broker name"),
+        ("b1", "h", "not host:port"),
+        ("b1", ":8081", "not host:port"),
+        ("b1", "h:", "no valid port"),
+        ("b1", "h:0", "no valid port"),
+        ("b1", "h:65536", "no valid port"),
+        ("b1", "h:80a", "no valid port"),
+        ("b1", "h:٣", "no valid port"),
+        ("b1", "bad host:1", "invalid host"),
+        ("b1", "-h:1", "invalid host"),
+        ("b1", "x" * 254 + ":1", "invalid host"),
+        ("b1", "[zz::1]:1", "bad IPv6"),
+        ("b1", "0.0.0.0:8081", "wildcard"),
+        ("b1", "[::]:8081", "wildcard"),
+    ],
+)
+def test_register_validates_name_and_address(
+    ns: NameServer, name: str, address: str, match: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=match):
+        ns.register(name, address, [])
+    assert ns.status() == []
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["localhost:8081", "10.1.2.3:1", "broker_1.svc.local:65535", "[::1]:8081", "[fe80::1]:9"],
+)
+def test_valid_addresses(address: str) -> None:
+    host, port = parse_address(address)
+    assert f"{host}:{port}" == address
+
+
+@pytest.mark.parametrize(
+    ("topics", "error", "match"),
+    [
+        ([_reg("bad/name", 1)], InvalidTopicName, "invalid topic name"),
+        ([_reg("t", 1), _reg("t", 1)], InvalidRequest, "twice"),
+        ([_reg("t", 0)], InvalidRequest, "outside"),
+        ([_reg("t", 4097)], InvalidRequest, "outside"),
+        ([("t", 1, "normal", [])], InvalidRequest, "message type"),
+        ([_reg("t", 4, [1, 1])], InvalidRequest, "twice"),
+        ([_reg("t", 4, [4])], InvalidRequest, r"hosted queue id 4 is outside \[0, 4\)"),
+        ([_reg("t", 4, [-1, 2])], InvalidRequest, "hosted queue id -1"),
+    ],
+)
+def test_register_validates_topics_and_changes_nothing(
+    ns: NameServer, topics: list[TopicRegistration], error: type[Exception], match: str
+) -> None:
+    ns.register("b1", "h:1", [_reg("keep", 1)])
+    with pytest.raises(error, match=match):
+        ns.register("b1", "h:2", topics)
+    assert ns.brokers() == {"b1": "h:1"}
+    assert [r.topic for r in ns.routes()] == ["keep"]
+
+
+def test_register_limits_topics_per_broker(ns: NameServer) -> None:
+    topics = [_reg(f"t{i}", 1) for i in range(MAX_TOPICS_PER_BROKER + 1)]
+    with pytest.raises(InvalidRequest, match="topics in one registration"):
+        ns.register("b1", "h:1", topics)
+
+
+def test_max_brokers_counts_live_brokers_and_makes_room_from_lapsed_ones(
+    clock: ManualClock,
+) -> None:
+    ns = NameServer(clock, max_brokers=2)
+    ns.register("b1", "h:1", [])
+    ns.register("b2", "h:2", [])
+    with pytest.raises(InvalidRequest, match="max_brokers"):
+        ns.register("b3", "h:3", [])
+    ns.register("b2", "h:2", [])  # a known broker's heartbeat is never refused
+    clock.advance(20_000)
+    ns.register("b2", "h:2", [])
+    clock.advance(TTL - 20_000 + 1)  # b1 lapsed, b2 not
+    ns.register("b3", "h:3", [])
+    assert ns.brokers() == {"b2": "h:2", "b3": "h:3"}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"heartbeat_interval_ms": 0},
+        {"heartbeat_interval_ms": 30_000, "broker_ttl_ms": 30_000},
+        {"max_brokers": 0},
+    ],
+)
+def test_constructor_rejects_bad_config(clock: ManualClock, kwargs: dict[str, int]) -> None:
+    with pytest.raises(ConfigError):
+        NameServer(clock, **kwargs)
+
+
+# ------------------------------------------------------------------ TTL
+
+
+def test_broker_silent_longer_than_the_ttl_is_expired(ns: NameServer, clock: ManualClock) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 1)])
+    clock.advance(TTL)
+    assert ns.brokers() == {"b1": "h:1"}  # exactly at the TTL: still live
+    assert ns.expire() == []
+    clock.advance(1)
+    assert ns.expire() == ["b1"]
+    assert ns.brokers() == {}
+    assert ns.routes() == []
+    assert ns.status() == []
+
+
+def test_heartbeats_keep_a_broker_alive(ns: NameServer, clock: ManualClock) -> None:
+    for _ in range(10):
+        ns.register("b1", "h:1", [_reg("orders", 1)])
+        clock.advance(10_000)
+        assert ns.expire() == []
+    assert ns.coordinator() == "h:1"
+
+
+def test_a_lapsed_broker_disappears_from_routes_before_expire_runs(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 1)])
+    ns.register("b2", "h:2", [_reg("payments", 1)])
+    clock.advance(TTL // 2)
+    ns.register("b2", "h:2", [_reg("payments", 1)])
+    clock.advance(TTL // 2 + 1)
+    assert ns.brokers() == {"b2": "h:2"}
+    assert [r.topic for r in ns.routes()] == ["payments"]
+    assert ns.coordinator() == "h:2"
+    # status still shows it, with its silence, until expire() forgets it
+    assert ns.status() == [
+        BrokerStatus(name="b1", address="h:1", last_heartbeat_ms_ago=TTL + 1, topics=1),
+        BrokerStatus(name="b2", address="h:2", last_heartbeat_ms_ago=TTL // 2 + 1, topics=1),
+    ]
+    assert ns.expire() == ["b1"]
+
+
+def test_expire_returns_names_sorted(ns: NameServer, clock: ManualClock) -> None:
+    for name in ("b3", "b1", "b2"):
+        ns.register(name, "h:1", [])
+    clock.advance(TTL + 1)
+    assert ns.expire() == ["b1", "b2", "b3"]
+
+
+# ------------------------------------------------------------------ routes
+
+
+def test_a_topic_spread_over_brokers_routes_each_queue_to_its_host(ns: NameServer) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 4, [0, 2])])
+    ns.register("b2", "h:2", [_reg("orders", 4, [3, 1])])
+    assert ns.routes(["orders"]) == [
+        TopicRoute(
+            topic="orders",
+            queues=4,
+            message_type="NORMAL",
+            brokers={0: "h:1", 1: "h:2", 2: "h:1", 3: "h:2"},
+        )
+    ]
+
+
+def test_a_partly_served_topic_lists_only_its_served_queues(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 4, [0, 1])])
+    ns.register("b2", "h:2", [_reg("orders", 4, [2, 3])])
+    clock.advance(TTL // 2)
+    ns.register("b2", "h:2", [_reg("orders", 4, [2, 3])])
+    clock.advance(TTL // 2 + 1)
+    (route,) = ns.routes()
+    assert route.queues == 4
+    assert route.brokers == {2: "h:2", 3: "h:2"}
+
+
+def test_routes_filter_by_topic_and_skip_unknown_ones(ns: NameServer) -> None:
+    ns.register("b1", "h:1", [_reg("a", 1), _reg("b", 1), _reg("c", 1)])
+    assert [r.topic for r in ns.routes(["c", "a", "nope", "a"])] == ["a", "c"]
+    assert ns.routes([]) == []
+    assert [r.topic for r in ns.routes(None)] == ["a", "b", "c"]
+
+
+def test_route_queue_count_is_the_largest_any_live_broker_reports(ns: NameServer) -> None:
+    # An alter from 2 to 4 queues reaches b2 first.
+    ns.register("b1", "h:1", [_reg("orders", 2, [0])])
+    ns.register("b2", "h:2", [_reg("orders", 4, [1, 2, 3])])
+    (route,) = ns.routes()
+    assert route.queues == 4
+    assert route.brokers == {0: "h:1", 1: "h:2", 2: "h:2", 3: "h:2"}
+
+
+def test_route_message_type_comes_from_the_smallest_named_broker(ns: NameServer) -> None:
+    ns.register("b2", "h:2", [("orders", 2, "FIFO", [1])])
+    ns.register("b1", "h:1", [("orders", 2, "NORMAL", [0])])
+    assert ns.routes()[0].message_type == "NORMAL"
+
+
+# ------------------------------------------------------------------ queue claims
+
+
+def test_a_broker_cannot_take_a_queue_another_live_broker_serves(ns: NameServer) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 2)])
+    ns.register("b0", "h:9", [_reg("orders", 2, [1])])  # a newer claim on queue 1
+    ns.register("b1", "h:1", [_reg("orders", 2)])  # b1's heartbeat keeps its claims' age
+    assert ns.routes()[0].brokers == {0: "h:1", 1: "h:1"}
+    assert ns.conflicts() == [QueueConflict("orders", 1, "b1", ["b0"])]
+
+
+def test_a_contested_queue_moves_when_its_holder_drops_it(ns: NameServer) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 2)])
+    ns.register("b2", "h:2", [_reg("orders", 2, [1])])
+    ns.register("b1", "h:1", [_reg("orders", 2, [0])])  # b1 hands queue 1 over
+    assert ns.routes()[0].brokers == {0: "h:1", 1: "h:2"}
+    ns.register("b1", "h:1", [_reg("orders", 2)])  # and cannot take it back
+    assert ns.routes()[0].brokers == {0: "h:1", 1: "h:2"}
+    assert ns.conflicts() == [QueueConflict("orders", 1, "b2", ["b1"])]
+
+
+def test_a_contested_queue_moves_when_its_holder_lapses_and_stays_moved(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 1)])
+    ns.register("b2", "h:2", [_reg("orders", 1)])
+    assert ns.routes()[0].brokers == {0: "h:1"}
+    clock.advance(TTL // 2)
+    ns.register("b2", "h:2", [_reg("orders", 1)])
+    clock.advance(TTL // 2 + 1)
+    assert ns.routes()[0].brokers == {0: "h:2"}  # b1 lapsed, expire() not yet run
+    ns.register("b1", "h:1", [_reg("orders", 1)])  # back, but as a new claimant
+    assert ns.routes()[0].brokers == {0: "h:2"}
+    assert ns.conflicts() == [QueueConflict("orders", 0, "b2", ["b1"])]
+
+
+def test_a_contested_queue_moves_when_its_holder_unregisters(ns: NameServer) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 1)])
+    ns.register("b2", "h:2", [_reg("orders", 1)])
+    ns.register("b3", "h:3", [_reg("orders", 1)])
+    ns.unregister("b1")
+    assert ns.routes()[0].brokers == {0: "h:2"}
+    assert ns.conflicts() == [QueueConflict("orders", 0, "b2", ["b3"])]
+
+
+def test_no_conflicts_when_brokers_host_disjoint_queues(ns: NameServer) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 2, [0])])
+    ns.register("b2", "h:2", [_reg("orders", 2, [1])])
+    assert ns.conflicts() == []
+
+
+# ------------------------------------------------------------------ coordinator and status
+
+
+def test_coordinator_is_the_live_broker_with_the_smallest_name(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    assert ns.coordinator() == ""
+    ns.register("broker-b", "h:2", [])
+    assert ns.coordinator() == "h:2"
+    ns.register("broker-a", "h:1", [])
+    assert ns.coordinator() == "h:1"
+    clock.advance(TTL // 2)
+    ns.register("broker-b", "h:2", [])
+    clock.advance(TTL // 2 + 1)
+    assert ns.coordinator() == "h:2"
+    ns.unregister("broker-b")
+    assert ns.coordinator() == ""
+
+
+def test_status_lists_brokers_by_name_with_their_topic_counts(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    ns.register("b2", "h:2", [_reg("a", 1), _reg("b", 2)])
+    clock.advance(1_500.7)
+    ns.register("b1", "h:1", [])
+    assert ns.status() == [
+        BrokerStatus(name="b1", address="h:1", last_heartbeat_ms_ago=0, topics=0),
+        BrokerStatus(name="b2", address="h:2", last_heartbeat_ms_ago=1_500, topics=2),
+    ]
