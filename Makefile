@@ -15,9 +15,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	@echo "tidemq: the network server (tidemq server) is not built yet: see README 'Status'."
-	@echo "The storage engine is usable as a library today: see docs/guide/storage.md."
-	@exit 1
+	$(VENV)/bin/tidemq server --data-dir ./data
 
 check: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,7 +31,7 @@ from tidemq.cluster.nameserver import NameServer
 from tidemq.cluster.registration import Registration
 from tidemq.cluster.service import NAMESERVER_CODES, NameServerHandlers
 from tidemq.core.clock import Clock, SystemClock
-from tidemq.core.errors import InvalidRequest
+from tidemq.core.errors import ConfigError, InvalidRequest
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
@@ -66,13 +68,59 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self.nameserver: NameServer | None = None
+        self._lock_fd: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> str:
-        """Start serving; return the address clients dial."""
+        """Start serving; return the address clients dial. On failure everything already
+        started is stopped again (the store closed) before the error propagates."""
+        try:
+            return await self._start()
+        except BaseException:
+            await self._abort_start()
+            raise
+
+    async def _abort_start(self) -> None:
+        server = getattr(self, "_server", None)
+        if server is not None:
+            await server.stop_accepting()
+            await server.drain(0)
+        registration = getattr(self, "_registration", None)
+        if registration is not None:
+            await registration.stop()
+        gateway = getattr(self, "_gateway", None)
+        if gateway is not None:
+            await gateway.close()
+        self._release_lock()
+
+    def _acquire_lock(self) -> None:
+        """One broker per data directory: a second one would interleave writes to the same
+        log. An advisory lock that the kernel drops when the process dies, even by kill -9."""
+        if self._fs is not None:
+            return  # a test's simulated file system: no second process can share it
+        data_dir = self.config.store.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ConfigError(
+                f"data directory {data_dir} is in use by another tidemq process"
+            ) from None
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        fd = self._lock_fd
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the lock
+            self._lock_fd = None
+
+    async def _start(self) -> str:
         cfg = self.config
         loop = asyncio.get_running_loop()
+        self._acquire_lock()
         store = await asyncio.to_thread(
             MessageStore.open, cfg.store, fs=self._fs, clock=self._clock
         )
@@ -140,6 +188,7 @@ class Broker:
         if not self._embedded:
             await self._registration.stop()
         await self._gateway.close()
+        self._release_lock()
         log.info("broker %s stopped", self.config.broker_name)
 
     async def wait_stopped(self) -> None:

@@ -130,5 +130,5 @@ class RouteTable:
     def _topic(self, topic: str) -> _Topic:
         found = self._topics.get(topic)
         if found is None:
-            raise TopicNotFound(f"no route for topic {topic!r}")
+            raise TopicNotFound(f"topic {topic!r} does not exist (no broker serves it)")
         return found
