@@ -82,7 +82,7 @@ class ClientConnection:
                 transport, _ = await loop.create_connection(lambda: _Protocol(conn), host, port)
         except (OSError, TimeoutError) as exc:
             raise BrokerNotAvailable(f"cannot connect to {address}: {exc}") from None
-        assert isinstance(transport, asyncio.Transport)
+        # No isinstance check: uvloop's transports do not subclass asyncio.Transport.
         conn._transport = transport
         return conn
 

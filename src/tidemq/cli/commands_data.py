@@ -1,0 +1,299 @@
+"""`tidemq produce` (stdin lines to messages) and `tidemq consume` (messages to stdout)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from tidemq.cli.commands_topic import TopicArg, TopicOpt, topic_name
+from tidemq.cli.common import (
+    CLIENT_CONFIG,
+    DEFAULT_BOOTSTRAP,
+    Bootstrap,
+    CliUsageError,
+    Output,
+    OutputOpt,
+    check_bootstrap,
+    command,
+    info,
+)
+from tidemq.client.sync import Admin, GroupConsumer, Producer, StreamConsumer
+from tidemq.core.message import Message, Receipt
+
+__all__ = ["consume", "produce", "register"]
+
+#: --batch: sends outstanding before the producer is flushed and receipts collected.
+_BATCH_WINDOW = 10_000
+#: Longest single poll, so --timeout-ms and Ctrl+C are noticed promptly.
+_POLL_MS = 1_000
+
+
+def _text(data: bytes | None) -> str | None:
+    return None if data is None else data.decode("utf-8", errors="replace")
+
+
+def _shown(data: bytes | None) -> str:
+    """Text output: `null` for no key or value, as Kafka's console consumer prints."""
+    return "null" if data is None else data.decode("utf-8", errors="replace")
+
+
+# ------------------------------------------------------------------ produce
+
+
+def _emit_receipt(receipt: Receipt, output: Output) -> None:
+    if output is Output.JSON:
+        line = json.dumps(
+            {
+                "topic": receipt.topic,
+                "queue": receipt.queue,
+                "offset": receipt.offset,
+                "message_id": receipt.message_id,
+            }
+        )
+    else:
+        line = f"{receipt.queue}\t{receipt.offset}\t{receipt.message_id}"
+    sys.stdout.write(line + "\n")
+
+
+def produce(
+    *,
+    topic: TopicArg = None,
+    topic_opt: TopicOpt = None,
+    key_separator: Annotated[
+        str | None,
+        typer.Option(
+            "--key-separator",
+            help="Split each line at the first SEP into key and value.",
+            show_default=False,
+        ),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option("--key", "-k", help="One key for every message.", show_default=False),
+    ] = None,
+    tag: Annotated[
+        str | None, typer.Option("--tag", help="Tag every message.", show_default=False)
+    ] = None,
+    queue: Annotated[
+        int | None,
+        typer.Option(
+            "--queue", "--partition", min=0, help="Send to this queue.", show_default=False
+        ),
+    ] = None,
+    batch: Annotated[
+        bool,
+        typer.Option("--batch", help="Pipeline sends (batched by the producer); flush at the end."),
+    ] = False,
+    print_receipts: Annotated[
+        bool,
+        typer.Option("--print-receipts", help="Print each message's queue, offset and id."),
+    ] = False,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Send each line of stdin as a message."""
+    name = topic_name(topic, topic_opt)
+    if key_separator == "":
+        raise CliUsageError("--key-separator must not be empty")
+    if key is not None and key_separator is not None:
+        raise CliUsageError("give --key or --key-separator, not both")
+    separator = key_separator.encode() if key_separator is not None else None
+    fixed_key = key.encode() if key is not None else None
+    pending: list[concurrent.futures.Future[Receipt]] = []
+
+    def settle() -> None:
+        for future in pending:
+            receipt = future.result()
+            if print_receipts:
+                _emit_receipt(receipt, output)
+        pending.clear()
+        sys.stdout.flush()
+
+    with Producer(
+        check_bootstrap(bootstrap), client_config=CLIENT_CONFIG, linger_ms=5 if batch else 0
+    ) as producer:
+        for number, raw in enumerate(sys.stdin.buffer, 1):
+            value = raw.removesuffix(b"\n").removesuffix(b"\r")
+            message_key = fixed_key
+            if separator is not None:
+                head, found, tail = value.partition(separator)
+                if not found:
+                    raise CliUsageError(f"line {number} has no key separator {key_separator!r}")
+                message_key, value = head, tail
+            if batch:
+                future = producer.send_async(name, value, key=message_key, tag=tag, queue=queue)
+                pending.append(future)
+                if len(pending) >= _BATCH_WINDOW:
+                    producer.flush()
+                    settle()
+            else:
+                receipt = producer.send(name, value, key=message_key, tag=tag, queue=queue)
+                if print_receipts:
+                    _emit_receipt(receipt, output)
+                    sys.stdout.flush()
+        producer.flush()
+        settle()
+
+
+# ------------------------------------------------------------------ consume
+
+
+def _line(message: Message, *, print_key: bool, print_offset: bool, output: Output) -> str:
+    if output is Output.JSON:
+        record: dict[str, Any] = {
+            "topic": message.topic,
+            "queue": message.queue,
+            "offset": message.offset,
+            "timestamp_ms": message.timestamp_ms,
+            "key": _text(message.key),
+            "value": _text(message.value),
+        }
+        if message.tag is not None:
+            record["tag"] = message.tag
+        if message.keys:
+            record["keys"] = list(message.keys)
+        if message.headers:
+            record["headers"] = {k: _text(v) for k, v in message.headers.items()}
+        return json.dumps(record, ensure_ascii=False)
+    fields = []
+    if print_offset:
+        fields += [f"Queue:{message.queue}", f"Offset:{message.offset}"]
+    if print_key:
+        fields.append(_shown(message.key))
+    fields.append(_shown(message.value))
+    return "\t".join(fields)
+
+
+def _drain(
+    consumer: GroupConsumer | StreamConsumer,
+    *,
+    max_messages: int | None,
+    timeout_ms: int | None,
+    render: Callable[[Message], str],
+) -> int:
+    """Print messages until `max_messages`, `timeout_ms` idle, or Ctrl+C; return how many.
+    A group consumer commits exactly what was printed."""
+    count = 0
+    idle_since = time.monotonic()
+    try:
+        while max_messages is None or count < max_messages:
+            wait_ms = _POLL_MS
+            if timeout_ms is not None:
+                left_ms = timeout_ms - (time.monotonic() - idle_since) * 1000
+                if left_ms <= 0:
+                    break
+                wait_ms = max(1, min(_POLL_MS, int(left_ms)))
+            messages = consumer.poll(wait_ms)
+            if not messages:
+                continue
+            if max_messages is not None:
+                messages = messages[: max_messages - count]
+            sys.stdout.write("".join(render(m) + "\n" for m in messages))
+            sys.stdout.flush()
+            count += len(messages)
+            if isinstance(consumer, GroupConsumer):
+                # Only what was printed: a message cut off by --max-messages stays unread.
+                consumer.commit({(m.topic, m.queue): m.offset + 1 for m in messages})
+            idle_since = time.monotonic()
+    except KeyboardInterrupt:
+        pass
+    return count
+
+
+def consume(
+    *,
+    topic: TopicArg = None,
+    topic_opt: TopicOpt = None,
+    from_beginning: Annotated[
+        bool,
+        typer.Option(
+            "--from-beginning",
+            help="Start at the earliest message (with --group: for queues never committed).",
+        ),
+    ] = False,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group",
+            "-g",
+            help="Consume as a member of this group; commits offsets.",
+            show_default=False,
+        ),
+    ] = None,
+    max_messages: Annotated[
+        int | None,
+        typer.Option("--max-messages", min=1, help="Exit after this many.", show_default=False),
+    ] = None,
+    timeout_ms: Annotated[
+        int | None,
+        typer.Option(
+            "--timeout-ms",
+            min=1,
+            help="Exit after this long without a message.",
+            show_default="run until interrupted",
+        ),
+    ] = None,
+    print_key: Annotated[
+        bool, typer.Option("--print-key", help="Print the key before the value.")
+    ] = False,
+    print_offset: Annotated[
+        bool, typer.Option("--print-offset", help="Print the queue and offset first.")
+    ] = False,
+    queue: Annotated[
+        int | None,
+        typer.Option(
+            "--queue",
+            "--partition",
+            min=0,
+            help="Read only this queue (not with --group).",
+            show_default=False,
+        ),
+    ] = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Print messages, one per line (values as UTF-8)."""
+    name = topic_name(topic, topic_opt)
+    if group is not None and queue is not None:
+        raise CliUsageError("--queue reads one queue directly; it cannot be used with --group")
+    address = check_bootstrap(bootstrap)
+    with Admin(address, client_config=CLIENT_CONFIG) as admin:
+        described = admin.describe_topic(name)
+    queues = [q.queue for q in described.queue_info] or list(range(described.queues))
+    if queue is not None:
+        if queue not in queues:
+            raise CliUsageError(f"topic {name!r} has queues 0..{described.queues - 1}, not {queue}")
+        queues = [queue]
+    start = "earliest" if from_beginning else "latest"
+    consumer: GroupConsumer | StreamConsumer
+    if group is not None:
+        consumer = GroupConsumer(
+            address, group, [name], start=start, auto_commit=False, client_config=CLIENT_CONFIG
+        )
+    else:
+        consumer = StreamConsumer(address, start=start, client_config=CLIENT_CONFIG)
+        consumer.assign((name, q) for q in queues)
+    count = 0
+    try:
+        count = _drain(
+            consumer,
+            max_messages=max_messages,
+            timeout_ms=timeout_ms,
+            render=lambda m: _line(
+                m, print_key=print_key, print_offset=print_offset, output=output
+            ),
+        )
+    finally:
+        consumer.close()
+    info(f"Processed a total of {count} messages")
+
+
+def register(app: typer.Typer) -> None:
+    command(app)(produce)
+    command(app)(consume)

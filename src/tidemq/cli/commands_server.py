@@ -1,0 +1,215 @@
+"""`tidemq server`, `tidemq namesrv`, `tidemq broker`: run the servers in this process."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tidemq.broker.broker import Broker
+from tidemq.broker.config import BrokerConfig
+from tidemq.cli.common import CliUsageError, command
+from tidemq.cli.config import load_broker_config
+from tidemq.cli.server import Service, configure_logging, serve
+from tidemq.cluster.service import NameServerService
+from tidemq.store.config import FlushMode
+
+__all__ = ["register"]
+
+NAMESRV_PORT = 9876
+
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        metavar="FILE",
+        help="A tidemq.toml with broker and store sections.",
+        show_default=False,
+    ),
+]
+Sets = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="SECTION.KEY=VALUE",
+        help="Override one setting, e.g. store.flush_mode=async (repeatable).",
+        show_default=False,
+    ),
+]
+Host = Annotated[
+    str | None,
+    typer.Option("--host", help="Address to listen on.", show_default="127.0.0.1"),
+]
+DataDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        help="Where the store keeps its files.",
+        show_default="./data",
+    ),
+]
+Flush = Annotated[
+    FlushMode | None,
+    typer.Option(
+        "--flush",
+        case_sensitive=False,
+        help="sync: acknowledge after fdatasync; async: sync every flush_interval_ms.",
+        show_default=False,
+    ),
+]
+LogLevel = Annotated[
+    str,
+    typer.Option("--log-level", help="debug, info, warning or error."),
+]
+
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _logging(level: str) -> None:
+    if level.lower() not in _LEVELS:
+        raise CliUsageError(f"--log-level must be one of {', '.join(_LEVELS)}, got {level!r}")
+    configure_logging(level)
+
+
+def _load(
+    *,
+    defaults: dict[str, dict[str, Any]],
+    config: Path | None,
+    sets: list[str] | None,
+    flags: dict[str, dict[str, Any]],
+) -> BrokerConfig:
+    return load_broker_config(
+        defaults=defaults,
+        config_file=config,
+        environ=os.environ,
+        sets=sets or (),
+        flags=flags,
+    )
+
+
+def server(
+    *,
+    data_dir: DataDir = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port",
+            "-p",
+            help="Port for clients (0: any free port).",
+            show_default="9876",
+        ),
+    ] = None,
+    host: Host = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
+    flush: Flush = None,
+    log_level: LogLevel = "info",
+) -> None:
+    """Run a name server and a broker in one process, on one port."""
+    _logging(log_level)
+    cfg = _load(
+        defaults={"broker": {"port": NAMESRV_PORT}, "store": {"data_dir": "data"}},
+        config=config,
+        sets=sets,
+        flags={
+            "broker": {"port": port, "host": host},
+            "store": {"data_dir": data_dir, "flush_mode": flush},
+        },
+    )
+    serve(lambda: Broker(cfg, embedded_nameserver=True))
+
+
+def namesrv(
+    *,
+    port: Annotated[
+        int | None,
+        typer.Option("--port", "-p", help="Port to listen on.", show_default="9876"),
+    ] = None,
+    host: Host = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
+    log_level: LogLevel = "info",
+) -> None:
+    """Run a name server alone; brokers register with it (`tidemq broker --namesrv`)."""
+    _logging(log_level)
+    cfg = _load(
+        defaults={"broker": {"port": NAMESRV_PORT}},
+        config=config,
+        sets=sets,
+        flags={"broker": {"port": port, "host": host}},
+    )
+
+    def make() -> Service:
+        return NameServerService(
+            host=cfg.host,
+            port=cfg.port,
+            broker_ttl_ms=cfg.broker_ttl_ms,
+            heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
+        )
+
+    serve(make)
+
+
+def broker(
+    *,
+    namesrv: Annotated[
+        str | None,
+        typer.Option(
+            "--namesrv",
+            "-n",
+            metavar="HOST:PORT,...",
+            help="Name servers to register with.",
+            show_default="127.0.0.1:9876",
+        ),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port",
+            "-p",
+            help="Port for clients (0: any free port).",
+            show_default="10911",
+        ),
+    ] = None,
+    broker_name: Annotated[
+        str | None,
+        typer.Option("--broker-name", help="This broker's name.", show_default="broker-0"),
+    ] = None,
+    data_dir: DataDir = None,
+    host: Host = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
+    flush: Flush = None,
+    log_level: LogLevel = "info",
+) -> None:
+    """Run a broker that registers with separate name servers."""
+    _logging(log_level)
+    cfg = _load(
+        defaults={"broker": {"name_servers": "127.0.0.1:9876"}, "store": {"data_dir": "data"}},
+        config=config,
+        sets=sets,
+        flags={
+            "broker": {
+                "port": port,
+                "host": host,
+                "broker_name": broker_name,
+                "name_servers": namesrv,
+            },
+            "store": {"data_dir": data_dir, "flush_mode": flush},
+        },
+    )
+    if not cfg.name_servers:
+        raise CliUsageError(
+            "broker.name_servers is empty: pass --namesrv HOST:PORT "
+            "(or run `tidemq server` for a broker with its own name server)"
+        )
+    serve(lambda: Broker(cfg, embedded_nameserver=False))
+
+
+def register(app: typer.Typer) -> None:
+    command(app)(server)
+    command(app)(namesrv)
+    command(app)(broker)

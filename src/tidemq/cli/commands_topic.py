@@ -1,0 +1,186 @@
+"""`tidemq topic create / list / describe / alter / delete`."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import typer
+
+from tidemq.cli.common import (
+    CLIENT_CONFIG,
+    DEFAULT_BOOTSTRAP,
+    Bootstrap,
+    CliUsageError,
+    Output,
+    OutputOpt,
+    check_bootstrap,
+    command,
+    emit_json,
+    emit_table,
+    parse_pairs,
+    say,
+)
+from tidemq.client.sync import Admin
+from tidemq.protocol.commands import TopicInfoMsg
+
+__all__ = ["app", "topic_name"]
+
+app = typer.Typer(help="Create, list, describe, alter and delete topics.", no_args_is_help=True)
+
+
+class TopicType(enum.StrEnum):
+    NORMAL = "normal"
+    FIFO = "fifo"
+    DELAY = "delay"
+    TRANSACTION = "transaction"
+
+
+TopicArg = Annotated[str | None, typer.Argument(metavar="TOPIC", show_default=False)]
+TopicOpt = Annotated[
+    str | None,
+    typer.Option("--topic", "-t", help="The topic (instead of the argument).", show_default=False),
+]
+Configs = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--config",
+        metavar="KEY=VALUE",
+        help="Topic config by its Kafka name, e.g. retention.ms=3600000 (repeatable).",
+        show_default=False,
+    ),
+]
+
+
+def topic_name(argument: str | None, option: str | None) -> str:
+    """TOPIC may be given as the argument or as --topic (Kafka's spelling), not both."""
+    if argument and option and argument != option:
+        raise CliUsageError(f"two topics given: {argument!r} and --topic {option!r}")
+    name = argument or option
+    if not name:
+        raise CliUsageError("missing TOPIC (the argument or --topic)")
+    return name
+
+
+def _admin(bootstrap: str) -> Admin:
+    return Admin(check_bootstrap(bootstrap), client_config=CLIENT_CONFIG)
+
+
+def _config_text(config: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(config.items()))
+
+
+def _show(topic: TopicInfoMsg, output: Output) -> None:
+    if output is Output.JSON:
+        emit_json(topic)
+        return
+    emit_table(
+        ["QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES", "BROKER"],
+        (
+            (q.queue, q.min_offset, q.max_offset, q.max_offset - q.min_offset, q.broker)
+            for q in topic.queue_info
+        ),
+        title=(
+            f"Topic: {topic.name}  Queues: {topic.queues}  Type: {topic.message_type}  "
+            f"Config: {_config_text(topic.config)}"
+        ),
+    )
+
+
+@command(app)
+def create(
+    *,
+    topic: TopicArg = None,
+    topic_opt: TopicOpt = None,
+    queues: Annotated[int, typer.Option("--queues", "--partitions", min=1)] = 8,
+    topic_type: Annotated[
+        TopicType, typer.Option("--type", case_sensitive=False, help="The message type.")
+    ] = TopicType.NORMAL,
+    config: Configs = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Create a topic."""
+    name = topic_name(topic, topic_opt)
+    configs = parse_pairs(config or (), "--config")
+    with _admin(bootstrap) as admin:
+        created = admin.create_topic(
+            name, queues, message_type=topic_type.value.upper(), config=configs
+        )
+    if output is Output.JSON:
+        emit_json(created)
+    else:
+        plural = "" if created.queues == 1 else "s"
+        say(f"Created topic {name!r} with {created.queues} queue{plural}.")
+
+
+@command(app, "list")
+def list_(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Output.TABLE) -> None:
+    """List topics."""
+    with _admin(bootstrap) as admin:
+        topics = admin.list_topics()
+    if output is Output.JSON:
+        emit_json(topics)
+        return
+    emit_table(
+        ["TOPIC", "QUEUES", "TYPE", "CONFIG"],
+        ((t.name, t.queues, t.message_type, _config_text(t.config)) for t in topics),
+    )
+
+
+@command(app)
+def describe(
+    *,
+    topic: TopicArg = None,
+    topic_opt: TopicOpt = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Show a topic's queues: offsets and the broker serving each."""
+    name = topic_name(topic, topic_opt)
+    with _admin(bootstrap) as admin:
+        _show(admin.describe_topic(name), output)
+
+
+@command(app)
+def alter(
+    *,
+    topic: TopicArg = None,
+    topic_opt: TopicOpt = None,
+    queues: Annotated[
+        int | None,
+        typer.Option("--queues", "--partitions", min=1, help="New queue count (grow only)."),
+    ] = None,
+    config: Configs = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Change a topic's queue count or configs."""
+    name = topic_name(topic, topic_opt)
+    configs = parse_pairs(config or (), "--config")
+    if queues is None and not configs:
+        raise CliUsageError("nothing to alter: give --queues N and/or --config KEY=VALUE")
+    with _admin(bootstrap) as admin:
+        altered = admin.alter_topic(name, queues=queues, config=configs or None)
+    if output is Output.JSON:
+        emit_json(altered)
+    else:
+        say(f"Altered topic {name!r}: {altered.queues} queues, {_config_text(altered.config)}.")
+
+
+@command(app)
+def delete(
+    *,
+    topic: TopicArg = None,
+    topic_opt: TopicOpt = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Delete a topic and its messages."""
+    name = topic_name(topic, topic_opt)
+    with _admin(bootstrap) as admin:
+        admin.delete_topic(name)
+    if output is Output.JSON:
+        emit_json({"deleted": name})
+    else:
+        say(f"Deleted topic {name!r}.")

@@ -1,0 +1,55 @@
+"""The `tidemq` command: `tidemq <noun> <verb>`, like Kafka's tools.
+
+Servers: `tidemq server` (name server + broker), `tidemq namesrv`, `tidemq broker`.
+Clients: `tidemq topic ...`, `tidemq produce`, `tidemq consume`, `tidemq group ...`,
+`tidemq cluster ...`. Exit codes: 0 ok, 1 error, 2 usage. See docs/guide/cli.md.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from tidemq.cli import (
+    commands_cluster,
+    commands_data,
+    commands_group,
+    commands_server,
+    commands_topic,
+)
+from tidemq.core.version import __version__
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    name="tidemq",
+    help="tidemq: a RocketMQ-style stream store. Run a server, manage topics and groups, "
+    "produce and consume.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tidemq {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """tidemq: a RocketMQ-style stream store."""
+
+
+commands_server.register(app)
+commands_data.register(app)
+app.add_typer(commands_topic.app, name="topic")
+app.add_typer(commands_group.app, name="group")
+app.add_typer(commands_cluster.app, name="cluster")
+
+if __name__ == "__main__":
+    app()
