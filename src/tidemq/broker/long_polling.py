@@ -5,7 +5,8 @@ that the queue received readable data. A fetch notes the version before it reads
 read finds nothing it parks with that version, and returns at once if the version moved in
 between, so data that lands between the read and the park is never missed. Bounded: at
 most `max_waiters` parked at once (beyond that a fetch answers at once with no data, and
-the client polls again).
+the client polls again). After `wake_all` (shutdown) nothing parks any more: a woken fetch
+that re-reads and still finds nothing answers at once instead of parking again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class LongPolling:
         self._waiters: defaultdict[tuple[str, int], set[asyncio.Event]] = defaultdict(set)
         self._versions: defaultdict[tuple[str, int], int] = defaultdict(int)
         self._count = 0
+        self._closed = False
 
     @property
     def parked(self) -> int:
@@ -35,7 +37,7 @@ class LongPolling:
         True if there may be new data."""
         if self._versions.get(key, 0) != seen_version:
             return True
-        if self._count >= self._max or timeout_s <= 0:
+        if self._closed or self._count >= self._max or timeout_s <= 0:
             return False
         event = asyncio.Event()
         self._waiters[key].add(event)
@@ -66,7 +68,10 @@ class LongPolling:
             del self._versions[key]
 
     def wake_all(self) -> None:
-        """Shutdown: every parked fetch answers now."""
+        """Shutdown: every parked fetch answers now, and no fetch parks from here on."""
+        # Waking alone is not enough: a woken fetch re-reads, finds nothing new and would
+        # park again until its own deadline, holding up the broker's drain.
+        self._closed = True
         for waiters in self._waiters.values():
             for event in waiters:
                 event.set()

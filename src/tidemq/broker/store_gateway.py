@@ -114,6 +114,12 @@ class StoreGateway:
     async def _flush_once(self) -> None:
         store = self._store
         if store.flushed_position >= store.end_position:
+            # Nothing left to sync, but not necessarily nothing to complete: a checkpoint
+            # flushes on the loop, and may have made waiting appends durable after they
+            # woke this flusher. They complete (and their queues' fetches wake) here, or
+            # they would wait until some later append's flush.
+            touched, self._unflushed_queues = self._unflushed_queues, set()
+            self._complete(store.flushed_position, touched)
             return
         try:
             target, sync = store.begin_flush()
@@ -127,6 +133,13 @@ class StoreGateway:
             self._fail_waiting(store.fail_flush(exc))
             return
         store.complete_flush(target)
+        self._complete(target, touched)
+        if self._waiting:
+            self._work.set()
+
+    def _complete(self, target: int, touched: set[tuple[str, int]]) -> None:
+        """Appends that end at or before `target` are durable: answer them, and wake the
+        fetches parked on the queues they touched."""
         done = 0
         for end, future in self._waiting:
             if end > target:
@@ -137,8 +150,6 @@ class StoreGateway:
         del self._waiting[:done]
         if touched:
             self._on_data(touched)
-        if self._waiting:
-            self._work.set()
 
     def _fail_waiting(self, error: TidemqError) -> None:
         for _, future in self._waiting:

@@ -11,7 +11,8 @@ import asyncio
 from collections.abc import Mapping
 
 from tidemq.client.cluster import ClientConfig, ClusterClient
-from tidemq.core.errors import BrokerNotAvailable, TopicNotFound
+from tidemq.core import limits
+from tidemq.core.errors import BrokerNotAvailable, ConfigError, TopicNotFound
 from tidemq.protocol.commands import (
     AlterTopicRequest,
     BrokerStatus,
@@ -70,6 +71,9 @@ class AsyncAdmin:
         message_type: str = "NORMAL",
         config: Mapping[str, str] | None = None,
     ) -> TopicInfoMsg:
+        if not 1 <= queues <= limits.MAX_QUEUES_PER_TOPIC:
+            # The brokers check this too, but with no queue to place none would be asked.
+            raise ConfigError(f"queues must be 1..{limits.MAX_QUEUES_PER_TOPIC}, got {queues}")
         brokers = await self._brokers()
         plan: dict[str, list[int]] = {b: [] for b in brokers}
         for q in range(queues):

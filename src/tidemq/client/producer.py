@@ -4,6 +4,10 @@
 * Accumulator: sends to one queue made in the same loop tick (or within `linger_ms`) go
   out as one batch, up to `batch_bytes` / `batch_messages`. `send_batch` sends its list as
   one batch of its own: one record, one index entry.
+* Size: no batch whose encoding exceeds `max_request_bytes` is sent; its messages fail
+  with BatchTooLarge at once. (A frame over the broker's frame limit would only get the
+  connection closed, which looks retriable: the batch would be resent until retries ran
+  out and then fail as BrokerNotAvailable, taking the queue's other batches with it.)
 * Sender: up to `max_in_flight_per_queue` batches in flight per queue, acknowledged in
   order. A retriable failure (connection lost, timeout, disk full) waits for the window to
   settle, backs off, re-reads routes, and resends every unacknowledged batch in order.
@@ -95,9 +99,16 @@ class AsyncProducer:
         compression: str = "none",
         max_in_flight_per_queue: int = 5,
         delivery_timeout_ms: int = 120_000,
+        max_request_bytes: int = 16 << 20,
         client_config: ClientConfig | None = None,
         cluster: ClusterClient | None = None,
     ) -> None:
+        """`max_request_bytes`: the largest encoded batch this producer sends; keep it at or
+        below the broker's frame limit (by default its max_fetch_bytes, 16 MiB, plus room
+        for the frame header). The broker's max_message_bytes (4 MiB by default) is checked
+        by the broker and also answers BatchTooLarge."""
+        if not 0 < max_request_bytes <= limits.MAX_BATCH_BYTES:
+            raise ValueError(f"max_request_bytes must be in 1..{limits.MAX_BATCH_BYTES}")
         if linger_ms < 0 or batch_bytes <= 0 or not 0 < batch_messages <= limits.MAX_BATCH_MESSAGES:
             raise ValueError(
                 "linger_ms must be >= 0, batch_bytes > 0, and batch_messages in "
@@ -116,6 +127,7 @@ class AsyncProducer:
         self._codec = _CODECS[compression]
         self._window = max_in_flight_per_queue
         self._delivery_timeout_s = delivery_timeout_ms / 1000
+        self._max_request_bytes = max_request_bytes
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._senders: dict[tuple[str, int], _QueueSender] = {}
         self._round_robin = itertools.count()
@@ -168,12 +180,18 @@ class AsyncProducer:
         """Queue one message and return a future of its receipt (sends batch up)."""
         self._check_open()
         record = _record(value, key, tag, keys, headers, timestamp)
+        size = _approx_size(record)
         q = await self._queue_for(topic, key, queue)
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+        pending = self._pending.get((topic, q))
+        if pending is not None and pending.size + size > self._max_request_bytes:
+            # Together they might be too large to send: the accumulated batch goes first, so
+            # that a message too large on its own fails alone (when its batch is encoded).
+            self._seal(topic, q)
         pending = self._pending.setdefault((topic, q), _Pending())
         pending.records.append(record)
         pending.futures.append(future)
-        pending.size += _approx_size(record)
+        pending.size += size
         if pending.size >= self._batch_bytes or len(pending.records) >= self._batch_messages:
             self._seal(topic, q)
         elif pending.timer is None:
@@ -235,7 +253,7 @@ class AsyncProducer:
         first_key = keys[0] if keys else None
         q = await self._queue_for(topic, first_key, queue)
         self._seal(topic, q)  # whatever was accumulated for this queue goes first
-        payload = encode_batch(records, codec=self._codec)
+        payload = encode_batch(records, codec=self._codec, max_batch_bytes=self._max_request_bytes)
         future: asyncio.Future[list[Receipt]] = asyncio.get_running_loop().create_future()
         self._sender(topic, q).add(
             _Batch(topic, q, payload, n, None, future, time.monotonic() + self._delivery_timeout_s)
@@ -249,7 +267,9 @@ class AsyncProducer:
         if pending.timer is not None:
             pending.timer.cancel()
         try:
-            payload = encode_batch(pending.records, codec=self._codec)
+            payload = encode_batch(
+                pending.records, codec=self._codec, max_batch_bytes=self._max_request_bytes
+            )
         except (InvalidBatch, BatchTooLarge) as exc:
             for fut in pending.futures:
                 if not fut.done():
@@ -315,6 +335,9 @@ class _QueueSender:
         self._task: asyncio.Task[None] | None = None
         self._sequence = 0
         self._stamp_key: tuple[str, int, int] | None = None  # (address, pid, epoch)
+        #: The next batch stamped starts over under a fresh producer id: a batch that was
+        #: stamped has failed for good, leaving a gap in this queue's sequence.
+        self._restamp = False
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -323,6 +346,27 @@ class _QueueSender:
         self.idle.clear()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
+            self._task.add_done_callback(self._on_done)
+
+    def _on_done(self, task: asyncio.Task[None]) -> None:
+        # A task cancelled before its first step never ran `_run`'s own handler.
+        if task is self._task and task.cancelled():
+            self._abandon(deque())
+
+    def _abandon(self, inflight: deque[tuple[_Batch, asyncio.Task[ProduceResponse]]]) -> None:
+        """The sending task was cancelled (its event loop is shutting down): answer what is
+        left, or a flush or a send waiting for it would never return."""
+        error = RequestTimeout(
+            f"the producer's sender for {self._topic}/{self._queue} was cancelled; "
+            "the outcome of its unacknowledged messages is unknown"
+        )
+        for b, task in inflight:
+            task.cancel()
+            b.fail(error)
+        for b in self._waiting:
+            b.fail(error)
+        self._waiting.clear()
+        self.idle.set()
 
     async def _stamp(self, batch: _Batch, address: str, *, renew: bool = False) -> None:
         if not self._p._idempotent:
@@ -347,43 +391,47 @@ class _QueueSender:
     async def _run(self) -> None:
         inflight: deque[tuple[_Batch, asyncio.Task[ProduceResponse]]] = deque()
         attempt = 0
-        restamp = False
-        while self._waiting or inflight:
-            try:
-                address = await self._p.cluster.broker_for(self._topic, self._queue)
-                while self._waiting and len(inflight) < self._p._window:
-                    batch = self._waiting.popleft()
-                    if batch.stamp is None or batch.stamp[0] != address or restamp:
-                        await self._stamp(batch, address, renew=restamp)
-                        restamp = False
-                    task = asyncio.get_running_loop().create_task(self._send(batch))
-                    inflight.append((batch, task))
-            except TidemqError as exc:
-                # No route (yet): every waiting batch waits for the next attempt.
-                attempt = await self._retry_or_fail(exc, attempt, list(self._waiting))
-                continue
-            batch, task = inflight[0]
-            try:
-                response = await task
-            except TidemqError as exc:
-                settled = await self._settle(inflight)
-                requeue = [b for b, err in settled if err is not None]
-                if exc.retriable:
-                    self._waiting.extendleft(reversed(requeue))
-                    attempt = await self._retry_or_fail(exc, attempt, requeue)
+        try:
+            while self._waiting or inflight:
+                try:
+                    address = await self._p.cluster.broker_for(self._topic, self._queue)
+                    while self._waiting and len(inflight) < self._p._window:
+                        batch = self._waiting.popleft()
+                        if batch.stamp is None or batch.stamp[0] != address or self._restamp:
+                            await self._stamp(batch, address, renew=self._restamp)
+                            self._restamp = False
+                        task = asyncio.get_running_loop().create_task(self._send(batch))
+                        inflight.append((batch, task))
+                except TidemqError as exc:
+                    # No route (yet): every waiting batch waits for the next attempt.
+                    attempt = await self._retry_or_fail(exc, attempt, list(self._waiting))
                     continue
-                batch.fail(exc)
-                rest = [b for b in requeue if b is not batch]
-                self._waiting.extendleft(reversed(rest))
-                # Later batches were refused for the gap this one left: restart the
-                # sequence under a fresh producer id before resending them.
-                restamp = self._p._idempotent and bool(rest or self._waiting)
-                for b in self._waiting:
-                    b.stamp = None
-                continue
-            inflight.popleft()
-            attempt = 0
-            batch.resolve(response.base_offset)
+                batch, task = inflight[0]
+                try:
+                    response = await task
+                except TidemqError as exc:
+                    settled = await self._settle(inflight)
+                    requeue = [b for b, err in settled if err is not None]
+                    if exc.retriable:
+                        self._waiting.extendleft(reversed(requeue))
+                        attempt = await self._retry_or_fail(exc, attempt, requeue)
+                        continue
+                    batch.fail(exc)
+                    rest = [b for b in requeue if b is not batch]
+                    self._waiting.extendleft(reversed(rest))
+                    # Later batches were refused for the gap this one left, and so would every
+                    # later send be: restart the sequence under a fresh producer id before
+                    # sending anything else to this queue (even if nothing is waiting now).
+                    self._restamp = self._p._idempotent
+                    for b in self._waiting:
+                        b.stamp = None
+                    continue
+                inflight.popleft()
+                attempt = 0
+                batch.resolve(response.base_offset)
+        except asyncio.CancelledError:
+            self._abandon(inflight)
+            raise
         self.idle.set()
 
     async def _settle(
@@ -414,6 +462,9 @@ class _QueueSender:
                 for b in list(self._waiting):
                     b.fail(error)
                 self._waiting.clear()
+                # The failed batches may have been stamped (and, after a timeout, maybe
+                # stored): the next send must not depend on their sequence numbers.
+                self._restamp = self._p._idempotent
             else:
                 for b in expired:
                     b.fail(error)

@@ -68,7 +68,8 @@ def decode_request(frame: Frame) -> tuple[RequestCode, Any]:
         raise RemoteProtocolError(f"unknown request code {frame.code}") from None
     try:
         return code, _REQ_DECODERS[code].decode(frame.header)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    # msgspec reports a str that is not valid UTF-8 as UnicodeDecodeError, not DecodeError.
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise RemoteProtocolError(f"bad {code.name} request header: {exc}") from None
 
 
@@ -87,7 +88,7 @@ def encode_error(code: int, correlation_id: int, error: TidemqError) -> list[byt
 def error_from_frame(frame: Frame) -> TidemqError:
     try:
         err = _ERROR_DECODER.decode(frame.header)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         return RemoteProtocolError(f"undecodable error response: {exc}")
     return for_code(err.code)(err.message)
 

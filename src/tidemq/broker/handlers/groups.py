@@ -2,7 +2,8 @@
 
 Commits are fenced by generation: a member that has not yet taken its assignment for the
 current generation cannot commit, so a consumer that lost a queue in a rebalance can never
-overwrite the offsets of its new owner.
+overwrite the offsets of its new owner. A member of the current generation commits only
+the queues that generation assigns it.
 """
 
 from __future__ import annotations
@@ -108,6 +109,19 @@ class GroupHandlers:
                 raise InvalidRequest(f"offset for {o.topic}/{o.queue} must be >= 0")
             self._topics.get(o.topic)
         self._coordinator.check_commit(req.group, req.member_id, req.generation)
+        if req.member_id:
+            # The generation check alone would let a current member move the offset of a
+            # queue another member owns; only the owner's progress may be committed.
+            foreign = [
+                f"{o.topic}/{o.queue}"
+                for o in req.offsets
+                if self._coordinator.assignment_owner(req.group, o.topic, o.queue) != req.member_id
+            ]
+            if foreign:
+                raise InvalidRequest(
+                    f"queues {', '.join(foreign[:10])} are not assigned to member "
+                    f"{req.member_id!r} in generation {req.generation} of group {req.group!r}"
+                )
         offsets = {(o.topic, o.queue): o.offset for o in req.offsets}
         await self._gateway.call(lambda s: s.commit_offsets(req.group, offsets))
         return CommitOffsetsResponse()
