@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from tidemq.core.batch import MessageRecord, decode_messages, encode_batch, parse_envelope
-from tidemq.store.config import FlushMode, StoreConfig
 from tidemq.core.record import parse_header
+from tidemq.store.config import FlushMode, StoreConfig
 from tidemq.store.message_store import MessageStore, ReadStatus
 from tidemq.store.producer_state import ProducerStamp
 from tidemq.testing.files import CrashMode, FaultFileSystem, SimulatedCrash

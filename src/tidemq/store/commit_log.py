@@ -234,9 +234,14 @@ class CommitLog:
         raise CorruptRecordError(f"corrupt record in a sealed segment near {position}: {why}")
 
     def truncate_to(self, position: int) -> None:
-        """Drop a torn tail found by scan (the last segment only)."""
+        """Drop a torn tail found by scan (the last segment only); the log up to `position`
+        is durable when this returns."""
         if position < self._segments.end_position:
-            self._segments.truncate(position)
+            self._segments.truncate(position)  # syncs
+        else:
+            # After kill -9 the tail may still be only in the page cache: a power loss now
+            # would take it, yet it is about to be called flushed (and checkpointed).
+            self._segments.sync()
         self._flushed = position
 
     def close(self) -> None:

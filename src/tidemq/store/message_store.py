@@ -386,14 +386,20 @@ class MessageStore:
         checkpoint file. Recovery replays the log only past this point."""
         self._check_open()
         flushed = self.flush()
+        ends: dict[tuple[int, int], int] = {}
         for key in self._dirty_queues:
             index = self._queues.get(key)
             if index is not None:
                 index.write_pending(sync=True)
+                ends[key] = index.next_offset
         self._dirty_queues.clear()
         self._meta.save_producer_state(self._producers.take_dirty())
         cp = Checkpoint(flushed, flushed, self._log.last_store_time_ms)
         write_checkpoint(self._fs, self.config.data_dir, cp)
+        # Only after the checkpoint file: recovery expects each index, cut back to the
+        # checkpoint, to reach its recorded end, so an end must never be ahead of it.
+        if ends:
+            self._meta.set_queue_index_ends(ends)
         self._indexed_position = flushed
         self._last_checkpoint_ms = self._clock.monotonic_ms()
 

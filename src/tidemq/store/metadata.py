@@ -9,6 +9,9 @@ Tables::
     topics(id PK AUTOINCREMENT, name, queues, message_type, cleanup_policy, retention_ms,
            retention_bytes, config JSON, created_ms, deleted_ms)   ids are never reused
     queue_state(topic_id, queue_id, min_offset)                    retention's low mark
+    queue_index_end(topic_id, queue_id, next_offset)               each index's end at a
+                                                                   checkpoint (recovery's
+                                                                   check for lost entries)
     consumer_offsets(group_name, topic, queue_id, next_offset, updated_ms)
     producer_state(topic_id, queue_id, producer_id, epoch, window JSON, position)
     counters(name, value)                                          producer id allocation
@@ -51,6 +54,10 @@ CREATE TABLE IF NOT EXISTS topics (
 CREATE UNIQUE INDEX IF NOT EXISTS topics_live_name ON topics(name) WHERE deleted_ms IS NULL;
 CREATE TABLE IF NOT EXISTS queue_state (
     topic_id INTEGER NOT NULL, queue_id INTEGER NOT NULL, min_offset INTEGER NOT NULL,
+    PRIMARY KEY (topic_id, queue_id)
+);
+CREATE TABLE IF NOT EXISTS queue_index_end (
+    topic_id INTEGER NOT NULL, queue_id INTEGER NOT NULL, next_offset INTEGER NOT NULL,
     PRIMARY KEY (topic_id, queue_id)
 );
 CREATE TABLE IF NOT EXISTS consumer_offsets (
@@ -205,7 +212,14 @@ class Metadata:
     def mark_deleted(self, topic_id: int, now_ms: int) -> None:
         with self._tx():
             self._db.execute("UPDATE topics SET deleted_ms = ? WHERE id = ?", (now_ms, topic_id))
+            # Offsets are kept by topic name: left behind, a group would resume a topic
+            # created later under the same name at offsets that mean nothing there.
+            self._db.execute(
+                "DELETE FROM consumer_offsets WHERE topic = (SELECT name FROM topics WHERE id = ?)",
+                (topic_id,),
+            )
             self._db.execute("DELETE FROM queue_state WHERE topic_id = ?", (topic_id,))
+            self._db.execute("DELETE FROM queue_index_end WHERE topic_id = ?", (topic_id,))
             self._db.execute("DELETE FROM producer_state WHERE topic_id = ?", (topic_id,))
 
     # ------------------------------------------------------------------ queue state
@@ -219,6 +233,19 @@ class Metadata:
             self._db.executemany(
                 "INSERT OR REPLACE INTO queue_state VALUES (?, ?, ?)",
                 [(t, q, m) for (t, q), m in values.items()],
+            )
+
+    def queue_index_ends(self) -> dict[tuple[int, int], int]:
+        """Each queue's next offset as of a checkpoint: its index files, once recovery has
+        cut them at the checkpoint, must reach at least this far."""
+        rows = self._db.execute("SELECT topic_id, queue_id, next_offset FROM queue_index_end")
+        return {(t, q): n for t, q, n in rows}
+
+    def set_queue_index_ends(self, values: Mapping[tuple[int, int], int]) -> None:
+        with self._tx():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO queue_index_end VALUES (?, ?, ?)",
+                [(t, q, n) for (t, q), n in values.items()],
             )
 
     # ------------------------------------------------------------------ consumer offsets

@@ -210,9 +210,11 @@ class QueueIndex:
         """`entries_from`, unpacked lazily in growing chunks: a reader that stops after a
         few entries (a read's byte budget) does not pay for `max_entries` of them. The
         index must not change while the iterator is in use."""
+        # Clamp first: with min_offset == next_offset (all retained away) an offset below
+        # it must find nothing, not the last batch below the minimum.
+        offset = max(offset, self.min_offset)
         if offset >= self._next_offset or not self._files:
             return
-        offset = max(offset, self.min_offset)
         fi = max(bisect.bisect_right(self._files, offset) - 1, 0)
         left = max_entries
         chunk = _CHUNK_FIRST
@@ -302,6 +304,18 @@ class QueueIndex:
         self._fs.sync_dir(self._dir)
         self._load_bounds()
         self.min_offset = min(max(min_offset, self.min_offset), self._next_offset)
+
+    def reset(self, next_offset: int) -> None:
+        """Recovery of a damaged index: remove every file; the queue continues at
+        `next_offset` (nothing below it readable) and re-appended entries rebuild it."""
+        for first in self._files:
+            self._cache.drop(self._path(first))
+            self._fs.remove(self._path(first))
+        self._fs.sync_dir(self._dir)
+        self._files = []
+        self._tail = None
+        self._next_offset = self.min_offset = next_offset
+        self._last_position = -1
 
     def delete(self) -> None:
         for first in self._files:

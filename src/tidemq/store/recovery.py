@@ -6,6 +6,9 @@
 3. Scan the log from that position, checking each record's header CRC and payload CRC;
    the first bad or zero-length record in the last segment is the end of the log.
 4. Re-append an index entry, and replay the producer state, for every record scanned.
+   An index that, once cut, falls short of the end recorded at the last checkpoint has
+   lost entries behind the store's back (a file deleted or cut short): it is rebuilt
+   from the whole log first.
 5. Truncate the torn tail and write a fresh checkpoint.
 
 After this no index entry points past the recovered log, and every queue continues at
@@ -19,7 +22,7 @@ from pathlib import Path
 from tidemq.core.clock import Clock
 from tidemq.core.errors import CorruptRecordError
 from tidemq.store.checkpoint import read_checkpoint
-from tidemq.store.commit_log import CommitLog
+from tidemq.store.commit_log import CommitLog, ScannedRecord
 from tidemq.store.config import StoreConfig
 from tidemq.store.files import FileSystem, ensure_dir
 from tidemq.store.message_store import MessageStore, queue_dir
@@ -49,14 +52,17 @@ def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) 
     if cp is not None:
         log.note_store_time(cp.max_store_time_ms)
     if replay_from > log.end_position:
-        log.close()
-        raise CorruptRecordError(
+        message = (
             f"checkpoint says position {replay_from} was flushed but the log ends at "
             f"{log.end_position}: acknowledged data is missing from {config.data_dir}"
         )
+        log.close()
+        raise CorruptRecordError(message)
 
     cache = IndexFileCache(config.index_cache_files)
     queues = _open_indexes(config, fs, meta, cache, replay_from)
+    ends = meta.queue_index_ends()
+    rebuilt = _rebuild_damaged_indexes(log, queues, ends, replay_from)
 
     producers = ProducerStates(config.idempotence_window)
     producers.load(meta.load_producer_state())
@@ -68,13 +74,7 @@ def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) 
         index = queues.get((h.topic_id, h.queue_id))
         if index is None:
             continue  # a deleted topic: its records wait for retention
-        if h.base_offset != index.next_offset:
-            raise CorruptRecordError(
-                f"record at {rec.position} has offset {h.base_offset} for topic id "
-                f"{h.topic_id} queue {h.queue_id}, but the queue continues at "
-                f"{index.next_offset}"
-            )
-        index.append(rec.position, h.size, h.count, h.store_time_ms, rec.tag_summary)
+        _index_record(index, rec, rebuilding=(h.topic_id, h.queue_id) in rebuilt)
         if h.producer_id != NO_PRODUCER:
             stamp = ProducerStamp(h.producer_id, h.producer_epoch, h.base_sequence)
             producers.record(
@@ -84,6 +84,13 @@ def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) 
         log.truncate_to(valid_end)
     else:
         log.truncate_to(log.end_position)
+    _finish_rebuilt_indexes(rebuilt, ends)
+    # Only now: before the replay a queue may end below its saved min offset (retention
+    # ran on records past the checkpoint), and clamping there would lose the mark.
+    min_offsets = meta.queue_min_offsets()
+    for key, index in queues.items():
+        saved_min = min_offsets.get(key, 0)
+        index.min_offset = min(max(index.min_offset, saved_min), index.next_offset)
     store = MessageStore(
         config=config,
         fs=fs,
@@ -100,13 +107,70 @@ def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) 
     return store
 
 
+def _rebuild_damaged_indexes(
+    log: CommitLog,
+    queues: dict[tuple[int, int], QueueIndex],
+    ends: dict[tuple[int, int], int],
+    replay_from: int,
+) -> dict[tuple[int, int], QueueIndex]:
+    """Indexes that, cut back to the checkpoint, fall short of the end a checkpoint saw:
+    entries it wrote were lost (a file deleted or cut short behind the store's back).
+    Left alone, the queue would hand out those offsets again. Each is emptied and
+    re-derived from the whole log up to `replay_from`; the replay goes on from there."""
+    rebuilt = {k: index for k, index in queues.items() if index.next_offset < ends.get(k, 0)}
+    if not rebuilt:
+        return rebuilt
+    for index in rebuilt.values():
+        index.reset(0)
+    for rec in log.scan(log.start_position):
+        if rec.position >= replay_from:
+            break
+        damaged = rebuilt.get((rec.header.topic_id, rec.header.queue_id))
+        if damaged is not None:
+            _index_record(damaged, rec, rebuilding=True)
+    return rebuilt
+
+
+def _finish_rebuilt_indexes(
+    rebuilt: dict[tuple[int, int], QueueIndex], ends: dict[tuple[int, int], int]
+) -> None:
+    """After the replay: a rebuilt queue with no record left in the log continues at its
+    recorded end."""
+    for key, index in rebuilt.items():
+        if index.next_offset < ends[key]:
+            if index.last_position >= 0:
+                raise CorruptRecordError(
+                    f"topic id {key[0]} queue {key[1]} ends at offset {index.next_offset} "
+                    f"in the log, but a checkpoint saw it reach {ends[key]}"
+                )
+            index.reset(ends[key])  # every record of the queue went with its segments
+
+
+def _index_record(index: QueueIndex, rec: ScannedRecord, *, rebuilding: bool) -> None:
+    h = rec.header
+    if h.base_offset < index.next_offset and h.base_offset + h.count <= index.min_offset:
+        # Below the first index file: retention deleted the file holding its entry (after
+        # the checkpoint, before the crash) and raised the queue's min offset past it.
+        return
+    if h.base_offset != index.next_offset:
+        if not (rebuilding and index.last_position < 0 and h.base_offset > index.next_offset):
+            raise CorruptRecordError(
+                f"record at {rec.position} has offset {h.base_offset} for topic id "
+                f"{h.topic_id} queue {h.queue_id}, but the queue continues at "
+                f"{index.next_offset}"
+            )
+        # The first record left of a queue being rebuilt: the ones before it went with
+        # their log segments (retention), so the queue starts here.
+        index.reset(h.base_offset)
+    index.append(rec.position, h.size, h.count, h.store_time_ms, rec.tag_summary)
+
+
 def _open_indexes(
     config: StoreConfig, fs: FileSystem, meta: Metadata, cache: IndexFileCache, replay_from: int
 ) -> dict[tuple[int, int], QueueIndex]:
     """Every live queue's index, cut back to the replay position."""
     topics = meta.live_topics()
     _remove_orphan_dirs(fs, config.data_dir, {f"{t.id}-{t.name}" for t in topics})
-    min_offsets = meta.queue_min_offsets()
     queues: dict[tuple[int, int], QueueIndex] = {}
     for info in topics:
         for q in range(info.queues):
@@ -117,9 +181,6 @@ def _open_indexes(
                 cache=cache,
             )
             index.cut_from_position(replay_from)
-            saved_min = min_offsets.get((info.id, q))
-            if saved_min is not None:
-                index.min_offset = min(max(index.min_offset, saved_min), index.next_offset)
             queues[(info.id, q)] = index
 
     return queues

@@ -59,9 +59,11 @@ def apply_retention(store: MessageStore) -> int:
 
 def _offset_for_size(entries: npt.NDArray[np.void], min_offset: int, retention_bytes: int) -> int:
     """The first offset to keep so that the kept batches total at most retention_bytes."""
-    if len(entries) == 0:
-        return min_offset
     live = entries[entries["base_offset"] + entries["count"] > min_offset]
+    if len(live) == 0:
+        # No entries, or all of them below the min offset: a queue that retention emptied
+        # keeps entries below it until their index file can go.
+        return min_offset
     sizes = live["size"].astype(np.int64)
     # bytes kept if we start at batch i = suffix sum from i
     suffix = np.cumsum(sizes[::-1])[::-1]
