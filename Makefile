@@ -33,6 +33,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_codec.py
 	$(PY) benchmarks/bench_store.py
+	$(PY) benchmarks/bench_broker.py
 
 soak: $(STAMP)
 	TIDEMQ_SOAK=1 $(VENV)/bin/pytest -W error -q -m "slow" tests/simulation tests/integration
