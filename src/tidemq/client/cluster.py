@@ -127,6 +127,9 @@ class ClusterClient:
         return self._routes
 
     async def refresh_routes(self, *, force: bool = False) -> RouteTable:
+        # The common case, fresh routes, answers without the lock (one per message sent).
+        if not force and time.monotonic() - self._routes_at < self.config.route_refresh_ms / 1000:
+            return self._routes
         if self._routes_lock is None:
             self._routes_lock = asyncio.Lock()
         async with self._routes_lock:

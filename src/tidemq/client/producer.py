@@ -36,7 +36,7 @@ from tidemq.core.errors import (
     RequestTimeout,
     TidemqError,
 )
-from tidemq.core.message import Receipt, message_id
+from tidemq.core.message import Receipt
 from tidemq.protocol.commands import (
     InitProducerRequest,
     InitProducerResponse,
@@ -62,8 +62,7 @@ class _Batch:
 
     def resolve(self, base: int) -> None:
         receipts = [
-            Receipt(self.topic, self.queue, base + i, message_id(self.topic, self.queue, base + i))
-            for i in range(self.count)
+            Receipt(self.topic, self.queue, offset) for offset in range(base, base + self.count)
         ]
         if self.whole is not None and not self.whole.done():
             self.whole.set_result(receipts)
