@@ -70,6 +70,24 @@ def test_same_key_goes_to_same_queue(loop: Loop, broker: BrokerEnv) -> None:
     loop.run(main())
 
 
+def test_acks_zero_sends_without_answers(loop: Loop, broker: BrokerEnv) -> None:
+    async def main() -> None:
+        await _create(broker.address, queues=1)
+        with pytest.raises(ValueError, match="idempotent=False"):
+            aio.Producer(broker.address, acks=0)
+        async with aio.Producer(broker.address, acks=0, idempotent=False) as producer:
+            receipts = [await producer.send(TOPIC, b"fire-%d" % i, queue=0) for i in range(50)]
+            receipts += await producer.send_batch(TOPIC, [b"a", b"b"], queue=0)
+        assert {r.offset for r in receipts} == {-1}  # where they landed is not known
+        consumer = aio.StreamConsumer(broker.address, start="earliest")
+        consumer.assign([(TOPIC, 0)])
+        got = await _read(consumer, 52)
+        await consumer.close()
+        assert [m.value for m in got] == [b"fire-%d" % i for i in range(50)] + [b"a", b"b"]
+
+    loop.run(main())
+
+
 def test_explicit_queue_and_round_robin(loop: Loop, broker: BrokerEnv) -> None:
     async def main() -> None:
         await _create(broker.address, queues=4)

@@ -61,6 +61,14 @@ class _Batch:
     stamp: tuple[str, int, int, int] | None = None  # (address, producer id, epoch, sequence)
 
     def resolve(self, base: int) -> None:
+        if base < 0:  # acks=0: where the messages landed is not known
+            unknown = [Receipt(self.topic, self.queue, -1)] * self.count
+            if self.whole is not None and not self.whole.done():
+                self.whole.set_result(unknown)
+            for fut, receipt in zip(self.futures or (), unknown, strict=False):
+                if not fut.done():
+                    fut.set_result(receipt)
+            return
         receipts = [
             Receipt(self.topic, self.queue, offset) for offset in range(base, base + self.count)
         ]
@@ -95,6 +103,7 @@ class AsyncProducer:
         batch_bytes: int = 1 << 20,
         batch_messages: int = 4096,
         idempotent: bool = True,
+        acks: str | int = "all",
         compression: str = "none",
         max_in_flight_per_queue: int = 5,
         delivery_timeout_ms: int = 120_000,
@@ -105,7 +114,20 @@ class AsyncProducer:
         """`max_request_bytes`: the largest encoded batch this producer sends; keep it at or
         below the broker's frame limit (by default its max_fetch_bytes, 16 MiB, plus room
         for the frame header). The broker's max_message_bytes (4 MiB by default) is checked
-        by the broker and also answers BatchTooLarge."""
+        by the broker and also answers BatchTooLarge.
+
+        `acks`: "all" (the default; -1 is a synonym) waits for the broker's answer, given once
+        the batch is stored as durably as its flush mode promises. 0 sends without waiting
+        for any answer: nothing is retried, receipts carry offset -1, and a refused or lost
+        batch goes unnoticed; it cannot be combined with idempotence."""
+        if acks not in ("all", -1, 0):
+            raise ValueError(f"acks must be 'all', -1 or 0, got {acks!r}")
+        self._acks_none = acks == 0
+        if self._acks_none and idempotent:
+            raise ValueError(
+                "acks=0 gets no answers, so nothing can be retried or deduplicated: "
+                "pass idempotent=False with it"
+            )
         if not 0 < max_request_bytes <= limits.MAX_BATCH_BYTES:
             raise ValueError(f"max_request_bytes must be in 1..{limits.MAX_BATCH_BYTES}")
         if linger_ms < 0 or batch_bytes <= 0 or not 0 < batch_messages <= limits.MAX_BATCH_MESSAGES:
@@ -384,6 +406,11 @@ class _QueueSender:
         request = ProduceRequest(
             topic=self._topic, queue=self._queue, producer_id=pid, epoch=epoch, base_sequence=seq
         )
+        if self._p._acks_none:
+            # One-way frame: the broker stores it and answers nothing.
+            conn = await self._p.cluster.connection(address)
+            conn.send_oneway(request, batch.payload)
+            return ProduceResponse(base_offset=-1, count=batch.count)
         header, _ = await self._p.cluster.request(address, request, ProduceResponse, batch.payload)
         return header
 
