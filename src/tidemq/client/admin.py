@@ -12,20 +12,27 @@ from collections.abc import Mapping
 
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.core import limits
-from tidemq.core.errors import BrokerNotAvailable, ConfigError, TopicNotFound
+from tidemq.core.errors import BrokerNotAvailable, ConfigError, InvalidRequest, TopicNotFound
 from tidemq.protocol.commands import (
     AlterTopicRequest,
     BrokerStatus,
     ClusterStatusRequest,
     ClusterStatusResponse,
+    CommitOffsetsRequest,
+    CommitOffsetsResponse,
     CreateTopicRequest,
     DeleteTopicRequest,
     DescribeGroupRequest,
     DescribeGroupResponse,
     DescribeTopicRequest,
     Empty,
+    FetchOffsetsRequest,
+    FetchOffsetsResponse,
+    GroupOffset,
     ListGroupsRequest,
     ListGroupsResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
     ListTopicsRequest,
     ListTopicsResponse,
     QueueOffset,
@@ -37,6 +44,8 @@ from tidemq.protocol.commands import (
 )
 
 __all__ = ["AsyncAdmin"]
+
+_RESET_TARGETS = ("earliest", "latest", "timestamp", "offset", "shift")
 
 
 class AsyncAdmin:
@@ -159,21 +168,92 @@ class AsyncAdmin:
         return answer.groups
 
     async def describe_group(self, group: str) -> DescribeGroupResponse:
+        """Members, generation, and per queue the committed offset and lag. The coordinator
+        knows the queues it hosts; the queues of the group's topics on other brokers are
+        filled in here from their brokers."""
         coordinator = await self._cluster.coordinator()
-        return await self._cluster.call(
+        answer = await self._cluster.call(
             coordinator, DescribeGroupRequest(group=group), DescribeGroupResponse
         )
+        committed = await self._committed(coordinator, group)
+        topics = {o.topic for o in answer.offsets} | {t for t, _ in committed}
+        topics |= {t for m in answer.members for t, _ in m.assignment}
+        have = {(o.topic, o.queue) for o in answer.offsets}
+        routes = await self._cluster.refresh_routes(force=True)
+        extra: list[GroupOffset] = []
+        for topic in sorted(t for t in topics if t in routes):
+            for queue in routes.queues(topic):
+                if (topic, queue) in have:
+                    continue
+                bounds = await self._bounds(topic, queue)
+                done = committed.get((topic, queue), -1)
+                lag = bounds.max_offset - max(done, 0)
+                extra.append(
+                    GroupOffset(
+                        topic=topic, queue=queue, committed=done, max_offset=bounds.max_offset,
+                        lag=lag,
+                    )
+                )  # fmt: skip
+        if extra:
+            answer.offsets = sorted([*answer.offsets, *extra], key=lambda o: (o.topic, o.queue))
+        return answer
+
+    async def _committed(self, coordinator: str, group: str) -> dict[tuple[str, int], int]:
+        answer = await self._cluster.call(
+            coordinator, FetchOffsetsRequest(group=group), FetchOffsetsResponse
+        )
+        return {(o.topic, o.queue): o.offset for o in answer.offsets}
+
+    async def _bounds(
+        self, topic: str, queue: int, timestamp_ms: int | None = None
+    ) -> ListOffsetsResponse:
+        address = await self._cluster.broker_for(topic, queue)
+        request = ListOffsetsRequest(topic=topic, queue=queue, timestamp_ms=timestamp_ms)
+        return await self._cluster.call(address, request, ListOffsetsResponse)
 
     async def reset_offsets(
         self, group: str, topic: str, *, to: str, value: int = 0, execute: bool = False
     ) -> list[QueueOffset]:
         """Plan (execute=False, the default: a dry run) or apply new committed offsets for
         every queue of `topic`: to "earliest", "latest", "timestamp" (value = ms),
-        "offset" (value) or "shift" (by value). Refused while the group has members."""
+        "offset" (value) or "shift" (by value). Refused while the group has members.
+
+        The coordinator plans (and applies) the queues it hosts; queues on other brokers
+        are planned here from their brokers' bounds and committed through the coordinator
+        outside any generation, which it accepts only while the group has no members."""
+        if to not in _RESET_TARGETS:
+            raise InvalidRequest(
+                f"reset target must be one of {', '.join(_RESET_TARGETS)}, got {to!r}"
+            )
         coordinator = await self._cluster.coordinator()
         request = ResetOffsetsRequest(group=group, topic=topic, to=to, value=value, execute=execute)
         answer = await self._cluster.call(coordinator, request, ResetOffsetsResponse)
-        return answer.offsets
+        planned = {(o.topic, o.queue): o.offset for o in answer.offsets}
+        routes = await self._cluster.refresh_routes(force=True)
+        others = [q for q in routes.queues(topic) if (topic, q) not in planned]
+        if not others:
+            return answer.offsets
+        committed = await self._committed(coordinator, group)
+        extra: dict[tuple[str, int], int] = {}
+        for queue in others:
+            bounds = await self._bounds(topic, queue, value if to == "timestamp" else None)
+            lo, hi = bounds.min_offset, bounds.max_offset
+            target = {
+                "earliest": lo,
+                "latest": hi,
+                "timestamp": bounds.offset_for_time if bounds.offset_for_time is not None else hi,
+                "offset": value,
+                "shift": committed.get((topic, queue), lo) + value,
+            }[to]
+            extra[(topic, queue)] = min(max(target, lo), hi)
+        if execute:
+            commit = CommitOffsetsRequest(
+                group=group,
+                offsets=[QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in extra.items()],
+            )
+            await self._cluster.call(coordinator, commit, CommitOffsetsResponse)
+        planned.update(extra)
+        return [QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(planned.items())]
 
     async def cluster_status(self) -> list[BrokerStatus]:
         answer = await self._cluster.call(
