@@ -3,6 +3,7 @@ route each queue to its broker, and a broker that goes silent leaves the routes.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING
 
@@ -12,6 +13,7 @@ from tidemq import aio
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.core.errors import BrokerNotAvailable, QueueNotFound
 from tidemq.protocol.commands import (
+    CreateTopicRequest,
     DescribeTopicRequest,
     FetchRequest,
     FetchResponse,
@@ -227,5 +229,36 @@ def test_stopped_broker_unregisters_at_once(loop: Loop, cluster: ClusterEnv) -> 
             assert [s.name for s in status] == ["broker-a"]
             described = await admin.describe_topic(TOPIC)
             assert [q.queue for q in described.queue_info] == [0]
+
+    loop.run(main())
+
+
+def test_group_reads_a_topic_the_coordinator_does_not_host(loop: Loop, cluster: ClusterEnv) -> None:
+    async def main() -> None:
+        # broker-a coordinates (smallest name); the topic lives on broker-b alone.
+        other = cluster.addresses[1]
+        client = ClusterClient(cluster.bootstrap)
+        try:
+            request = CreateTopicRequest(name="elsewhere", queues=1, hosted_queues=[0])
+            await client.call(other, request, TopicInfoMsg)
+            deadline = time.monotonic() + 10
+            while "elsewhere" not in await client.refresh_routes(force=True):
+                assert time.monotonic() < deadline, "the topic never reached the routes"
+                await asyncio.sleep(0.05)
+            assert await client.coordinator() != other
+        finally:
+            await client.close()
+        async with aio.Producer(cluster.bootstrap) as producer:
+            for i in range(5):
+                await producer.send("elsewhere", b"m%d" % i)
+        group = aio.GroupConsumer(cluster.bootstrap, "far", ["elsewhere"], start="earliest")
+        got: list[bytes | None] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 5:
+            assert time.monotonic() < deadline, f"got {got}"
+            got.extend(m.value for m in await group.poll(500))
+        await group.commit()
+        await group.close()
+        assert got == [b"m%d" % i for i in range(5)]
 
     loop.run(main())

@@ -146,8 +146,6 @@ class Broker:
         self._data = DataHandlers(cfg, self._gateway, self._topics, self._polling)
         self._admin = AdminHandlers(cfg, self._gateway, self._topics, self.address)
         self._admin.connections = lambda: self._server.connections
-        self._groups = GroupHandlers(self._coordinator, self._gateway, self._topics)
-        self._handlers = self._handler_table()
         if self._embedded:
             self.nameserver = NameServer(
                 self._clock,
@@ -168,6 +166,10 @@ class Broker:
             )
             self._topics.on_change = self._registration.changed
             self._registration.start()
+        self._groups = GroupHandlers(
+            self._coordinator, self._gateway, self._topics, self._cluster_queue_counts
+        )
+        self._handlers = self._handler_table()
         self._tasks.append(loop.create_task(self._sweep()))
         self._tasks.append(loop.create_task(self._retention()))
         log.info("broker %s serving on %s", cfg.broker_name, self.address)
@@ -201,6 +203,11 @@ class Broker:
             (t.name, t.queues, t.message_type.value, self._topics.hosted(t.name))
             for t in self._topics.all()
         ]
+
+    async def _cluster_queue_counts(self, topics: list[str]) -> dict[str, int]:
+        if self.nameserver is not None:
+            return {r.topic: r.queues for r in self.nameserver.routes(topics)}
+        return await self._registration.queue_counts(topics)
 
     def _register_local(self) -> None:
         assert self.nameserver is not None

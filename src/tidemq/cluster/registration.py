@@ -16,6 +16,8 @@ from tidemq.core.errors import TidemqError
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.commands import (
     Empty,
+    GetRoutesRequest,
+    GetRoutesResponse,
     RegisterBrokerRequest,
     RegisterBrokerResponse,
     UnregisterBrokerRequest,
@@ -73,6 +75,20 @@ class Registration:
                 await conn.request(request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S)
             except TidemqError as exc:
                 log.warning("registering with name server %s failed: %s", server, exc)
+
+    async def queue_counts(self, topics: list[str]) -> dict[str, int]:
+        """Queue counts of `topics` from the first name server that answers ({} if none)."""
+        for server in self._servers:
+            try:
+                conn = await self._conn(server)
+                routes, _ = await conn.request(
+                    GetRoutesRequest(topics=topics), GetRoutesResponse, timeout_s=_REQUEST_TIMEOUT_S
+                )
+            except TidemqError as exc:
+                log.warning("route query to name server %s failed: %s", server, exc)
+                continue
+            return {r.topic: r.queues for r in routes.routes}
+        return {}
 
     async def _run(self) -> None:
         while True:

@@ -8,6 +8,8 @@ the queues that generation assigns it.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from tidemq.broker.groups import GroupCoordinator
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topics import TopicTable
@@ -47,18 +49,44 @@ def _check_group(group: str) -> None:
         raise InvalidRequest(f"group name must be 1-{_GROUP_NAME_MAX} characters")
 
 
+#: Asks the cluster (the name server's routes) for the queue counts of topics this
+#: broker does not host; topics nobody serves are left out of the answer.
+RemoteCounts = Callable[[list[str]], Awaitable[dict[str, int]]]
+
+
 class GroupHandlers:
     def __init__(
-        self, coordinator: GroupCoordinator, gateway: StoreGateway, topics: TopicTable
+        self,
+        coordinator: GroupCoordinator,
+        gateway: StoreGateway,
+        topics: TopicTable,
+        remote_counts: RemoteCounts | None = None,
     ) -> None:
         self._coordinator = coordinator
         self._gateway = gateway
         self._topics = topics
+        self._remote_counts = remote_counts
 
-    def _queue_counts(self, topics: list[str]) -> dict[str, int]:
-        counts = {}
+    async def _known_counts(self, topics: list[str]) -> dict[str, int]:
+        """Queue counts of the topics that exist: hosted here, or anywhere in the cluster
+        (the coordinator need not host a queue of every topic its groups read)."""
+        counts: dict[str, int] = {}
+        missing = []
         for name in topics:
-            counts[name] = self._topics.get(name).queues
+            if self._topic_exists(name):
+                counts[name] = self._topics.get(name).queues
+            else:
+                missing.append(name)
+        if missing and self._remote_counts is not None:
+            remote = await self._remote_counts(missing)
+            counts.update({t: n for t, n in remote.items() if t in missing})
+        return counts
+
+    async def _queue_counts(self, topics: list[str]) -> dict[str, int]:
+        counts = await self._known_counts(topics)
+        unknown = [t for t in topics if t not in counts]
+        if unknown:
+            raise TopicNotFound(f"topic {unknown[0][:140]!r} does not exist")
         return counts
 
     async def join(self, req: JoinGroupRequest) -> JoinGroupResponse:
@@ -69,7 +97,7 @@ class GroupHandlers:
             client_id=req.client_id,
             topics=list(req.topics),
             session_timeout_ms=req.session_timeout_ms,
-            queue_counts=self._queue_counts(list(req.topics)),
+            queue_counts=await self._queue_counts(list(req.topics)),
         )
         return JoinGroupResponse(
             member_id=assignment.member_id,
@@ -82,7 +110,8 @@ class GroupHandlers:
         state = self._coordinator.describe(req.group)
         topics = sorted({t for m in state.members for t in m.topics})
         # A deleted topic counts as 0 queues, so its queues leave the assignment.
-        counts = {t: self._topics.get(t).queues if self._topic_exists(t) else 0 for t in topics}
+        known = await self._known_counts(topics)
+        counts = {t: known.get(t, 0) for t in topics}
         assignment = self._coordinator.heartbeat(req.group, req.member_id, req.generation, counts)
         return HeartbeatResponse(
             generation=assignment.generation, assignment=list(assignment.queues)
@@ -107,7 +136,7 @@ class GroupHandlers:
         for o in req.offsets:
             if o.offset < 0:
                 raise InvalidRequest(f"offset for {o.topic}/{o.queue} must be >= 0")
-            self._topics.get(o.topic)
+        await self._queue_counts(sorted({o.topic for o in req.offsets}))
         self._coordinator.check_commit(req.group, req.member_id, req.generation)
         if req.member_id:
             # The generation check alone would let a current member move the offset of a
