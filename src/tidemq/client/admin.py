@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.core import limits
-from tidemq.core.errors import BrokerNotAvailable, ConfigError, InvalidRequest, TopicNotFound
+from tidemq.core.errors import BrokerNotAvailable, ConfigError, TopicNotFound
+from tidemq.core.offsets import check_reset_target, reset_target
 from tidemq.protocol.commands import (
     AlterTopicRequest,
     BrokerStatus,
@@ -31,8 +32,6 @@ from tidemq.protocol.commands import (
     GroupOffset,
     ListGroupsRequest,
     ListGroupsResponse,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
     ListTopicsRequest,
     ListTopicsResponse,
     QueueOffset,
@@ -44,8 +43,6 @@ from tidemq.protocol.commands import (
 )
 
 __all__ = ["AsyncAdmin"]
-
-_RESET_TARGETS = ("earliest", "latest", "timestamp", "offset", "shift")
 
 
 class AsyncAdmin:
@@ -185,7 +182,7 @@ class AsyncAdmin:
             for queue in routes.queues(topic):
                 if (topic, queue) in have:
                     continue
-                bounds = await self._bounds(topic, queue)
+                bounds = await self._cluster.list_offsets(topic, queue)
                 done = committed.get((topic, queue), -1)
                 lag = bounds.max_offset - max(done, 0)
                 extra.append(
@@ -204,13 +201,6 @@ class AsyncAdmin:
         )
         return {(o.topic, o.queue): o.offset for o in answer.offsets}
 
-    async def _bounds(
-        self, topic: str, queue: int, timestamp_ms: int | None = None
-    ) -> ListOffsetsResponse:
-        address = await self._cluster.broker_for(topic, queue)
-        request = ListOffsetsRequest(topic=topic, queue=queue, timestamp_ms=timestamp_ms)
-        return await self._cluster.call(address, request, ListOffsetsResponse)
-
     async def reset_offsets(
         self, group: str, topic: str, *, to: str, value: int = 0, execute: bool = False
     ) -> list[QueueOffset]:
@@ -221,10 +211,7 @@ class AsyncAdmin:
         The coordinator plans (and applies) the queues it hosts; queues on other brokers
         are planned here from their brokers' bounds and committed through the coordinator
         outside any generation, which it accepts only while the group has no members."""
-        if to not in _RESET_TARGETS:
-            raise InvalidRequest(
-                f"reset target must be one of {', '.join(_RESET_TARGETS)}, got {to!r}"
-            )
+        check_reset_target(to)
         coordinator = await self._cluster.coordinator()
         request = ResetOffsetsRequest(group=group, topic=topic, to=to, value=value, execute=execute)
         answer = await self._cluster.call(coordinator, request, ResetOffsetsResponse)
@@ -236,16 +223,16 @@ class AsyncAdmin:
         committed = await self._committed(coordinator, group)
         extra: dict[tuple[str, int], int] = {}
         for queue in others:
-            bounds = await self._bounds(topic, queue, value if to == "timestamp" else None)
-            lo, hi = bounds.min_offset, bounds.max_offset
-            target = {
-                "earliest": lo,
-                "latest": hi,
-                "timestamp": bounds.offset_for_time if bounds.offset_for_time is not None else hi,
-                "offset": value,
-                "shift": committed.get((topic, queue), lo) + value,
-            }[to]
-            extra[(topic, queue)] = min(max(target, lo), hi)
+            at = value if to == "timestamp" else None
+            bounds = await self._cluster.list_offsets(topic, queue, at)
+            extra[(topic, queue)] = reset_target(
+                to,
+                value,
+                min_offset=bounds.min_offset,
+                max_offset=bounds.max_offset,
+                committed=committed.get((topic, queue)),
+                offset_for_time=bounds.offset_for_time,
+            )
         if execute:
             commit = CommitOffsetsRequest(
                 group=group,

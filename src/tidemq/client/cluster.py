@@ -22,7 +22,12 @@ from tidemq.core.errors import (
     TopicNotFound,
 )
 from tidemq.net.client import ClientConnection, split_address
-from tidemq.protocol.commands import GetRoutesRequest, GetRoutesResponse
+from tidemq.protocol.commands import (
+    GetRoutesRequest,
+    GetRoutesResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+)
 
 __all__ = ["ClientConfig", "ClusterClient"]
 
@@ -156,6 +161,15 @@ class ClusterClient:
                 )
             raise BrokerNotAvailable(f"no live broker serves {topic}/{queue}")
         return address
+
+    async def list_offsets(
+        self, topic: str, queue: int, timestamp_ms: int | None = None
+    ) -> ListOffsetsResponse:
+        """A queue's readable range (and the first offset at or after `timestamp_ms`),
+        from the broker that serves it."""
+        address = await self.broker_for(topic, queue)
+        request = ListOffsetsRequest(topic=topic, queue=queue, timestamp_ms=timestamp_ms)
+        return await self.call(address, request, ListOffsetsResponse)
 
     async def coordinator(self) -> str:
         routes = await self.refresh_routes()

@@ -30,8 +30,6 @@ from tidemq.protocol.commands import (
     JoinGroupRequest,
     JoinGroupResponse,
     LeaveGroupRequest,
-    ListOffsetsRequest,
-    ListOffsetsResponse,
     QueueOffset,
 )
 
@@ -178,14 +176,7 @@ class AsyncGroupConsumer:
                 await self._stream.seek_to_end(tq)
             else:
                 assert isinstance(self._start, int)
-                address = await self._cluster.broker_for(*tq)
-                bounds = await self._cluster.call(
-                    address,
-                    ListOffsetsRequest(topic=tq[0], queue=tq[1], timestamp_ms=self._start),
-                    ListOffsetsResponse,
-                )
-                assert bounds.offset_for_time is not None
-                self._stream.seek(*tq, bounds.offset_for_time)
+                await self._stream.seek_to_time(self._start, tq)
 
     async def _sync(self) -> None:
         if self._generation < 0:

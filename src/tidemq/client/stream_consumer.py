@@ -20,7 +20,6 @@ from tidemq.core.message import Message, messages_from_records
 from tidemq.protocol.commands import (
     FetchRequest,
     FetchResponse,
-    ListOffsetsRequest,
     ListOffsetsResponse,
 )
 
@@ -107,9 +106,7 @@ class AsyncStreamConsumer:
         return self._positions[(topic, queue)]
 
     async def _bounds(self, tq: TopicQueue, timestamp_ms: int | None = None) -> ListOffsetsResponse:
-        address = await self._cluster.broker_for(*tq)
-        request = ListOffsetsRequest(topic=tq[0], queue=tq[1], timestamp_ms=timestamp_ms)
-        return await self._cluster.call(address, request, ListOffsetsResponse)
+        return await self._cluster.list_offsets(tq[0], tq[1], timestamp_ms)
 
     async def seek_to_beginning(self, *queues: TopicQueue) -> None:
         for tq in queues or tuple(self._positions):

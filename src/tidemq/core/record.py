@@ -125,24 +125,9 @@ def parse_header(buf: bytes | memoryview, offset: int = 0) -> RecordHeader:
     """
     if len(buf) - offset < HEADER.size:
         raise CorruptRecordError("record header truncated")
-    (
-        size,
-        hcrc,
-        magic,
-        version,
-        flags,
-        topic_id,
-        queue_id,
-        count,
-        base_offset,
-        store_time,
-        producer_id,
-        base_seq,
-        epoch,
-        props_size,
-        payload_crc,
-        _,
-    ) = HEADER.unpack_from(buf, offset)
+    fields = HEADER.unpack_from(buf, offset)
+    size, hcrc, magic, version = fields[:4]
+    props_size = fields[13]
     if magic != MAGIC or version != VERSION:
         raise CorruptRecordError(f"bad record magic/version {magic:#x}/{version}")
     if size < HEADER.size + props_size + ENVELOPE.size:
@@ -157,20 +142,8 @@ def parse_header(buf: bytes | memoryview, offset: int = 0) -> RecordHeader:
     )
     if actual != hcrc:
         raise CorruptRecordError(f"record header CRC mismatch ({hcrc:#010x} != {actual:#010x})")
-    return RecordHeader(
-        size,
-        flags,
-        topic_id,
-        queue_id,
-        count,
-        base_offset,
-        store_time,
-        producer_id,
-        base_seq,
-        epoch,
-        props_size,
-        payload_crc,
-    )
+    # Every field but the CRC, magic, version and reserved word, in header order.
+    return RecordHeader(size, *fields[4:15])
 
 
 def verify_payload(header: RecordHeader, record: bytes | memoryview) -> Envelope:

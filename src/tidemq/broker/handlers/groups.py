@@ -14,6 +14,7 @@ from tidemq.broker.groups import GroupCoordinator
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topics import TopicTable
 from tidemq.core.errors import InvalidRequest, TopicNotFound
+from tidemq.core.offsets import check_reset_target, reset_target
 from tidemq.protocol.commands import (
     CommitOffsetsRequest,
     CommitOffsetsResponse,
@@ -205,10 +206,7 @@ class GroupHandlers:
     async def reset(self, req: ResetOffsetsRequest) -> ResetOffsetsResponse:
         _check_group(req.group)
         self._topics.get(req.topic)
-        if req.to not in ("earliest", "latest", "timestamp", "offset", "shift"):
-            raise InvalidRequest(
-                f"reset target must be earliest, latest, timestamp, offset or shift, got {req.to!r}"
-            )
+        check_reset_target(req.to)
         if req.execute:
             state = self._coordinator.describe(req.group)
             if state.members:
@@ -223,17 +221,15 @@ class GroupHandlers:
             new: dict[tuple[str, int], int] = {}
             for q in hosted:
                 lo, hi = store.queue_bounds(req.topic, q)
-                if req.to == "earliest":
-                    target = lo
-                elif req.to == "latest":
-                    target = hi
-                elif req.to == "timestamp":
-                    target = store.offset_for_time(req.topic, q, req.value)
-                elif req.to == "offset":
-                    target = req.value
-                else:
-                    target = committed.get((req.topic, q), lo) + req.value
-                new[(req.topic, q)] = min(max(target, lo), hi)
+                at = (
+                    store.offset_for_time(req.topic, q, req.value)
+                    if req.to == "timestamp"
+                    else None
+                )
+                new[(req.topic, q)] = reset_target(
+                    req.to, req.value, min_offset=lo, max_offset=hi,
+                    committed=committed.get((req.topic, q)), offset_for_time=at,
+                )  # fmt: skip
             if req.execute:
                 store.commit_offsets(req.group, new)
             return new
