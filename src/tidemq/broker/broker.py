@@ -1,8 +1,8 @@
 """The composition root: build the broker's parts, start them in order, stop them in reverse.
 
 Start: open (and recover) the store on a worker thread, start the store gateway (store
-calls on the loop, fdatasync on its flusher thread), load topics, listen, register with the name servers (or with the name
-server in this process, for `tidemq server`).
+calls on the loop, fdatasync on its flusher thread), load topics, listen, register with
+the name servers (or with the name server in this process, for `tidemq server`).
 
 Stop (SIGTERM/SIGINT or `stop()`): stop accepting, answer parked fetches, let in-flight
 requests finish (bounded by `shutdown_timeout_ms`), unregister, then flush, checkpoint and
