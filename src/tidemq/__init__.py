@@ -5,18 +5,43 @@ The synchronous client API; `tidemq.aio` has the asyncio twins with the same nam
 
 from __future__ import annotations
 
-from tidemq.client.sync import Admin, GroupConsumer, Producer, StreamConsumer
-from tidemq.core.errors import TidemqError
+from tidemq.client.sync import (
+    Admin,
+    GroupConsumer,
+    Producer,
+    StreamConsumer,
+    Transaction,
+    TransactionProducer,
+)
+from tidemq.client.transaction import TransactionCheck
+from tidemq.core.errors import (
+    AlreadyDelivered,
+    DelayTooLong,
+    MessageTypeMismatch,
+    TidemqError,
+    TransactionStateError,
+    UnknownMessage,
+    UnknownTransaction,
+)
 from tidemq.core.message import Message, Receipt
 from tidemq.core.version import __version__
 
 __all__ = [
     "Admin",
+    "AlreadyDelivered",
+    "DelayTooLong",
     "GroupConsumer",
     "Message",
+    "MessageTypeMismatch",
     "Producer",
     "Receipt",
     "StreamConsumer",
     "TidemqError",
+    "Transaction",
+    "TransactionCheck",
+    "TransactionProducer",
+    "TransactionStateError",
+    "UnknownMessage",
+    "UnknownTransaction",
     "__version__",
 ]

@@ -39,7 +39,7 @@ def test_topic_lifecycle(loop: Loop, broker: BrokerEnv) -> None:
             created = await admin.create_topic(
                 "metrics", 3, config={"retention.ms": "3600000", "max.message.bytes": "1000"}
             )
-            assert (created.name, created.queues, created.message_type) == ("metrics", 3, "NORMAL")
+            assert (created.name, created.queues, created.message_type) == ("metrics", 3, "MIXED")
             assert created.config["retention.ms"] == "3600000"
             assert created.config["max.message.bytes"] == "1000"
             assert [(q.queue, q.min_offset, q.max_offset) for q in created.queue_info] == [
@@ -55,7 +55,7 @@ def test_topic_lifecycle(loop: Loop, broker: BrokerEnv) -> None:
             topics = await admin.list_topics()
             assert [(t.name, t.queues, t.message_type) for t in topics] == [
                 ("audit", 1, "FIFO"),
-                ("metrics", 3, "NORMAL"),
+                ("metrics", 3, "MIXED"),
             ]
 
             await _fill(address, "metrics", {0: 5, 2: 2})

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from tidemq import Producer
 from tidemq.cli.main import app
 
 pytestmark = pytest.mark.timeout(60)
@@ -208,7 +209,7 @@ def test_topic_create_list_describe_alter_delete(server: Server) -> None:
     b = server.address
     created = ok("topic", "create", "t-admin", "--queues", "2", "--config", "retention.ms=60000",
                  "-n", b, "-o", "json").json()  # fmt: skip
-    assert (created["name"], created["queues"], created["message_type"]) == ("t-admin", 2, "NORMAL")
+    assert (created["name"], created["queues"], created["message_type"]) == ("t-admin", 2, "MIXED")
     assert created["config"]["retention.ms"] == "60000"
     ok("topic", "create", "--topic", "t-admin-fifo", "--type", "fifo", "-n", b)
 
@@ -216,7 +217,7 @@ def test_topic_create_list_describe_alter_delete(server: Server) -> None:
     assert listed["t-admin"]["queues"] == 2
     assert listed["t-admin-fifo"]["message_type"] == "FIFO"
     table = ok("topic", "list", "-n", b).stdout
-    assert re.search(r"^t-admin\s+2\s+NORMAL\s", table, re.MULTILINE)
+    assert re.search(r"^t-admin\s+2\s+MIXED\s", table, re.MULTILINE)
 
     described = ok("topic", "describe", "t-admin", "-n", b, "-o", "json").json()
     assert [(q["queue"], q["min_offset"], q["max_offset"], q["broker"])
@@ -450,3 +451,27 @@ def test_bad_config_key_exits_2_naming_the_key(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert b"TIDEMQ_STORE__FLUSH_MODE" in done.stderr
     assert b"store.flush_mode" in done.stderr
+
+
+# ------------------------------------------------------------------ timers, transactions
+
+
+def test_timer_and_txn_status_and_cancel(server: Server) -> None:
+    b = server.address
+    ok("topic", "create", "t-timer", "--queues", "1", "-n", b)
+    with Producer(b) as producer:
+        receipt = producer.send("t-timer", b"later", delay=600.0)
+        producer.send("t-timer", b"later-too", delay=900.0)
+    status = ok("timer", "status", "--topic", "t-timer", "-n", b, "-o", "json").json()
+    assert [(t["topic"], t["pending_messages"]) for t in status["topics"]] == [("t-timer", 2)]
+    table = ok("timer", "status", "-n", b).stdout
+    assert re.search(r"^t-timer\s+2\s+2\s", table, re.MULTILINE)
+    out = ok("timer", "cancel", receipt.message_id, "-n", b).stdout
+    assert out.startswith("cancelled 1 message(s) for t-timer")
+    again = cli("timer", "cancel", receipt.message_id, "-n", b)
+    assert again.code == 1
+    assert "already delivered or cancelled" in again.stderr
+    txns = ok("txn", "status", "-n", b, "-o", "json").json()
+    assert txns["open"] == []
+    assert txns["max_checks"] == 15
+    assert "committed" in ok("txn", "status", "-n", b).stdout

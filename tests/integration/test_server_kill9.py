@@ -50,10 +50,10 @@ def _reap(proc: subprocess.Popen[bytes]) -> int:
     return code
 
 
-def _start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start_server(data_dir: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tidemq.cli.main", "server", "--data-dir", str(data_dir),
-         "--port", "0", "--flush", "sync", "--log-level", "warning"],
+         "--port", "0", "--flush", "sync", "--log-level", "warning", *extra],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )  # fmt: skip

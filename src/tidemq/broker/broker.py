@@ -24,17 +24,36 @@ from tidemq.broker.groups import GroupCoordinator
 from tidemq.broker.handlers.admin import AdminHandlers
 from tidemq.broker.handlers.data import DataHandlers
 from tidemq.broker.handlers.groups import GroupHandlers
+from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
+from tidemq.broker.pop_service import PopService
 from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.system_topics import (
+    HALF_TOPIC,
+    OP_TOPIC,
+    POP_TOPIC,
+    TIMER_TOPIC,
+    ensure_internal_topics,
+    scan_moved,
+)
+from tidemq.broker.timer_service import TimerService
 from tidemq.broker.topics import TopicTable
+from tidemq.broker.transaction_service import TransactionService
 from tidemq.cluster.nameserver import NameServer
 from tidemq.cluster.registration import Registration
 from tidemq.cluster.service import NAMESERVER_CODES, NameServerHandlers
 from tidemq.core.clock import Clock, SystemClock
-from tidemq.core.errors import ConfigError, InvalidRequest
+from tidemq.core.errors import (
+    ConfigError,
+    InvalidRequest,
+    TidemqError,
+    TopicAlreadyExists,
+    TopicNotFound,
+)
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
+from tidemq.protocol.commands import Empty, PopNackRequest, PopQueueStatus, PopStatusResponse
 from tidemq.protocol.frame import Frame
 from tidemq.store.files import FileSystem
 from tidemq.store.message_store import MessageStore
@@ -128,6 +147,19 @@ class Broker:
         self._gateway = StoreGateway(store, loop, self._polling.notify)
         self._topics = TopicTable(cfg, self._gateway)
         await self._topics.refresh()
+        self._timers = TimerService(cfg, self._gateway, self._clock, self._topic_has_queue)
+        self._transactions = TransactionService(cfg, self._gateway, self._clock)
+        self._pop = PopService(
+            cfg,
+            self._gateway,
+            polling=self._polling,
+            clock=self._clock,
+            queues_of=self._hosted_queues,
+            ensure_topic=self._ensure_topic,
+        )
+        self._rebuild_services(store)
+        await self._transactions.start()
+        self._timers.start()
         self._server = TcpServer(
             self._dispatch,
             ServerLimits(
@@ -143,7 +175,15 @@ class Broker:
             session_timeout_ms_min=cfg.group_session_timeout_ms_min,
             session_timeout_ms_max=cfg.group_session_timeout_ms_max,
         )
-        self._data = DataHandlers(cfg, self._gateway, self._topics, self._polling)
+        self._data = DataHandlers(
+            cfg,
+            self._gateway,
+            self._topics,
+            self._polling,
+            timers=self._timers,
+            transactions=self._transactions,
+        )
+        self._special = SpecialHandlers(self._timers, self._transactions, cfg.txn_check_delay_ms)
         self._admin = AdminHandlers(cfg, self._gateway, self._topics, self.address)
         self._admin.connections = lambda: self._server.connections
         if self._embedded:
@@ -172,6 +212,7 @@ class Broker:
         self._handlers = self._handler_table()
         self._tasks.append(loop.create_task(self._sweep()))
         self._tasks.append(loop.create_task(self._retention()))
+        self._tasks.append(loop.create_task(self._save_services_periodically()))
         log.info("broker %s serving on %s", cfg.broker_name, self.address)
         return self.address
 
@@ -189,12 +230,82 @@ class Broker:
                 await task
         if not self._embedded:
             await self._registration.stop()
+        await self._timers.stop()
+        await self._transactions.stop()
+        try:
+            self._save_services()
+        except TidemqError:
+            log.exception("could not save the timer and transaction state")
         await self._gateway.close()
         self._release_lock()
         log.info("broker %s stopped", self.config.broker_name)
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+    # ------------------------------------------------------------------ timers, transactions
+
+    def _topic_has_queue(self, topic: str, queue: int) -> bool:
+        try:
+            self._topics.get(topic)
+        except TopicNotFound:
+            return False
+        return queue in self._topics.hosted(topic)
+
+    def _hosted_queues(self, topic: str) -> list[int]:
+        self._topics.get(topic)  # TopicNotFound for an unknown topic
+        return self._topics.hosted(topic)
+
+    async def _ensure_topic(self, topic: str) -> None:
+        """Create an internal per-group topic (%DLQ%<group>) on first use."""
+        try:
+            self._topics.get(topic)
+        except TopicNotFound:
+            with contextlib.suppress(TopicAlreadyExists):
+                await self._topics.create(topic, 1, hosted=[0])
+
+    def _rebuild_services(self, store: MessageStore) -> None:
+        """Before serving: internal topics exist, and the timer and transaction services are
+        rebuilt from their saved state, their topics and one scan of the log written since
+        (see `system_topics`). Blocking, like the store's own recovery."""
+        ensure_internal_topics(store)
+        timer_state = store.metadata.service_state("timer")
+        txn_state = store.metadata.service_state("transactions")
+        position = min(
+            TimerService.scan_position(timer_state), TransactionService.scan_position(txn_state)
+        )
+        moved = list(scan_moved(store, position))
+        self._timers.rebuild(store, timer_state, moved)
+        self._transactions.rebuild(store, txn_state, moved)
+        self._pop.rebuild(store, store.metadata.service_state("pop"))
+        store.pin_log("services", position)
+
+    def _save_services(self) -> None:
+        """Save both services' state, then let retention drop what they no longer need."""
+        store = self._gateway.store
+        position = store.flushed_position
+        pop_state, pop_offset = self._pop.save_state()
+        store.metadata.save_service_state(
+            {
+                "timer": self._timers.save_state(position),
+                "transactions": self._transactions.save_state(position),
+                "pop": pop_state,
+            }
+        )
+        store.trim_queue(POP_TOPIC, 0, pop_offset)
+        store.pin_log("services", position)
+        half_low, op_low = self._transactions.low_watermarks
+        store.trim_queue(TIMER_TOPIC, 0, self._timers.low_watermark)
+        store.trim_queue(HALF_TOPIC, 0, half_low)
+        store.trim_queue(OP_TOPIC, 0, op_low)
+
+    async def _save_services_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.service_checkpoint_interval_ms / 1000)
+            try:
+                self._save_services()
+            except Exception:
+                log.exception("saving the timer and transaction state failed")
 
     # ------------------------------------------------------------------ registration
 
@@ -266,7 +377,26 @@ class Broker:
             RequestCode.LIST_GROUPS: plain(g.list_groups),
             RequestCode.DESCRIBE_GROUP: plain(g.describe),
             RequestCode.RESET_OFFSETS: plain(g.reset),
+            RequestCode.CANCEL_DELAYED: plain(self._special.cancel_delayed),
+            RequestCode.TIMER_STATUS: plain(self._special.timer_status),
+            RequestCode.BEGIN_TXN: plain(self._special.begin),
+            RequestCode.END_TXN: plain(self._special.end),
+            RequestCode.SINK_MARKER: plain(self._special.sink_marker),
+            RequestCode.TXN_STATUS: plain(self._special.txn_status),
+            RequestCode.POP_RECEIVE: plain(self._pop.receive),
+            RequestCode.POP_ACK: plain(lambda r: self._pop.ack(r.group, r.handles)),
+            RequestCode.POP_CHANGE_INVISIBLE: plain(
+                lambda r: self._pop.change_invisible(r.group, r.handle, r.invisible_ms)
+            ),
+            RequestCode.POP_NACK: plain(self._pop_nack),
+            RequestCode.POP_STATUS: plain(lambda r: _pop_status(self._pop.status(r.group))),
         }
+
+    async def _pop_nack(self, req: PopNackRequest) -> Empty:
+        await self._pop.nack(
+            req.group, req.handle, req.delay_ms, release=req.release, reason=req.reason
+        )
+        return Empty()
 
     async def _dispatch(self, frame: Frame, conn: ServerConnection) -> tuple[Any, bytes]:
         code, header = decode_request(frame)
@@ -276,7 +406,15 @@ class Broker:
                     f"{code.name} goes to a name server; this broker runs without one"
                 )
             return self._ns_handlers.handle(code, header), b""
+        if code is RequestCode.REGISTER_CHECKER:
+            return self._special.register_checker(header, conn), b""
+        if code is RequestCode.CHECK_TXN:
+            raise InvalidRequest("CHECK_TXN goes from the broker to a client, not the other way")
         result = await self._handlers[code](header, frame.body)
         if isinstance(result, tuple):
             return result
         return result, b""
+
+
+async def _pop_status(queues: list[PopQueueStatus]) -> PopStatusResponse:
+    return PopStatusResponse(queues=queues)

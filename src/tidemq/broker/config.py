@@ -53,6 +53,35 @@ class BrokerConfig:
     #: Name server: a broker silent this long drops out of routes.
     broker_ttl_ms: int = 30_000
     broker_heartbeat_interval_ms: int = 10_000
+    #: Delay/timer messages: delivery is late by at most this (plus recovery after a
+    #: restart), never early. RocketMQ's timer uses 1000 ms.
+    timer_precision_ms: int = 100
+    #: The one maximum delay, for every way of sending a delayed message; a later time is
+    #: refused (DelayTooLong), never clamped.
+    max_delay_ms: int = 7 * 24 * 3600 * 1000
+    #: Slots of the in-memory timer wheel; its window is slots x precision (1 h by
+    #: default). Later timers wait outside the wheel and roll in as their time nears.
+    timer_wheel_slots: int = 36_000
+    #: Transactions: an undecided transaction is first checked with its producer group
+    #: this long after its first half message, then every `txn_check_interval_ms`, at most
+    #: `txn_max_checks` times; after that the broker rolls it back and lists it.
+    txn_check_delay_ms: int = 6_000
+    txn_check_interval_ms: int = 30_000
+    txn_max_checks: int = 15
+    #: How long the broker waits for one checker's answer.
+    txn_check_timeout_ms: int = 5_000
+    #: Limits: open transactions on the broker, half batches in one transaction.
+    max_open_transactions: int = 100_000
+    max_batches_per_transaction: int = 10_000
+    #: How often the timer and transaction services save their state (their restart
+    #: rescans the commit log written since).
+    service_checkpoint_interval_ms: int = 5_000
+    #: Pop consumption: bounds of a lease (invisible duration), messages per receive, and
+    #: deliveries before a message goes to its group's dead-letter topic.
+    pop_min_invisible_ms: int = 1_000
+    pop_max_invisible_ms: int = 12 * 3600 * 1000
+    pop_max_messages: int = 1_024
+    pop_max_attempts_limit: int = 1_000
     store: StoreConfig = field(default_factory=_default_store)
 
     def __post_init__(self) -> None:
@@ -72,6 +101,20 @@ class BrokerConfig:
             "max_connections",
             "broker_ttl_ms",
             "broker_heartbeat_interval_ms",
+            "timer_precision_ms",
+            "max_delay_ms",
+            "timer_wheel_slots",
+            "txn_check_delay_ms",
+            "txn_check_interval_ms",
+            "txn_max_checks",
+            "txn_check_timeout_ms",
+            "max_open_transactions",
+            "max_batches_per_transaction",
+            "service_checkpoint_interval_ms",
+            "pop_min_invisible_ms",
+            "pop_max_invisible_ms",
+            "pop_max_messages",
+            "pop_max_attempts_limit",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"broker.{name} must be positive, got {getattr(self, name)}")

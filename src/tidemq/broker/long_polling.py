@@ -56,6 +56,32 @@ class LongPolling:
                 if not waiters:
                     del self._waiters[key]
 
+    async def wait_any(self, seen: dict[tuple[str, int], int], timeout_s: float) -> bool:
+        """`wait` over several queues (a pop receive covers every subscribed queue): until
+        any of them gets data newer than its version in `seen`, or the timeout passes."""
+        if any(self._versions.get(k, 0) != v for k, v in seen.items()):
+            return True
+        if self._closed or self._count >= self._max or timeout_s <= 0 or not seen:
+            return False
+        event = asyncio.Event()
+        for key in seen:
+            self._waiters[key].add(event)
+        self._count += 1
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._count -= 1
+            for key in seen:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiters[key]
+
     def notify(self, keys: set[tuple[str, int]]) -> None:
         for key in keys:
             self._versions[key] += 1

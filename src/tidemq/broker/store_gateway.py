@@ -103,6 +103,39 @@ class StoreGateway:
         await future
         return result
 
+    async def append_many(
+        self, items: list[tuple[str, int, bytes | memoryview, bytes, int]]
+    ) -> tuple[list[AppendResult], TidemqError | None]:
+        """Append (topic, queue, payload, properties, flags) records in this order, then
+        wait until they are durable. A failing append stops the rest: the results of those
+        appended before it come back (durable) with the error, which is not raised, so the
+        caller knows exactly which records exist."""
+        if self._closed:
+            raise StoreClosed("the broker is shutting down")
+        results: list[AppendResult] = []
+        error: TidemqError | None = None
+        for topic, queue, payload, props, flags in items:
+            try:
+                results.append(
+                    self._store.append(topic, queue, payload, properties=props, flags=flags)
+                )
+            except TidemqError as exc:
+                error = exc
+                break
+        touched = {(topic, queue) for topic, queue, *_ in items[: len(results)]}
+        end = max((r.end_position for r in results), default=0)
+        if not self._sync:
+            self._on_data(touched)
+            return results, error
+        if end <= self._store.flushed_position:
+            return results, error
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._waiting.append((end, future))
+        self._unflushed_queues.update(touched)
+        self._work.set()
+        await future
+        return results, error
+
     # ------------------------------------------------------------------ flushing
 
     async def _flush_loop(self) -> None:

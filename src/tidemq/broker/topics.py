@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.system_topics import is_internal
 from tidemq.broker.topic_config import (
     HOSTED_QUEUES_KEY,
     parse_hosted,
@@ -45,6 +46,9 @@ class TopicTable:
 
     async def refresh(self) -> None:
         topics = await self._gateway.call(lambda s: s.topics())
+        # Internal topics belong to the broker's services: not listed, routed, or open
+        # to clients.
+        topics = [t for t in topics if not is_internal(t.name)]
         self._topics = {t.name: t for t in topics}
         self._hosted = {t.name: frozenset(parse_hosted(t.config, t.queues)) for t in topics}
         self.on_change()
@@ -91,11 +95,11 @@ class TopicTable:
         name: str,
         queues: int,
         *,
-        message_type: str = "NORMAL",
+        message_type: str = "MIXED",
         config: dict[str, str] | None = None,
         hosted: list[int] | None = None,
     ) -> TopicInfo:
-        if name.startswith("%") and not name.startswith(("%RETRY%", "%DLQ%", "%SYS%")):
+        if name.startswith("%") and not name.startswith(("%RETRY%", "%DLQ%")):
             raise ConfigError(f"topic names starting with % are reserved, got {name!r}")
         if not 1 <= queues <= limits.MAX_QUEUES_PER_TOPIC:
             raise ConfigError(f"queues must be 1..{limits.MAX_QUEUES_PER_TOPIC}, got {queues}")

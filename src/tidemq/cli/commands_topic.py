@@ -30,6 +30,7 @@ app = typer.Typer(help="Create, list, describe, alter and delete topics.", no_ar
 
 
 class TopicType(enum.StrEnum):
+    MIXED = "mixed"
     NORMAL = "normal"
     FIFO = "fifo"
     DELAY = "delay"
@@ -95,7 +96,7 @@ def create(
     queues: Annotated[int, typer.Option("--queues", "--partitions", min=1)] = 8,
     topic_type: Annotated[
         TopicType, typer.Option("--type", case_sensitive=False, help="The message type.")
-    ] = TopicType.NORMAL,
+    ] = TopicType.MIXED,
     config: Configs = None,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     output: OutputOpt = Output.TABLE,

@@ -14,6 +14,7 @@ from tidemq.cli import (
     commands_data,
     commands_group,
     commands_server,
+    commands_special,
     commands_topic,
 )
 from tidemq.core.version import __version__
@@ -50,6 +51,8 @@ commands_data.register(app)
 app.add_typer(commands_topic.app, name="topic")
 app.add_typer(commands_group.app, name="group")
 app.add_typer(commands_cluster.app, name="cluster")
+app.add_typer(commands_special.timer_app, name="timer")
+app.add_typer(commands_special.txn_app, name="txn")
 
 if __name__ == "__main__":
     app()

@@ -39,7 +39,12 @@ from tidemq.protocol.commands import (
     ResetOffsetsResponse,
     StatusRequest,
     StatusResponse,
+    TimerStatusRequest,
+    TimerStatusResponse,
+    TimerTopicStatus,
     TopicInfoMsg,
+    TxnStatusRequest,
+    TxnStatusResponse,
 )
 
 __all__ = ["AsyncAdmin"]
@@ -74,7 +79,7 @@ class AsyncAdmin:
         name: str,
         queues: int = 8,
         *,
-        message_type: str = "NORMAL",
+        message_type: str = "MIXED",
         config: Mapping[str, str] | None = None,
     ) -> TopicInfoMsg:
         if not 1 <= queues <= limits.MAX_QUEUES_PER_TOPIC:
@@ -250,6 +255,46 @@ class AsyncAdmin:
 
     async def broker_status(self, address: str) -> StatusResponse:
         return await self._cluster.call(address, StatusRequest(), StatusResponse)
+
+    async def timer_status(self, topic: str = "") -> TimerStatusResponse:
+        """Pending delayed messages per topic (count, next due time), over all brokers."""
+        merged: dict[str, TimerTopicStatus] = {}
+        total: TimerStatusResponse | None = None
+        for address in await self._brokers():
+            s = await self._cluster.call(
+                address, TimerStatusRequest(topic=topic), TimerStatusResponse
+            )
+            if total is None:
+                total = s
+            else:
+                total.delivered_batches += s.delivered_batches
+                total.cancelled_batches += s.cancelled_batches
+            for t in s.topics:
+                m = merged.get(t.topic)
+                if m is None:
+                    merged[t.topic] = t
+                    continue
+                m.pending_batches += t.pending_batches
+                m.pending_messages += t.pending_messages
+                m.next_due_ms = min(m.next_due_ms, t.next_due_ms)
+        assert total is not None
+        total.topics = sorted(merged.values(), key=lambda t: t.topic)
+        return total
+
+    async def transaction_status(self) -> TxnStatusResponse:
+        """Open transactions, and those the brokers rolled back after their check-backs."""
+        total: TxnStatusResponse | None = None
+        for address in await self._brokers():
+            s = await self._cluster.call(address, TxnStatusRequest(), TxnStatusResponse)
+            if total is None:
+                total = s
+                continue
+            total.open.extend(s.open)
+            total.discarded.extend(s.discarded)
+            total.committed += s.committed
+            total.rolled_back += s.rolled_back
+        assert total is not None
+        return total
 
     async def close(self) -> None:
         await self._cluster.close()

@@ -20,31 +20,40 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.core import limits
 from tidemq.core.batch import Codec, MessageRecord, encode_batch
 from tidemq.core.errors import (
+    AlreadyDelivered,
     BatchTooLarge,
     InvalidBatch,
     OutOfOrderSequence,
     RequestTimeout,
     TidemqError,
+    UnknownMessage,
 )
 from tidemq.core.message import Receipt
 from tidemq.protocol.commands import (
+    CancelDelayedRequest,
+    CancelDelayedResponse,
     InitProducerRequest,
     InitProducerResponse,
     ProduceRequest,
     ProduceResponse,
 )
 
-__all__ = ["AsyncProducer"]
+__all__ = ["AsyncProducer", "Delay", "DeliverAt", "deliver_at_ms"]
+
+#: A delay or delivery time, as `send` takes it.
+Delay = float | timedelta | None
+DeliverAt = datetime | float | None
 
 _CODECS = {"none": Codec.NONE, "zstd": Codec.ZSTD, "lz4": Codec.LZ4}
 
@@ -178,8 +187,20 @@ class AsyncProducer:
         headers: Mapping[str, bytes] | None = None,
         queue: int | None = None,
         timestamp: datetime | float | None = None,
+        delay: Delay = None,
+        deliver_at: DeliverAt = None,
     ) -> Receipt:
-        """Send one message; returns once the broker acknowledged it (per its flush mode)."""
+        """Send one message; returns once the broker acknowledged it (per its flush mode).
+
+        `delay` (seconds or a timedelta) or `deliver_at` (an aware datetime or epoch
+        seconds) makes it a delayed message: stored now, delivered to `topic` at that time
+        (a time in the past: at once). Its receipt has offset -1 (the offset is known only
+        at delivery) and the id to `cancel` it with."""
+        if delay is not None or deliver_at is not None:
+            due = deliver_at_ms(delay, deliver_at)
+            record = _record(value, key, tag, keys, headers, timestamp)
+            q = await self._queue_for(topic, key, queue)
+            return (await self._send_special(topic, q, [record], deliver_at_ms=due))[0]
         future = await self.send_nowait(
             topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
             timestamp=timestamp,
@@ -233,9 +254,17 @@ class AsyncProducer:
         headers: Mapping[str, bytes] | None = None,
         queue: int | None = None,
         timestamp: datetime | float | None = None,
+        delay: Delay = None,
+        deliver_at: DeliverAt = None,
     ) -> list[Receipt]:
         """Send `values` as one end-to-end batch (one record, one index entry) to one queue:
-        the explicit `queue`, else the first key's queue, else round robin."""
+        the explicit `queue`, else the first key's queue, else round robin. With `delay` or
+        `deliver_at` the batch is scheduled, delivered, and cancellable as one unit."""
+        if delay is not None or deliver_at is not None:
+            due = deliver_at_ms(delay, deliver_at)
+            records = _batch_records(values, keys, tags, headers, timestamp)
+            q = await self._queue_for(topic, keys[0] if keys else None, queue)
+            return await self._send_special(topic, q, records, deliver_at_ms=due)
         return await (
             await self.send_batch_nowait(
                 topic, values, keys=keys, tags=tags, headers=headers, queue=queue,
@@ -256,21 +285,7 @@ class AsyncProducer:
     ) -> asyncio.Future[list[Receipt]]:
         self._check_open()
         n = len(values)
-        if (keys is not None and len(keys) != n) or (tags is not None and len(tags) != n):
-            raise ValueError("keys and tags must have one entry per value")
-        ts = _timestamp_ms(timestamp)
-        hdr = tuple((headers or {}).items())
-        records = [
-            MessageRecord(
-                v,
-                keys[i] if keys is not None else None,
-                tags[i] if tags is not None else None,
-                (),
-                hdr,
-                ts,
-            )
-            for i, v in enumerate(values)
-        ]
+        records = _batch_records(values, keys, tags, headers, timestamp)
         first_key = keys[0] if keys else None
         q = await self._queue_for(topic, first_key, queue)
         self._seal(topic, q)  # whatever was accumulated for this queue goes first
@@ -280,6 +295,58 @@ class AsyncProducer:
             _Batch(topic, q, payload, n, None, future, time.monotonic() + self._delivery_timeout_s)
         )
         return future
+
+    async def _send_special(
+        self,
+        topic: str,
+        queue: int,
+        records: list[MessageRecord],
+        *,
+        deliver_at_ms: int = 0,
+        txn_id: str = "",
+    ) -> list[Receipt]:
+        """Send one batch straight to the broker, outside the accumulator and the ordered
+        sender: a delayed or transactional batch. Not retried: a timeout leaves its
+        outcome unknown (a delayed one shows in the timer status)."""
+        self._check_open()
+        payload = encode_batch(records, codec=self._codec, max_batch_bytes=self._max_request_bytes)
+        request = ProduceRequest(
+            topic=topic, queue=queue, deliver_at_ms=deliver_at_ms, txn_id=txn_id
+        )
+        address = await self._cluster.broker_for(topic, queue)
+        try:
+            resp, _ = await self._cluster.request(address, request, ProduceResponse, payload)
+        except TidemqError as exc:
+            self._cluster.invalidate(exc)
+            raise
+        origin = resp.origin_topic
+        return [
+            Receipt(topic, queue, -1, (origin, resp.origin_queue, resp.base_offset + i))
+            if origin
+            else Receipt(topic, queue, resp.base_offset + i)
+            for i in range(resp.count)
+        ]
+
+    async def cancel(self, message_id: str) -> CancelDelayedResponse:
+        """Cancel a delayed message before its delivery, by the id its receipt carries. A
+        delayed `send_batch` is one unit: cancelling any of its ids cancels the batch.
+        Raises AlreadyDelivered after delivery (or a second cancel), UnknownMessage for an
+        id no broker scheduled."""
+        self._check_open()
+        routes = await self._cluster.refresh_routes()
+        addresses = sorted(set(routes.brokers.values())) or [await self._cluster.any_broker()]
+        unknown: UnknownMessage | None = None
+        for address in addresses:
+            try:
+                return await self._cluster.call(
+                    address, CancelDelayedRequest(message_id=message_id), CancelDelayedResponse
+                )
+            except AlreadyDelivered:
+                raise
+            except UnknownMessage as exc:
+                unknown = exc  # another broker may hold it
+        assert unknown is not None
+        raise unknown
 
     def _seal(self, topic: str, queue: int) -> None:
         pending = self._pending.pop((topic, queue), None)
@@ -503,6 +570,50 @@ class _QueueSender:
                 b.stamp = None
         await asyncio.sleep(self._p.cluster.backoff_s(attempt))
         return attempt
+
+
+def deliver_at_ms(delay: Delay, deliver_at: DeliverAt) -> int:
+    """The delivery time in epoch milliseconds from a `delay` or a `deliver_at`."""
+    if delay is not None and deliver_at is not None:
+        raise ValueError("pass delay or deliver_at, not both")
+    if delay is not None:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if math.isnan(seconds) or seconds < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        return time.time_ns() // 1_000_000 + max(1, round(seconds * 1000))
+    if isinstance(deliver_at, datetime):
+        if deliver_at.tzinfo is None:
+            raise ValueError("deliver_at must be timezone-aware (e.g. tzinfo=UTC)")
+        return max(1, int(deliver_at.timestamp() * 1000))
+    assert deliver_at is not None
+    if math.isnan(deliver_at) or deliver_at < 0:
+        raise ValueError(f"deliver_at must be epoch seconds >= 0, got {deliver_at!r}")
+    return max(1, int(deliver_at * 1000))
+
+
+def _batch_records(
+    values: Sequence[bytes | None],
+    keys: Sequence[bytes | None] | None,
+    tags: Sequence[str | None] | None,
+    headers: Mapping[str, bytes] | None,
+    timestamp: datetime | float | None,
+) -> list[MessageRecord]:
+    n = len(values)
+    if (keys is not None and len(keys) != n) or (tags is not None and len(tags) != n):
+        raise ValueError("keys and tags must have one entry per value")
+    ts = _timestamp_ms(timestamp)
+    hdr = tuple((headers or {}).items())
+    return [
+        MessageRecord(
+            v,
+            keys[i] if keys is not None else None,
+            tags[i] if tags is not None else None,
+            (),
+            hdr,
+            ts,
+        )
+        for i, v in enumerate(values)
+    ]
 
 
 def _timestamp_ms(timestamp: datetime | float | None) -> int:

@@ -5,6 +5,7 @@ unless the name carries its unit."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -12,18 +13,35 @@ from typing import Any
 from tidemq.client._loop import run, submit
 from tidemq.client.admin import AsyncAdmin
 from tidemq.client.group_consumer import AssignmentCallback, AsyncGroupConsumer
-from tidemq.client.producer import AsyncProducer
+from tidemq.client.producer import AsyncProducer, Delay, DeliverAt
 from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
+from tidemq.client.transaction import (
+    AsyncTransaction,
+    AsyncTransactionProducer,
+    Checker,
+    TxnRef,
+)
+from tidemq.core.errors import TidemqError
 from tidemq.core.message import Message, Receipt
 from tidemq.protocol.commands import (
     BrokerStatus,
+    CancelDelayedResponse,
     DescribeGroupResponse,
     QueueOffset,
     StatusResponse,
+    TimerStatusResponse,
     TopicInfoMsg,
+    TxnStatusResponse,
 )
 
-__all__ = ["Admin", "GroupConsumer", "Producer", "StreamConsumer"]
+__all__ = [
+    "Admin",
+    "GroupConsumer",
+    "Producer",
+    "StreamConsumer",
+    "Transaction",
+    "TransactionProducer",
+]
 
 
 async def _make(cls: type[Any], *args: Any, **kwargs: Any) -> Any:
@@ -47,11 +65,14 @@ class Producer:
         headers: Mapping[str, bytes] | None = None,
         queue: int | None = None,
         timestamp: datetime | float | None = None,
+        delay: Delay = None,
+        deliver_at: DeliverAt = None,
     ) -> Receipt:
-        """Send one message and wait for its receipt."""
+        """Send one message and wait for its receipt. `delay` (seconds or a timedelta) or
+        `deliver_at` (aware datetime or epoch seconds) schedules it (see `cancel`)."""
         return self.send_async(
             topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
-            timestamp=timestamp,
+            timestamp=timestamp, delay=delay, deliver_at=deliver_at,
         ).result()  # fmt: skip
 
     def send_async(
@@ -65,11 +86,157 @@ class Producer:
         headers: Mapping[str, bytes] | None = None,
         queue: int | None = None,
         timestamp: datetime | float | None = None,
+        delay: Delay = None,
+        deliver_at: DeliverAt = None,
     ) -> concurrent.futures.Future[Receipt]:
         """Send one message; the future completes with its receipt. Sends made close
         together to one queue travel as one batch."""
         return submit(
             self._p.send(
+                topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
+                timestamp=timestamp, delay=delay, deliver_at=deliver_at,
+            )
+        )  # fmt: skip
+
+    def send_batch(
+        self,
+        topic: str,
+        values: Sequence[bytes | None],
+        *,
+        keys: Sequence[bytes | None] | None = None,
+        tags: Sequence[str | None] | None = None,
+        headers: Mapping[str, bytes] | None = None,
+        queue: int | None = None,
+        timestamp: datetime | float | None = None,
+        delay: Delay = None,
+        deliver_at: DeliverAt = None,
+    ) -> list[Receipt]:
+        """Send `values` as one end-to-end batch (one record, one index entry)."""
+        return self.send_batch_async(
+            topic, values, keys=keys, tags=tags, headers=headers, queue=queue,
+            timestamp=timestamp, delay=delay, deliver_at=deliver_at,
+        ).result()  # fmt: skip
+
+    def send_batch_async(
+        self,
+        topic: str,
+        values: Sequence[bytes | None],
+        *,
+        keys: Sequence[bytes | None] | None = None,
+        tags: Sequence[str | None] | None = None,
+        headers: Mapping[str, bytes] | None = None,
+        queue: int | None = None,
+        timestamp: datetime | float | None = None,
+        delay: Delay = None,
+        deliver_at: DeliverAt = None,
+    ) -> concurrent.futures.Future[list[Receipt]]:
+        return submit(
+            self._p.send_batch(
+                topic, values, keys=keys, tags=tags, headers=headers, queue=queue,
+                timestamp=timestamp, delay=delay, deliver_at=deliver_at,
+            )
+        )  # fmt: skip
+
+    def cancel(self, message_id: str) -> CancelDelayedResponse:
+        """Cancel a delayed message before delivery (AlreadyDelivered after it)."""
+        return run(self._p.cancel(message_id))
+
+    def flush(self) -> None:
+        run(self._p.flush())
+
+    def close(self) -> None:
+        run(self._p.close())
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TransactionProducer:
+    """Transactional (half) messages; see `tidemq.aio.TransactionProducer`. A plain
+    `checker` function runs on a worker thread when the broker checks back."""
+
+    def __init__(
+        self,
+        bootstrap: str = "127.0.0.1:9876",
+        group: str = "",
+        *,
+        checker: Checker | None = None,
+        **options: Any,
+    ) -> None:
+        self._p: AsyncTransactionProducer = run(
+            _make(AsyncTransactionProducer, bootstrap, group, checker=checker, **options)
+        )
+        run(self._p.start())  # a checker answers from now on, not from the first begin
+
+    def begin(self) -> Transaction:
+        return Transaction(run(self._p.begin()))
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """Commits when the block ends normally, rolls back when it raises."""
+        tx = self.begin()
+        try:
+            yield tx
+        except BaseException:
+            if not tx.ended:
+                with contextlib.suppress(TidemqError):
+                    tx.rollback()
+            raise
+        if not tx.ended:
+            tx.commit()
+
+    def commit_many(
+        self, refs: Sequence[TxnRef], *, sink_id: str = "", batch_id: int = -1
+    ) -> list[Receipt]:
+        return run(self._p.commit_many(refs, sink_id=sink_id, batch_id=batch_id))
+
+    def rollback_many(self, refs: Sequence[TxnRef]) -> None:
+        run(self._p.rollback_many(refs))
+
+    def sink_marker(self, sink_id: str) -> int:
+        return run(self._p.sink_marker(sink_id))
+
+    def close(self) -> None:
+        run(self._p.close())
+
+    def __enter__(self) -> TransactionProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Transaction:
+    """One transaction of a `TransactionProducer`."""
+
+    def __init__(self, tx: AsyncTransaction) -> None:
+        self._tx = tx
+
+    @property
+    def ended(self) -> bool:
+        return self._tx.ended
+
+    @property
+    def refs(self) -> list[TxnRef]:
+        return self._tx.refs
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        tag: str | None = None,
+        keys: Sequence[str] = (),
+        headers: Mapping[str, bytes] | None = None,
+        queue: int | None = None,
+        timestamp: datetime | float | None = None,
+    ) -> Receipt:
+        return run(
+            self._tx.send(
                 topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
                 timestamp=timestamp,
             )
@@ -86,40 +253,18 @@ class Producer:
         queue: int | None = None,
         timestamp: datetime | float | None = None,
     ) -> list[Receipt]:
-        """Send `values` as one end-to-end batch (one record, one index entry)."""
-        return self.send_batch_async(
-            topic, values, keys=keys, tags=tags, headers=headers, queue=queue, timestamp=timestamp
-        ).result()
-
-    def send_batch_async(
-        self,
-        topic: str,
-        values: Sequence[bytes | None],
-        *,
-        keys: Sequence[bytes | None] | None = None,
-        tags: Sequence[str | None] | None = None,
-        headers: Mapping[str, bytes] | None = None,
-        queue: int | None = None,
-        timestamp: datetime | float | None = None,
-    ) -> concurrent.futures.Future[list[Receipt]]:
-        return submit(
-            self._p.send_batch(
+        return run(
+            self._tx.send_batch(
                 topic, values, keys=keys, tags=tags, headers=headers, queue=queue,
                 timestamp=timestamp,
             )
         )  # fmt: skip
 
-    def flush(self) -> None:
-        run(self._p.flush())
+    def commit(self, *, sink_id: str = "", batch_id: int = -1) -> list[Receipt]:
+        return run(self._tx.commit(sink_id=sink_id, batch_id=batch_id))
 
-    def close(self) -> None:
-        run(self._p.close())
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def rollback(self) -> None:
+        run(self._tx.rollback())
 
 
 class StreamConsumer:
@@ -233,7 +378,7 @@ class Admin:
         name: str,
         queues: int = 8,
         *,
-        message_type: str = "NORMAL",
+        message_type: str = "MIXED",
         config: Mapping[str, str] | None = None,
     ) -> TopicInfoMsg:
         return run(self._a.create_topic(name, queues, message_type=message_type, config=config))
@@ -268,6 +413,12 @@ class Admin:
 
     def broker_status(self, address: str) -> StatusResponse:
         return run(self._a.broker_status(address))
+
+    def timer_status(self, topic: str = "") -> TimerStatusResponse:
+        return run(self._a.timer_status(topic))
+
+    def transaction_status(self) -> TxnStatusResponse:
+        return run(self._a.transaction_status())
 
     def close(self) -> None:
         run(self._a.close())

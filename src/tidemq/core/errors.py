@@ -10,16 +10,19 @@ from enum import IntEnum
 from typing import ClassVar, TypeVar
 
 __all__ = [
+    "AlreadyDelivered",
     "BatchTooLarge",
     "BrokerNotAvailable",
     "ConfigError",
     "CorruptRecordError",
+    "DelayTooLong",
     "DiskFull",
     "ErrorCode",
     "FencedProducer",
     "InvalidBatch",
     "InvalidRequest",
     "InvalidTopicName",
+    "MessageTypeMismatch",
     "NotCoordinator",
     "OffsetOutOfRange",
     "OutOfOrderSequence",
@@ -31,7 +34,10 @@ __all__ = [
     "TidemqError",
     "TopicAlreadyExists",
     "TopicNotFound",
+    "TransactionStateError",
     "UnknownMember",
+    "UnknownMessage",
+    "UnknownTransaction",
     "Unsupported",
     "for_code",
 ]
@@ -60,6 +66,12 @@ class ErrorCode(IntEnum):
     REQUEST_TIMEOUT = 20
     BROKER_NOT_AVAILABLE = 21
     UNSUPPORTED = 22
+    MESSAGE_TYPE_MISMATCH = 23
+    DELAY_TOO_LONG = 24
+    UNKNOWN_MESSAGE = 25
+    ALREADY_DELIVERED = 26
+    UNKNOWN_TRANSACTION = 27
+    TRANSACTION_STATE = 28
 
 
 class TidemqError(Exception):
@@ -199,3 +211,38 @@ class BrokerNotAvailable(TidemqError):
 @_error(ErrorCode.UNSUPPORTED)
 class Unsupported(TidemqError):
     """The request is valid but this broker does not support it."""
+
+
+@_error(ErrorCode.MESSAGE_TYPE_MISMATCH)
+class MessageTypeMismatch(InvalidRequest):
+    """The topic declares a `message.type` that this message is not (a delayed message to a
+    NORMAL topic, a plain one to a TRANSACTION topic, ...)."""
+
+
+@_error(ErrorCode.DELAY_TOO_LONG)
+class DelayTooLong(InvalidRequest):
+    """The delivery time is further ahead than the broker's maximum delay. Refused, never
+    clamped."""
+
+
+@_error(ErrorCode.UNKNOWN_MESSAGE)
+class UnknownMessage(TidemqError):
+    """No message with that id is known to this broker (for cancel: never scheduled here,
+    or its schedule was removed)."""
+
+
+@_error(ErrorCode.ALREADY_DELIVERED)
+class AlreadyDelivered(TidemqError):
+    """A cancel came after the timer delivered the message (or after an earlier cancel)."""
+
+
+@_error(ErrorCode.UNKNOWN_TRANSACTION)
+class UnknownTransaction(TidemqError):
+    """The broker has no transaction with that id: never begun here, or begun before a
+    restart without sending anything (begin again), or finished long ago."""
+
+
+@_error(ErrorCode.TRANSACTION_STATE)
+class TransactionStateError(TidemqError):
+    """The transaction cannot do that in its state: commit after rollback, rollback after
+    commit, a send after the end."""

@@ -12,9 +12,21 @@ import crc32c
 
 from tidemq.core.batch import decode_messages
 from tidemq.core.errors import CorruptRecordError
-from tidemq.core.record import parse_header
+from tidemq.core.properties import decode_properties
+from tidemq.core.record import HEADER, RecordFlags, parse_header
 
-__all__ = ["Message", "Receipt", "iter_records", "message_id", "messages_from_records"]
+__all__ = [
+    "Message",
+    "Receipt",
+    "iter_records",
+    "message_id",
+    "messages_from_records",
+    "parse_message_id",
+    "topic_hash",
+]
+
+#: Records whose messages keep the id they had where they were first stored.
+_MOVED = RecordFlags.FROM_TIMER | RecordFlags.FROM_TRANSACTION
 
 
 @functools.lru_cache(maxsize=4096)
@@ -31,6 +43,21 @@ def message_id(topic: str, queue: int, offset: int) -> str:
     return f"{_topic_hash(topic):08X}{queue:04X}{offset:016X}"
 
 
+def parse_message_id(text: str) -> tuple[int, int, int]:
+    """(topic hash, queue, offset) of an id made by `message_id`; ValueError if it is not
+    one."""
+    if len(text) != 28:
+        raise ValueError(f"a message id has 28 hex digits, got {text[:40]!r}")
+    try:
+        return int(text[:8], 16), int(text[8:12], 16), int(text[12:], 16)
+    except ValueError:
+        raise ValueError(f"a message id has 28 hex digits, got {text[:40]!r}") from None
+
+
+def topic_hash(topic: str) -> int:
+    return _topic_hash(topic)
+
+
 class Receipt(NamedTuple):
     """What a producer gets back for one message: where it was stored.
 
@@ -39,10 +66,18 @@ class Receipt(NamedTuple):
 
     topic: str
     queue: int
+    #: -1 while not yet known: a delayed message before delivery, a transactional one
+    #: before commit.
     offset: int
+    #: Where the message was first stored when that is not (topic, queue, offset): the timer
+    #: topic for a delayed message, the half topic for a transactional one. Its id is
+    #: computed from there, and stays the same after delivery or commit.
+    origin: tuple[str, int, int] | None = None
 
     @property
     def message_id(self) -> str:
+        if self.origin is not None:
+            return message_id(*self.origin)
         return message_id(self.topic, self.queue, self.offset)
 
 
@@ -58,6 +93,8 @@ class Message:
     headers: Mapping[str, bytes] = field(default_factory=dict)
     #: Producer's timestamp, milliseconds since the epoch.
     timestamp_ms: int = 0
+    #: Where it was first stored, for delayed and transactional messages (see Receipt).
+    origin: tuple[str, int, int] | None = None
 
     @property
     def timestamp(self) -> datetime:
@@ -65,6 +102,8 @@ class Message:
 
     @property
     def message_id(self) -> str:
+        if self.origin is not None:
+            return message_id(*self.origin)
         return message_id(self.topic, self.queue, self.offset)
 
 
@@ -92,6 +131,9 @@ def messages_from_records(
         records = decode_messages(record[header.payload_start :])
         base = header.base_offset
         skip = max(0, from_offset - base)
+        origin = None
+        if header.flags & _MOVED:
+            origin = decode_properties(record[HEADER.size : header.payload_start]).origin
         for i in range(skip, len(records)):
             m = records[i]
             out.append(
@@ -105,6 +147,7 @@ def messages_from_records(
                     m.keys,
                     dict(m.headers),
                     m.timestamp_ms,
+                    None if origin is None else (origin[0], origin[1], origin[2] + i),
                 )
             )
     return out

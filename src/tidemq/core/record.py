@@ -53,9 +53,16 @@ _CRC_FROM: Final = 8
 class RecordFlags:
     """Bits of the record's `flags` field (set by the broker; the store keeps them)."""
 
+    #: A transactional half message, in the internal half topic (never read by consumers).
     TRANSACTION_HALF = 1 << 0
+    #: A scheduled (delay/timer) batch, in the internal timer topic.
     DELAYED = 1 << 1
+    #: A control record of an internal topic: timer cancel, transaction decision.
     CONTROL = 1 << 2
+    #: A batch the timer service delivered to its topic (properties name its origin).
+    FROM_TIMER = 1 << 3
+    #: A batch a committed transaction published to its topic (properties name its origin).
+    FROM_TRANSACTION = 1 << 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,15 +10,25 @@ server at most `max_connections` connections, and frames at most `max_frame_byte
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
-from tidemq.core.errors import InvalidRequest, TidemqError
-from tidemq.protocol.codec import encode_error, encode_response
+import msgspec
+
+from tidemq.core.errors import BrokerNotAvailable, InvalidRequest, RequestTimeout, TidemqError
+from tidemq.protocol.codec import (
+    decode_response,
+    encode_error,
+    encode_response,
+    encode_server_request,
+)
 from tidemq.protocol.frame import Frame, FrameDecoder, FrameKind, RemoteProtocolError
+
+T = TypeVar("T")
 
 __all__ = ["Dispatcher", "Reply", "ServerConnection", "ServerLimits", "TcpServer"]
 
@@ -49,6 +59,11 @@ class ServerConnection(asyncio.Protocol):
         self._writing_paused = False
         self.peer = "?"
         self.tasks: set[asyncio.Task[None]] = set()
+        #: Server-to-client requests waiting for their answer, by correlation id.
+        self._asks: dict[int, asyncio.Future[Frame]] = {}
+        self._ask_ids = itertools.count(1)
+        #: Called once when the connection closes (services forget what it registered).
+        self.on_close: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -69,6 +84,13 @@ class ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.forget(self)
         self._transport = None
+        for future in self._asks.values():
+            if not future.done():
+                future.set_exception(BrokerNotAvailable(f"client {self.peer} disconnected"))
+        self._asks.clear()
+        callbacks, self.on_close = self.on_close, []
+        for callback in callbacks:
+            callback()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -86,6 +108,11 @@ class ServerConnection(asyncio.Protocol):
             self.close()
             return
         for frame in frames:
+            if frame.kind is FrameKind.SERVER_RESPONSE:
+                future = self._asks.get(frame.correlation_id)
+                if future is not None and not future.done():
+                    future.set_result(frame)
+                continue
             if frame.kind not in (FrameKind.REQUEST, FrameKind.ONEWAY):
                 self._server.on_client_frame(frame, self)
                 continue
@@ -113,6 +140,27 @@ class ServerConnection(asyncio.Protocol):
         finally:
             self._in_flight -= 1
             self._update_reading()
+
+    async def ask(self, request: msgspec.Struct, expected: type[T], *, timeout_s: float) -> T:
+        """Send a server-to-client request and wait for the client's answer (or its error,
+        raised here). RequestTimeout after `timeout_s`; BrokerNotAvailable if the client
+        goes away first."""
+        if self._transport is None or self._transport.is_closing():
+            raise BrokerNotAvailable(f"client {self.peer} disconnected")
+        corr = next(self._ask_ids) & 0xFFFFFFFF
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._asks[corr] = future
+        try:
+            self.send(encode_server_request(request, corr))
+            async with asyncio.timeout(timeout_s):
+                frame = await future
+        except TimeoutError:
+            raise RequestTimeout(
+                f"client {self.peer} did not answer {type(request).__name__} in {timeout_s:.3g} s"
+            ) from None
+        finally:
+            self._asks.pop(corr, None)
+        return decode_response(frame, expected)
 
     def send(self, buffers: list[bytes | memoryview]) -> None:
         if self._transport is not None and not self._transport.is_closing():

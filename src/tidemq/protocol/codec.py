@@ -29,6 +29,9 @@ __all__ = [
     "encode_error",
     "encode_request",
     "encode_response",
+    "encode_server_error",
+    "encode_server_request",
+    "encode_server_response",
     "error_from_frame",
 ]
 
@@ -57,6 +60,31 @@ def encode_request(
         raise LocalProtocolError(f"{type(request).__name__} is not a request")
     kind = FrameKind.ONEWAY if oneway else FrameKind.REQUEST
     return encode_frame(kind, code, correlation_id, _ENCODER.encode(request), body)
+
+
+def encode_server_request(request: msgspec.Struct, correlation_id: int) -> list[bytes | memoryview]:
+    """A request the server sends to a client (transaction check-back). Correlation ids of
+    server requests are a space of their own, separate from the client's."""
+    code = _CODE_OF.get(type(request))  # type: ignore[arg-type]
+    if code is None:
+        raise LocalProtocolError(f"{type(request).__name__} is not a request")
+    return encode_frame(FrameKind.SERVER_REQUEST, code, correlation_id, _ENCODER.encode(request))
+
+
+def encode_server_response(
+    code: int, correlation_id: int, response: msgspec.Struct
+) -> list[bytes | memoryview]:
+    return encode_frame(FrameKind.SERVER_RESPONSE, code, correlation_id, _ENCODER.encode(response))
+
+
+def encode_server_error(
+    code: int, correlation_id: int, error: TidemqError
+) -> list[bytes | memoryview]:
+    message = str(error)[:_MESSAGE_MAX_CHARS]
+    header = _ENCODER.encode(ErrorResponse(code=int(error.code), message=message))
+    return encode_frame(
+        FrameKind.SERVER_RESPONSE, code, correlation_id, header, flags=FrameFlags.ERROR
+    )
 
 
 def decode_request(frame: Frame) -> tuple[RequestCode, Any]:

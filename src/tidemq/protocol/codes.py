@@ -35,3 +35,19 @@ class RequestCode(IntEnum):
     UNREGISTER_BROKER = 42
     CLUSTER_STATUS = 43
     STATUS = 44
+    # delayed and transactional messages
+    CANCEL_DELAYED = 50
+    TIMER_STATUS = 51
+    BEGIN_TXN = 52
+    END_TXN = 53
+    SINK_MARKER = 54
+    #: Server to client: the broker asks a producer of the group how a transaction ended.
+    CHECK_TXN = 55
+    REGISTER_CHECKER = 56
+    TXN_STATUS = 57
+    # pop consumption
+    POP_RECEIVE = 60
+    POP_ACK = 61
+    POP_CHANGE_INVISIBLE = 62
+    POP_NACK = 63
+    POP_STATUS = 64

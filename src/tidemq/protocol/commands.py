@@ -20,7 +20,13 @@ from tidemq.protocol.codes import RequestCode
 __all__ = [
     "REQUESTS",
     "AlterTopicRequest",
+    "BeginTxnRequest",
+    "BeginTxnResponse",
     "BrokerStatus",
+    "CancelDelayedRequest",
+    "CancelDelayedResponse",
+    "CheckTxnRequest",
+    "CheckTxnResponse",
     "ClusterStatusRequest",
     "ClusterStatusResponse",
     "CommitOffsetsRequest",
@@ -30,7 +36,10 @@ __all__ = [
     "DescribeGroupRequest",
     "DescribeGroupResponse",
     "DescribeTopicRequest",
+    "DiscardedTxnInfo",
     "Empty",
+    "EndTxnRequest",
+    "EndTxnResponse",
     "ErrorResponse",
     "FetchOffsetsRequest",
     "FetchOffsetsResponse",
@@ -53,18 +62,41 @@ __all__ = [
     "ListOffsetsResponse",
     "ListTopicsRequest",
     "ListTopicsResponse",
+    "OpenTxnInfo",
+    "PopAckRequest",
+    "PopAckResponse",
+    "PopChangeInvisibleRequest",
+    "PopChangeInvisibleResponse",
+    "PopNackRequest",
+    "PopQueueStatus",
+    "PopReceiveRequest",
+    "PopReceiveResponse",
+    "PopRecord",
+    "PopStatusRequest",
+    "PopStatusResponse",
+    "PopSubscription",
+    "PoppedMessage",
     "ProduceRequest",
     "ProduceResponse",
+    "PublishedBatch",
     "QueueInfo",
     "QueueOffset",
     "RegisterBrokerRequest",
     "RegisterBrokerResponse",
+    "RegisterCheckerRequest",
     "ResetOffsetsRequest",
     "ResetOffsetsResponse",
+    "SinkMarkerRequest",
+    "SinkMarkerResponse",
     "StatusRequest",
     "StatusResponse",
+    "TimerStatusRequest",
+    "TimerStatusResponse",
+    "TimerTopicStatus",
     "TopicInfoMsg",
     "TopicRoute",
+    "TxnStatusRequest",
+    "TxnStatusResponse",
     "UnregisterBrokerRequest",
 ]
 
@@ -91,6 +123,10 @@ class ProduceRequest(_Msg):
     producer_id: int = -1
     epoch: int = -1
     base_sequence: int = -1
+    #: Deliver at this time (epoch ms) through the timer service; 0: at once.
+    deliver_at_ms: int = 0
+    #: Write as half messages of this transaction (from BEGIN_TXN); "": not transactional.
+    txn_id: str = ""
 
 
 class ProduceResponse(_Msg):
@@ -98,6 +134,11 @@ class ProduceResponse(_Msg):
     count: int
     duplicate: bool = False
     store_time_ms: int = 0
+    #: Set when the batch went to an internal topic first (the timer topic for a delayed
+    #: batch, the half topic for a transactional one): `base_offset` is then its offset in
+    #: queue `origin_queue` of that topic, from which the messages' ids are computed.
+    origin_topic: str = ""
+    origin_queue: int = 0
 
 
 class FetchRequest(_Msg):
@@ -160,7 +201,7 @@ class TopicInfoMsg(_Msg):
 class CreateTopicRequest(_Msg):
     name: str
     queues: int
-    message_type: str = "NORMAL"
+    message_type: str = "MIXED"
     #: Kafka-named topic configs: cleanup.policy, retention.ms, retention.bytes, ...
     config: dict[str, str] = {}
     #: The queues this broker serves; empty means all (a one-broker topic).
@@ -365,6 +406,227 @@ class StatusResponse(_Msg):
 
 
 #: code -> (request header type, response header type)
+# ------------------------------------------------------------------ delayed messages
+
+
+class CancelDelayedRequest(_Msg):
+    message_id: str
+
+
+class CancelDelayedResponse(_Msg):
+    topic: str
+    deliver_at_ms: int
+    #: Messages cancelled: a delayed batch is scheduled, and cancelled, as one unit.
+    count: int
+
+
+class TimerStatusRequest(_Msg):
+    topic: str = ""
+
+
+class TimerTopicStatus(_Msg):
+    topic: str
+    pending_batches: int
+    pending_messages: int
+    next_due_ms: int
+
+
+class TimerStatusResponse(_Msg):
+    topics: list[TimerTopicStatus]
+    precision_ms: int
+    max_delay_ms: int
+    delivered_batches: int
+    cancelled_batches: int
+
+
+# ------------------------------------------------------------------ transactions
+
+
+class BeginTxnRequest(_Msg):
+    group: str
+
+
+class BeginTxnResponse(_Msg):
+    txn_id: str
+    #: Undecided after this long, the broker starts asking the group's checkers.
+    check_delay_ms: int
+
+
+class EndTxnRequest(_Msg):
+    #: Transactions decided as one unit: one decision record covers them all.
+    txn_ids: list[str]
+    commit: bool
+    #: Exactly-once sinks: stored atomically with a commit, queried by SINK_MARKER.
+    sink_id: str = ""
+    batch_id: int = -1
+
+
+class PublishedBatch(_Msg):
+    txn_id: str
+    topic: str
+    queue: int
+    base_offset: int
+    count: int
+    #: Offset of the batch in the half topic (its messages' ids come from there).
+    origin_offset: int
+
+
+class EndTxnResponse(_Msg):
+    #: "committed" or "rolled_back".
+    outcome: str
+    published: list[PublishedBatch] = []
+    #: True when the transactions had already ended this way (a retried end is a no-op).
+    already: bool = False
+
+
+class SinkMarkerRequest(_Msg):
+    sink_id: str
+
+
+class SinkMarkerResponse(_Msg):
+    #: Last batch id committed with this sink id; -1 if none.
+    batch_id: int
+
+
+class CheckTxnRequest(_Msg):
+    txn_id: str
+    group: str
+    messages: int
+    topics: list[str]
+    first_send_ms: int
+    check: int
+
+
+class CheckTxnResponse(_Msg):
+    #: "commit", "rollback" or "unknown".
+    decision: str
+
+
+class RegisterCheckerRequest(_Msg):
+    group: str
+
+
+class OpenTxnInfo(_Msg):
+    txn_id: str
+    group: str
+    messages: int
+    first_send_ms: int
+    checks: int
+
+
+class DiscardedTxnInfo(_Msg):
+    txn_id: str
+    group: str
+    messages: int
+    decided_ms: int
+    reason: str
+
+
+class TxnStatusRequest(_Msg):
+    pass
+
+
+class TxnStatusResponse(_Msg):
+    open: list[OpenTxnInfo]
+    discarded: list[DiscardedTxnInfo]
+    committed: int
+    rolled_back: int
+    check_delay_ms: int
+    check_interval_ms: int
+    max_checks: int
+
+
+# ------------------------------------------------------------------ pop consumption
+
+
+class PopSubscription(_Msg):
+    topic: str
+    #: A tag expression ("*", "a || b") or, with kind "sql92", a SQL92 filter.
+    expression: str = "*"
+    kind: str = "tag"
+
+
+class PopReceiveRequest(_Msg):
+    group: str
+    subscriptions: list[PopSubscription]
+    max_messages: int
+    invisible_ms: int
+    max_wait_ms: int = 0
+    #: After this many deliveries a message goes to the group's dead-letter topic.
+    max_attempts: int = 16
+
+
+class PopRecord(_Msg):
+    topic: str
+    queue: int
+    size: int
+
+
+class PoppedMessage(_Msg):
+    topic: str
+    queue: int
+    offset: int
+    #: 1 for the first delivery.
+    attempt: int
+    handle: str
+    deadline_ms: int
+
+
+class PopReceiveResponse(_Msg):
+    #: The records in the body, in order (a record may hold messages not leased here:
+    #: the client keeps only the ones in `messages`).
+    records: list[PopRecord]
+    messages: list[PoppedMessage]
+
+
+class PopAckRequest(_Msg):
+    group: str
+    handles: list[str]
+
+
+class PopAckResponse(_Msg):
+    #: Per handle: "" when acknowledged, else why not (stale, foreign, unknown).
+    errors: list[str]
+
+
+class PopChangeInvisibleRequest(_Msg):
+    group: str
+    handle: str
+    invisible_ms: int
+
+
+class PopChangeInvisibleResponse(_Msg):
+    handle: str
+    deadline_ms: int
+
+
+class PopNackRequest(_Msg):
+    group: str
+    handle: str
+    #: Redeliver after this long. With `release`, at once and without counting the
+    #: delivery as an attempt.
+    delay_ms: int = 0
+    release: bool = False
+    reason: str = ""
+
+
+class PopQueueStatus(_Msg):
+    topic: str
+    queue: int
+    acked_below: int
+    next_offset: int
+    in_flight: int
+    dead_lettered: int
+
+
+class PopStatusRequest(_Msg):
+    group: str
+
+
+class PopStatusResponse(_Msg):
+    queues: list[PopQueueStatus]
+
+
 REQUESTS: Final[dict[RequestCode, tuple[type[_Msg], type[_Msg]]]] = {
     RequestCode.PRODUCE: (ProduceRequest, ProduceResponse),
     RequestCode.FETCH: (FetchRequest, FetchResponse),
@@ -388,4 +650,17 @@ REQUESTS: Final[dict[RequestCode, tuple[type[_Msg], type[_Msg]]]] = {
     RequestCode.UNREGISTER_BROKER: (UnregisterBrokerRequest, Empty),
     RequestCode.CLUSTER_STATUS: (ClusterStatusRequest, ClusterStatusResponse),
     RequestCode.STATUS: (StatusRequest, StatusResponse),
+    RequestCode.CANCEL_DELAYED: (CancelDelayedRequest, CancelDelayedResponse),
+    RequestCode.TIMER_STATUS: (TimerStatusRequest, TimerStatusResponse),
+    RequestCode.BEGIN_TXN: (BeginTxnRequest, BeginTxnResponse),
+    RequestCode.END_TXN: (EndTxnRequest, EndTxnResponse),
+    RequestCode.SINK_MARKER: (SinkMarkerRequest, SinkMarkerResponse),
+    RequestCode.CHECK_TXN: (CheckTxnRequest, CheckTxnResponse),
+    RequestCode.REGISTER_CHECKER: (RegisterCheckerRequest, Empty),
+    RequestCode.TXN_STATUS: (TxnStatusRequest, TxnStatusResponse),
+    RequestCode.POP_RECEIVE: (PopReceiveRequest, PopReceiveResponse),
+    RequestCode.POP_ACK: (PopAckRequest, PopAckResponse),
+    RequestCode.POP_CHANGE_INVISIBLE: (PopChangeInvisibleRequest, PopChangeInvisibleResponse),
+    RequestCode.POP_NACK: (PopNackRequest, Empty),
+    RequestCode.POP_STATUS: (PopStatusRequest, PopStatusResponse),
 }

@@ -117,6 +117,9 @@ class MessageStore:
         self._indexed_position = indexed_position
         self._topics: dict[str, TopicInfo] = {t.name: t for t in metadata.live_topics()}
         self._dirty_queues: set[tuple[int, int]] = set()
+        #: Log positions that broker services will scan again on restart (name -> position):
+        #: retention keeps the segments from the smallest one on.
+        self._log_pins: dict[str, int] = {}
         self._closed = False
         self._bytes_since_disk_check = config.disk_check_interval_bytes
         self._disk_full = False
@@ -154,7 +157,7 @@ class MessageStore:
         name: str,
         queues: int,
         *,
-        message_type: MessageType = MessageType.NORMAL,
+        message_type: MessageType = MessageType.MIXED,
         cleanup_policy: CleanupPolicy = CleanupPolicy.DELETE,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
@@ -477,6 +480,23 @@ class MessageStore:
         return self._meta.groups()
 
     # ------------------------------------------------------------------ retention
+
+    def pin_log(self, name: str, position: int) -> None:
+        """Keep the commit log from `position` on: service `name` rescans it on restart."""
+        self._log_pins[name] = position
+
+    @property
+    def log_pin(self) -> int | None:
+        return min(self._log_pins.values(), default=None)
+
+    def trim_queue(self, topic: str, queue_id: int, offset: int) -> None:
+        """Offsets below `offset` are no longer needed (a service's internal queue whose
+        entries are all delivered): retention may delete them."""
+        self._check_open()
+        info, index = self._index(topic, queue_id)
+        if offset > index.min_offset:
+            index.advance_min_offset(offset)
+            self._meta.set_queue_min_offsets({(info.id, queue_id): index.min_offset})
 
     def enforce_retention(self) -> int:
         """Apply every topic's time and size retention; delete log segments no queue needs.

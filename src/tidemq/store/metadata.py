@@ -71,12 +71,15 @@ CREATE TABLE IF NOT EXISTS producer_state (
     PRIMARY KEY (topic_id, queue_id, producer_id)
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS service_state (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
 
 _NAME = re.compile(limits.TOPIC_NAME_PATTERN)
 
 
 class MessageType(StrEnum):
+    #: Accepts every kind of message: the default for topics that declare nothing.
+    MIXED = "MIXED"
     NORMAL = "NORMAL"
     FIFO = "FIFO"
     DELAY = "DELAY"
@@ -94,7 +97,7 @@ class TopicInfo:
     id: int
     name: str
     queues: int
-    message_type: MessageType = MessageType.NORMAL
+    message_type: MessageType = MessageType.MIXED
     cleanup_policy: CleanupPolicy = CleanupPolicy.DELETE
     #: None: the store's default. -1: keep forever.
     retention_ms: int | None = None
@@ -299,6 +302,20 @@ class Metadata:
             self._db.executemany(
                 "INSERT OR REPLACE INTO producer_state VALUES (?, ?, ?, ?, ?)",
                 [(t, q, p, e, json.dumps(w)) for t, q, p, e, w in rows],
+            )
+
+    # ------------------------------------------------------------------ broker services
+
+    def service_state(self, name: str) -> bytes | None:
+        """The last state a broker service (timers, transactions) saved, or None."""
+        row = self._db.execute("SELECT value FROM service_state WHERE name = ?", (name,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def save_service_state(self, values: Mapping[str, bytes]) -> None:
+        """Replace several services' states in one transaction."""
+        with self._tx():
+            self._db.executemany(
+                "INSERT OR REPLACE INTO service_state VALUES (?, ?)", list(values.items())
             )
 
     # ------------------------------------------------------------------ helpers

@@ -50,6 +50,9 @@ def apply_retention(store: MessageStore) -> int:
         store.metadata.set_queue_min_offsets(changed)
 
     needed = min(store.indexed_position, store.log.end_position)
+    pin = store.log_pin
+    if pin is not None:
+        needed = min(needed, pin)
     for index in indexes.values():
         first = index.first_entry()
         if first is not None and index.min_offset < index.next_offset:

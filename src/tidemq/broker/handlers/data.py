@@ -7,8 +7,11 @@ import time
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.system_topics import HALF_TOPIC, TIMER_TOPIC
+from tidemq.broker.timer_service import TimerService
 from tidemq.broker.topics import TopicTable
-from tidemq.core.errors import BatchTooLarge, InvalidRequest
+from tidemq.broker.transaction_service import TransactionService
+from tidemq.core.errors import BatchTooLarge, InvalidRequest, MessageTypeMismatch
 from tidemq.protocol.commands import (
     FetchRequest,
     FetchResponse,
@@ -20,6 +23,7 @@ from tidemq.protocol.commands import (
     ProduceResponse,
 )
 from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus
+from tidemq.store.metadata import MessageType
 from tidemq.store.producer_state import ProducerStamp
 
 __all__ = ["DataHandlers"]
@@ -32,19 +36,42 @@ class DataHandlers:
         gateway: StoreGateway,
         topics: TopicTable,
         polling: LongPolling,
+        *,
+        timers: TimerService,
+        transactions: TransactionService,
     ) -> None:
         self._config = config
         self._gateway = gateway
         self._topics = topics
         self._polling = polling
+        self._timers = timers
+        self._transactions = transactions
 
     async def produce(self, req: ProduceRequest, body: bytes) -> ProduceResponse:
-        await self._topics.check_queue(req.topic, req.queue, create=True)
+        info = await self._topics.check_queue(req.topic, req.queue, create=True)
         limit = self._topics.max_message_bytes(req.topic)
         if len(body) > limit:
             raise BatchTooLarge(
                 f"batch of {len(body)} bytes exceeds max.message.bytes ({limit}) of "
                 f"topic {req.topic!r}"
+            )
+        kind = _message_kind(req)
+        _check_type(req.topic, info.message_type, kind)
+        if kind is MessageType.DELAY:
+            result = await self._timers.schedule(req.topic, req.queue, body, req.deliver_at_ms)
+            return ProduceResponse(
+                base_offset=result.base_offset,
+                count=result.count,
+                store_time_ms=result.store_time_ms,
+                origin_topic=TIMER_TOPIC,
+            )
+        if kind is MessageType.TRANSACTION:
+            result = await self._transactions.send(req.txn_id, req.topic, req.queue, body)
+            return ProduceResponse(
+                base_offset=result.base_offset,
+                count=result.count,
+                store_time_ms=result.store_time_ms,
+                origin_topic=HALF_TOPIC,
             )
         stamp = None
         if req.producer_id >= 0:
@@ -110,3 +137,38 @@ class DataHandlers:
         # and nothing can confuse it with an earlier instance.
         producer_id = await self._gateway.call(lambda s: s.allocate_producer_id())
         return InitProducerResponse(producer_id=producer_id, epoch=0)
+
+
+def _message_kind(req: ProduceRequest) -> MessageType:
+    if req.deliver_at_ms and req.txn_id:
+        raise InvalidRequest("a message cannot be both delayed and transactional")
+    if req.deliver_at_ms:
+        if req.deliver_at_ms < 0:
+            raise InvalidRequest(f"deliver_at_ms must be > 0, got {req.deliver_at_ms}")
+        return MessageType.DELAY
+    if req.txn_id:
+        return MessageType.TRANSACTION
+    return MessageType.NORMAL
+
+
+#: What each declared topic type accepts (MIXED, the default, accepts everything). FIFO
+#: topics take ordinary sends: their ordering comes from message groups, not from timers.
+_ACCEPTS = {
+    MessageType.NORMAL: {MessageType.NORMAL},
+    MessageType.FIFO: {MessageType.NORMAL},
+    MessageType.DELAY: {MessageType.DELAY},
+    MessageType.TRANSACTION: {MessageType.TRANSACTION},
+}
+
+
+def _check_type(topic: str, declared: MessageType, kind: MessageType) -> None:
+    accepts = _ACCEPTS.get(declared)
+    if accepts is not None and kind not in accepts:
+        what = {
+            MessageType.NORMAL: "an ordinary message",
+            MessageType.DELAY: "a delayed message",
+            MessageType.TRANSACTION: "a transactional message",
+        }[kind]
+        raise MessageTypeMismatch(
+            f"topic {topic!r} has message.type {declared.value}; {what} cannot be sent to it"
+        )

@@ -1,0 +1,664 @@
+"""Pop consumption: many consumers share a queue; each message is leased to one at a time.
+
+Per (group, topic, queue) the broker keeps a lease table (`_PopQueue`):
+
+* `next_offset`: the first offset never delivered to the group;
+* `done`: a `DoneSet` of finished offsets (acknowledged, dead-lettered, or passed over by
+  the group's filter); everything below its low watermark is finished;
+* `leases`: offset -> (deadline, attempt, epoch). A leased message is invisible to the
+  group's other consumers until its deadline; after it, the next receive delivers it
+  again with attempt + 1. After `max_attempts` deliveries it goes to `%DLQ%<group>`.
+
+A lease's handle names (topic, queue, offset, epoch); epochs come from one counter of the
+broker and are never reused, so a handle of an earlier lease (stale: the message was
+delivered again since) or of another group (foreign) never touches a newer lease.
+
+Durability: every change is an operation record (`_PopOp`) in the internal topic
+`POP_TOPIC`, appended as the change is made and durable before the answer. The saved
+state (every `service_checkpoint_interval_ms`) is the tables plus the op-topic offset they
+include; a restart loads it and replays the op records from that offset. So neither an
+acknowledged message nor an un-acknowledged one is forgotten: the first is never
+delivered again, the second comes back after its lease.
+"""
+
+from __future__ import annotations
+
+import base64
+import heapq
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Final
+
+import msgspec
+
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.done_set import DoneSet
+from tidemq.broker.long_polling import LongPolling
+from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.system_topics import read_internal
+from tidemq.core.batch import MessageRecord, decode_messages, encode_batch
+from tidemq.core.clock import Clock
+from tidemq.core.errors import InvalidRequest, TidemqError
+from tidemq.core.filters import (
+    Sql92Filter,
+    TagExpression,
+    compile_sql92,
+    parse_tag_expression,
+)
+from tidemq.core.message import message_id
+from tidemq.core.properties import POP_TOPIC
+from tidemq.core.record import RecordFlags, parse_header
+from tidemq.protocol.commands import (
+    PopAckResponse,
+    PopChangeInvisibleResponse,
+    PoppedMessage,
+    PopQueueStatus,
+    PopReceiveRequest,
+    PopReceiveResponse,
+    PopRecord,
+    PopSubscription,
+)
+from tidemq.store.message_store import MessageStore, ReadStatus
+
+__all__ = ["PopService", "dlq_topic"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes read per queue per receive while looking for messages.
+_READ_BYTES: Final = 1 << 20
+#: Subscriptions compiled and kept (by their text).
+_FILTER_CACHE: Final = 1024
+_GROUP_MAX_CHARS: Final = 255
+
+
+def dlq_topic(group: str) -> str:
+    return f"%DLQ%{group}"
+
+
+class _PopOp(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One change to one queue's lease table. Kinds:
+
+    * ``lease``: `offsets` leased with `attempts`, `epochs`, until `deadline`; the queue's
+      `next_offset` moved to `next_offset` (offsets passed over, not leased, are done);
+    * ``ack`` / ``dlq``: `offsets` (with their `epochs`) finished;
+    * ``change``: `offsets[0]` gets `epochs[0]` and `deadline`;
+    * ``nack``: `offsets[0]` available again at `deadline`, with `attempts[0]` deliveries
+      counted (a release does not count its delivery).
+    """
+
+    kind: str
+    group: str
+    topic: str
+    queue: int
+    offsets: list[int]
+    epochs: list[int] = []
+    attempts: list[int] = []
+    deadline: int = 0
+    next_offset: int = -1
+    error: str = ""
+
+
+_OP_DECODER: Final = msgspec.msgpack.Decoder(_PopOp)
+_HANDLE_DECODER: Final = msgspec.msgpack.Decoder(tuple[str, int, int, int])
+
+
+@dataclass(slots=True)
+class _Lease:
+    deadline: int
+    attempt: int
+    epoch: int
+    error: str = ""
+
+
+@dataclass(slots=True)
+class _PopQueue:
+    next_offset: int
+    done: DoneSet
+    leases: dict[int, _Lease] = field(default_factory=dict)
+    #: (deadline, offset, epoch), lazily pruned: an entry counts only while its lease
+    #: still has that epoch and deadline.
+    expiry: list[tuple[int, int, int]] = field(default_factory=list)
+    dead: int = 0
+
+    def set_lease(self, offset: int, lease: _Lease) -> None:
+        self.leases[offset] = lease
+        heapq.heappush(self.expiry, (lease.deadline, offset, lease.epoch))
+
+    def finish(self, offset: int) -> None:
+        self.leases.pop(offset, None)
+        self.done.mark(offset)
+
+
+class _SavedQueue(msgspec.Struct, array_like=True):
+    group: str
+    topic: str
+    queue: int
+    next_offset: int
+    done: list[tuple[int, int]]
+    leases: list[tuple[int, int, int, int]]  # offset, deadline, attempt, epoch
+    dead: int
+
+
+class _SavedState(msgspec.Struct):
+    op_offset: int
+    epoch: int
+    queues: list[_SavedQueue]
+
+
+_STATE_DECODER: Final = msgspec.msgpack.Decoder(_SavedState)
+
+
+@lru_cache(maxsize=_FILTER_CACHE)
+def _compile(kind: str, expression: str) -> TagExpression | Sql92Filter:
+    if kind == "tag":
+        return parse_tag_expression(expression)
+    if kind == "sql92":
+        return compile_sql92(expression)
+    raise InvalidRequest(f"filter kind must be 'tag' or 'sql92', got {kind[:20]!r}")
+
+
+def encode_handle(topic: str, queue: int, offset: int, epoch: int) -> str:
+    raw = msgspec.msgpack.encode((topic, queue, offset, epoch))
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def decode_handle(handle: str) -> tuple[str, int, int, int]:
+    try:
+        return _HANDLE_DECODER.decode(base64.urlsafe_b64decode(handle.encode()))
+    except (ValueError, msgspec.DecodeError, msgspec.ValidationError):
+        raise InvalidRequest(f"not a receipt handle: {handle[:40]!r}") from None
+
+
+class PopService:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        gateway: StoreGateway,
+        *,
+        polling: LongPolling,
+        clock: Clock,
+        queues_of: Callable[[str], list[int]],
+        ensure_topic: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self._config = config
+        self._clock = clock
+        self._gateway = gateway
+        self._polling = polling
+        self._queues_of = queues_of
+        self._ensure_topic = ensure_topic
+        self._tables: dict[tuple[str, str, int], _PopQueue] = {}
+        self._epoch = 0
+        self._rr = 0
+
+    # ------------------------------------------------------------------ state
+
+    def rebuild(self, store: MessageStore, saved: bytes | None) -> None:
+        op_offset = 0
+        if saved is not None:
+            state = _STATE_DECODER.decode(saved)
+            op_offset, self._epoch = state.op_offset, state.epoch
+            for q in state.queues:
+                table = _PopQueue(q.next_offset, DoneSet.restore(q.done), dead=q.dead)
+                for offset, deadline, attempt, epoch in q.leases:
+                    table.set_lease(offset, _Lease(deadline, attempt, epoch))
+                self._tables[(q.group, q.topic, q.queue)] = table
+        replayed = 0
+        for rec in read_internal(store, POP_TOPIC, op_offset):
+            for m in decode_messages(rec.payload):
+                if m.value:
+                    self._apply(_OP_DECODER.decode(m.value))
+                    replayed += 1
+        if replayed:
+            log.info("pop: replayed %d lease operations", replayed)
+
+    def save_state(self) -> tuple[bytes, int]:
+        """The state to save, and the op-topic offset it includes (to trim below)."""
+        store = self._gateway.store
+        _, op_offset = store.queue_bounds(POP_TOPIC, 0)
+        queues = [
+            _SavedQueue(
+                group,
+                topic,
+                queue,
+                t.next_offset,
+                t.done.export(),
+                [(o, ls.deadline, ls.attempt, ls.epoch) for o, ls in t.leases.items()],
+                t.dead,
+            )
+            for (group, topic, queue), t in self._tables.items()
+        ]
+        return msgspec.msgpack.encode(_SavedState(op_offset, self._epoch, queues)), op_offset
+
+    def _table(self, group: str, topic: str, queue: int) -> _PopQueue:
+        key = (group, topic, queue)
+        table = self._tables.get(key)
+        if table is None:
+            # A new group starts at the first retained message of each queue.
+            low, _ = self._gateway.store.queue_bounds(topic, queue)
+            table = self._tables[key] = _PopQueue(low, DoneSet(low))
+        return table
+
+    def _apply(self, op: _PopOp) -> None:
+        """Apply one operation (live, after the change was decided, and in replay)."""
+        table = self._tables.get((op.group, op.topic, op.queue))
+        if table is None:
+            start = min(op.offsets, default=op.next_offset)
+            table = self._tables[(op.group, op.topic, op.queue)] = _PopQueue(start, DoneSet(start))
+        for epoch in op.epochs:
+            self._epoch = max(self._epoch, epoch)
+        _APPLY[op.kind](table, op)
+
+    async def _log(self, op: _PopOp) -> None:
+        """Make `op` durable (it is applied already)."""
+        payload = encode_batch([MessageRecord(msgspec.msgpack.encode(op), None, None, (), (), 0)])
+        await self._gateway.append(POP_TOPIC, 0, payload, flags=RecordFlags.CONTROL)
+
+    def _next_epoch(self) -> int:
+        self._epoch += 1
+        return self._epoch
+
+    # ------------------------------------------------------------------ receive
+
+    async def receive(self, req: PopReceiveRequest) -> tuple[PopReceiveResponse, bytes]:
+        cfg = self._config
+        _check_group(req.group)
+        if not 1 <= req.max_messages <= cfg.pop_max_messages:
+            raise InvalidRequest(f"max_messages must be 1..{cfg.pop_max_messages}")
+        if not cfg.pop_min_invisible_ms <= req.invisible_ms <= cfg.pop_max_invisible_ms:
+            raise InvalidRequest(
+                f"invisible duration must be {cfg.pop_min_invisible_ms / 1000:g} s to "
+                f"{cfg.pop_max_invisible_ms / 1000:g} s, got {req.invisible_ms / 1000:g} s"
+            )
+        if not 1 <= req.max_attempts <= cfg.pop_max_attempts_limit:
+            raise InvalidRequest(f"max_attempts must be 1..{cfg.pop_max_attempts_limit}")
+        if not 0 <= req.max_wait_ms <= cfg.max_fetch_wait_ms:
+            raise InvalidRequest(f"max_wait_ms must be 0..{cfg.max_fetch_wait_ms}")
+        if not req.subscriptions:
+            raise InvalidRequest("a receive needs at least one subscription")
+        queues = self._subscribed_queues(req.subscriptions)
+        deadline = time.monotonic() + req.max_wait_ms / 1000
+        while True:
+            seen = {(t, q): self._polling.version((t, q)) for t, q, _ in queues}
+            response, body = await self._receive_once(req, queues)
+            if response.messages:
+                return response, body
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return response, body
+            # Wake for new data, or when the earliest lease of these queues runs out.
+            wait = min(remaining, self._next_expiry_s(req.group, queues))
+            await self._polling.wait_any(seen, wait)
+
+    def _subscribed_queues(
+        self, subscriptions: list[PopSubscription]
+    ) -> list[tuple[str, int, TagExpression | Sql92Filter]]:
+        out = []
+        for sub in subscriptions:
+            flt = _compile(sub.kind, sub.expression)
+            for q in self._queues_of(sub.topic):
+                out.append((sub.topic, q, flt))
+        return out
+
+    def _next_expiry_s(
+        self, group: str, queues: list[tuple[str, int, TagExpression | Sql92Filter]]
+    ) -> float:
+        now = self._clock.now_ms()
+        soonest = 1.0
+        for topic, q, _ in queues:
+            table = self._tables.get((group, topic, q))
+            if table is not None and table.expiry:
+                soonest = min(soonest, max(0.0, (table.expiry[0][0] - now) / 1000))
+        return max(soonest, 0.005)
+
+    async def _receive_once(
+        self, req: PopReceiveRequest, queues: list[tuple[str, int, TagExpression | Sql92Filter]]
+    ) -> tuple[PopReceiveResponse, bytes]:
+        want = req.max_messages
+        records: list[PopRecord] = []
+        bodies: list[bytes] = []
+        messages: list[PoppedMessage] = []
+        n = len(queues)
+        self._rr += 1
+        for i in range(n):
+            if len(messages) >= want:
+                break
+            topic, q, flt = queues[(self._rr + i) % n]
+            got, popped = await self._receive_queue(req, topic, q, flt, want - len(messages))
+            for record in got:
+                records.append(PopRecord(topic=topic, queue=q, size=len(record)))
+                bodies.append(record)
+            messages.extend(popped)
+        return PopReceiveResponse(records=records, messages=messages), b"".join(bodies)
+
+    async def _receive_queue(
+        self,
+        req: PopReceiveRequest,
+        topic: str,
+        queue: int,
+        flt: TagExpression | Sql92Filter,
+        want: int,
+    ) -> tuple[list[bytes], list[PoppedMessage]]:
+        """Lease up to `want` messages of one queue: due redeliveries first, then new
+        ones. Returns the records holding them and the leases."""
+        store = self._gateway.store
+        table = self._table(req.group, topic, queue)
+        now = self._clock.now_ms()
+        chosen, to_dlq = _take_due(table, want, req.max_attempts, now)
+        start_next = table.next_offset
+        records, next_offset = _take_new(
+            store,
+            topic,
+            queue,
+            flt=flt,
+            next_offset=table.next_offset,
+            chosen=chosen,
+            want=want,
+        )
+        if to_dlq:
+            await self._dead_letter(req.group, topic, queue, table, to_dlq)
+        if not chosen and next_offset == start_next:
+            return [], []
+        deadline = now + req.invisible_ms
+        epochs = [self._next_epoch() for _ in chosen]
+        op = _PopOp(
+            "lease",
+            req.group,
+            topic,
+            queue,
+            [o for o, _ in chosen],
+            epochs,
+            [a for _, a in chosen],
+            deadline,
+            next_offset,
+        )
+        self._apply(op)
+        try:
+            await self._log(op)
+        except TidemqError:
+            for offset, _ in chosen:  # not durable: hand them out again at once
+                lease = table.leases.get(offset)
+                if lease is not None:
+                    lease.deadline = 0
+                    heapq.heappush(table.expiry, (0, offset, lease.epoch))
+            raise
+        for offset, _ in chosen:
+            if not any(b <= offset < b + _count(r) for b, r in records.items()):
+                found = store.read(topic, queue, offset, max_bytes=1)
+                if found.batches:
+                    b = found.batches[0]
+                    records[b.base_offset] = b.record
+        popped = [
+            PoppedMessage(
+                topic=topic,
+                queue=queue,
+                offset=offset,
+                attempt=attempt,
+                handle=encode_handle(topic, queue, offset, epoch),
+                deadline_ms=deadline,
+            )
+            for (offset, attempt), epoch in zip(chosen, epochs, strict=True)
+        ]
+        return [r for _, r in sorted(records.items())], popped
+
+    async def _dead_letter(
+        self, group: str, topic: str, queue: int, table: _PopQueue, offsets: list[int]
+    ) -> None:
+        """Move messages that used up their attempts to the group's dead-letter topic."""
+        store = self._gateway.store
+        dlq = dlq_topic(group)
+        await self._ensure_topic(dlq)
+        items: list[tuple[str, int, bytes | memoryview, bytes, int]] = []
+        for offset in offsets:
+            found = store.read(topic, queue, offset, max_bytes=1)
+            if not found.batches:
+                continue
+            b = found.batches[0]
+            header = parse_header(b.record)
+            batch = decode_messages(memoryview(b.record)[header.payload_start :])
+            m = batch[offset - b.base_offset]
+            lease = table.leases.get(offset)
+            extra = (
+                ("tidemq.dlq.topic", topic.encode()),
+                ("tidemq.dlq.queue", str(queue).encode()),
+                ("tidemq.dlq.offset", str(offset).encode()),
+                ("tidemq.dlq.message_id", message_id(topic, queue, offset).encode()),
+                ("tidemq.dlq.attempts", str(lease.attempt if lease else 0).encode()),
+                ("tidemq.dlq.error", (lease.error if lease else "").encode()),
+            )
+            record = MessageRecord(m.value, m.key, m.tag, m.keys, m.headers + extra, m.timestamp_ms)
+            items.append((dlq, 0, encode_batch([record]), b"", 0))
+        results, error = await self._gateway.append_many(items)
+        done = offsets[: len(results)]
+        if done:
+            op = _PopOp("dlq", group, topic, queue, done)
+            self._apply(op)
+            await self._log(op)
+            log.info("moved %d messages of %s/%d to %s", len(done), topic, queue, dlq)
+        if error is not None:
+            raise error
+
+    # ------------------------------------------------------------------ ack, change, nack
+
+    def _lease_for(self, group: str, handle: str) -> tuple[_PopQueue, str, int, int, int, _Lease]:
+        topic, queue, offset, epoch = decode_handle(handle)
+        table = self._tables.get((group, topic, queue))
+        lease = None if table is None else table.leases.get(offset)
+        if table is None or lease is None:
+            if table is not None and table.done.is_done(offset):
+                raise InvalidRequest(
+                    f"{topic}/{queue} offset {offset} was already acknowledged for group {group!r}"
+                )
+            raise InvalidRequest(
+                f"no lease of group {group!r} on {topic}/{queue} offset {offset}: "
+                "a handle from another group, or never leased here"
+            )
+        if lease.epoch != epoch:
+            raise InvalidRequest(
+                f"stale handle for {topic}/{queue} offset {offset}: the message was "
+                "delivered again since (or its invisible time changed); use the newest handle"
+            )
+        return table, topic, queue, offset, epoch, lease
+
+    async def ack(self, group: str, handles: list[str]) -> PopAckResponse:
+        errors: list[str] = []
+        ops: dict[tuple[str, int], _PopOp] = {}
+        for handle in handles:
+            try:
+                table, topic, queue, offset, epoch, _ = self._lease_for(group, handle)
+            except InvalidRequest as exc:
+                errors.append(str(exc))
+                continue
+            table.finish(offset)
+            op = ops.get((topic, queue))
+            if op is None:
+                op = ops[(topic, queue)] = _PopOp("ack", group, topic, queue, [])
+            op.offsets.append(offset)
+            op.epochs.append(epoch)
+            errors.append("")
+        for op in ops.values():
+            await self._log(op)
+        return PopAckResponse(errors=errors)
+
+    async def change_invisible(
+        self, group: str, handle: str, invisible_ms: int
+    ) -> PopChangeInvisibleResponse:
+        cfg = self._config
+        if not cfg.pop_min_invisible_ms <= invisible_ms <= cfg.pop_max_invisible_ms:
+            raise InvalidRequest(
+                f"invisible duration must be {cfg.pop_min_invisible_ms / 1000:g} s to "
+                f"{cfg.pop_max_invisible_ms / 1000:g} s"
+            )
+        _, topic, queue, offset, _, _ = self._lease_for(group, handle)
+        epoch = self._next_epoch()
+        deadline = self._clock.now_ms() + invisible_ms
+        op = _PopOp("change", group, topic, queue, [offset], [epoch], [], deadline)
+        self._apply(op)
+        await self._log(op)
+        return PopChangeInvisibleResponse(
+            handle=encode_handle(topic, queue, offset, epoch), deadline_ms=deadline
+        )
+
+    async def nack(
+        self, group: str, handle: str, delay_ms: int, *, release: bool, reason: str
+    ) -> None:
+        if not 0 <= delay_ms <= self._config.pop_max_invisible_ms:
+            raise InvalidRequest(f"delay must be 0..{self._config.pop_max_invisible_ms / 1000:g} s")
+        _, topic, queue, offset, _, lease = self._lease_for(group, handle)
+        attempt = lease.attempt - 1 if release else lease.attempt
+        deadline = self._clock.now_ms() + (0 if release else delay_ms)
+        op = _PopOp(
+            "nack", group, topic, queue, [offset], [], [attempt], deadline, error=reason[:1000]
+        )
+        self._apply(op)
+        await self._log(op)
+
+    def status(self, group: str) -> list[PopQueueStatus]:
+        return [
+            PopQueueStatus(
+                topic=topic,
+                queue=queue,
+                acked_below=t.done.low,
+                next_offset=t.next_offset,
+                in_flight=len(t.leases),
+                dead_lettered=t.dead,
+            )
+            for (g, topic, queue), t in sorted(self._tables.items())
+            if g == group
+        ]
+
+    def groups(self) -> Iterable[str]:
+        return sorted({g for g, _, _ in self._tables})
+
+
+def _apply_lease(table: _PopQueue, op: _PopOp) -> None:
+    leased = set(op.offsets)
+    for i, offset in enumerate(op.offsets):
+        table.set_lease(offset, _Lease(op.deadline, op.attempts[i], op.epochs[i]))
+    if op.next_offset > table.next_offset:
+        # Offsets passed over (filtered out) are finished: mark the runs between leases.
+        start = table.next_offset
+        for offset in sorted(o for o in leased if start <= o < op.next_offset):
+            if offset > start:
+                table.done.mark(start, offset - start)
+            start = offset + 1
+        if op.next_offset > start:
+            table.done.mark(start, op.next_offset - start)
+        table.next_offset = op.next_offset
+
+
+def _apply_ack(table: _PopQueue, op: _PopOp) -> None:
+    for offset in op.offsets:
+        table.finish(offset)
+
+
+def _apply_dlq(table: _PopQueue, op: _PopOp) -> None:
+    _apply_ack(table, op)
+    table.dead += len(op.offsets)
+
+
+def _apply_change(table: _PopQueue, op: _PopOp) -> None:
+    lease = table.leases.get(op.offsets[0])
+    if lease is not None:
+        lease.deadline, lease.epoch = op.deadline, op.epochs[0]
+        heapq.heappush(table.expiry, (op.deadline, op.offsets[0], op.epochs[0]))
+
+
+def _apply_nack(table: _PopQueue, op: _PopOp) -> None:
+    lease = table.leases.get(op.offsets[0])
+    if lease is not None:
+        lease.deadline, lease.attempt, lease.error = op.deadline, op.attempts[0], op.error
+        heapq.heappush(table.expiry, (op.deadline, op.offsets[0], lease.epoch))
+
+
+_APPLY: Final[dict[str, Callable[[_PopQueue, _PopOp], None]]] = {
+    "lease": _apply_lease,
+    "ack": _apply_ack,
+    "dlq": _apply_dlq,
+    "change": _apply_change,
+    "nack": _apply_nack,
+}
+
+
+def _take_due(
+    table: _PopQueue, want: int, max_attempts: int, now: int
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """Leases that ran out, to deliver again: (offset, attempt) pairs, and the offsets
+    whose attempts are used up (for the dead-letter topic)."""
+    chosen: list[tuple[int, int]] = []
+    to_dlq: list[int] = []
+    while table.expiry and table.expiry[0][0] <= now and len(chosen) < want:
+        deadline, offset, epoch = heapq.heappop(table.expiry)
+        lease = table.leases.get(offset)
+        if lease is None or lease.epoch != epoch or lease.deadline != deadline:
+            continue  # acked, changed or re-leased since
+        if lease.attempt >= max_attempts:
+            to_dlq.append(offset)
+            continue
+        chosen.append((offset, lease.attempt + 1))
+    return chosen, to_dlq
+
+
+def _take_new(
+    store: MessageStore,
+    topic: str,
+    queue: int,
+    *,
+    flt: TagExpression | Sql92Filter,
+    next_offset: int,
+    chosen: list[tuple[int, int]],
+    want: int,
+) -> tuple[dict[int, bytes], int]:
+    """Append never-delivered messages that pass the filter to `chosen` (up to `want`);
+    returns the records read (by base offset) and the new next offset."""
+    records: dict[int, bytes] = {}
+    _, end = store.queue_bounds(topic, queue)
+    while len(chosen) < want and next_offset < end:
+        result = store.read(topic, queue, next_offset, max_bytes=_READ_BYTES, tag_mask=_mask(flt))
+        if result.status is ReadStatus.OFFSET_OUT_OF_RANGE:
+            if next_offset >= result.min_offset:
+                break
+            next_offset = result.min_offset  # retention removed the ones before
+            continue
+        if result.status is not ReadStatus.FOUND:
+            return records, max(next_offset, result.next_offset)
+        for batch in result.batches:
+            matches = _matches(batch.record, flt)
+            for i in range(max(0, next_offset - batch.base_offset), batch.count):
+                if len(chosen) >= want:
+                    return records, next_offset
+                offset = batch.base_offset + i
+                next_offset = offset + 1
+                if matches is None or matches[i]:
+                    chosen.append((offset, 1))
+                    records[batch.base_offset] = batch.record
+        next_offset = max(next_offset, result.next_offset)
+    return records, next_offset
+
+
+def _check_group(group: str) -> None:
+    if not group or len(group) > _GROUP_MAX_CHARS:
+        raise InvalidRequest(f"a group name has 1-{_GROUP_MAX_CHARS} characters")
+
+
+def _mask(flt: TagExpression | Sql92Filter) -> int:
+    return flt.summary_mask() if isinstance(flt, TagExpression) else 0
+
+
+def _count(record: bytes) -> int:
+    return parse_header(record).count
+
+
+def _matches(record: bytes, flt: TagExpression | Sql92Filter) -> list[bool] | None:
+    """Per message of the record, whether it passes the filter (None: all do)."""
+    if isinstance(flt, TagExpression) and flt.tags is None:
+        return None
+    header = parse_header(record)
+    messages = decode_messages(memoryview(record)[header.payload_start :])
+    if isinstance(flt, TagExpression):
+        return [flt.matches(m.tag) for m in messages]
+    return [
+        flt.matches({k: v.decode(errors="replace") for k, v in m.headers}, m.tag) for m in messages
+    ]

@@ -1,0 +1,297 @@
+"""Pop consumption (asyncio): `SimpleConsumer` leases messages; many consumers of one group
+share every queue.
+
+    consumer = SimpleConsumer(bootstrap, "jobs", {"orders": "paid || shipped"})
+    for msg in await consumer.receive(32, invisible_duration=30.0):
+        await msg.ack()  # or nack(delay=10.0), release(), change_invisible_duration(60.0)
+
+A received message is invisible to the group's other consumers until it is acknowledged
+or its invisible duration runs out; then it is delivered again with `delivery_attempt`
++ 1. After `max_attempts` deliveries the broker moves it to the group's dead-letter topic
+`%DLQ%<group>`. Subscriptions take a tag expression ("*", "a || b") or a `Sql92("...")`
+filter over message headers and the tag; both are checked when the consumer is made (an
+invalid one raises FilterSyntaxError with the column) and evaluated on the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tidemq.client.cluster import ClientConfig, ClusterClient
+from tidemq.core.errors import InvalidRequest, TidemqError
+from tidemq.core.filters import compile_sql92, parse_tag_expression
+from tidemq.core.message import Message, messages_from_records
+from tidemq.protocol.commands import (
+    Empty,
+    PopAckRequest,
+    PopAckResponse,
+    PopChangeInvisibleRequest,
+    PopChangeInvisibleResponse,
+    PopNackRequest,
+    PopReceiveRequest,
+    PopReceiveResponse,
+    PopSubscription,
+)
+
+__all__ = ["AsyncReceivedMessage", "AsyncSimpleConsumer", "Sql92"]
+
+#: Limits of a receive, checked here for a clear error (the broker checks them too).
+MIN_INVISIBLE_S = 1.0
+MAX_INVISIBLE_S = 12 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sql92:
+    """A SQL92 filter for a subscription: `Sql92("region = 'eu' AND amount > 100")`."""
+
+    expression: str
+
+
+Filter = str | Sql92
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncReceivedMessage(Message):
+    """A leased message: `Message` fields plus its delivery attempt and handle."""
+
+    delivery_attempt: int = 1
+    #: Opaque: names this lease. A newer lease of the same message makes it stale.
+    handle: str = ""
+    #: When the lease runs out (epoch ms), unless acked or changed.
+    invisible_until_ms: int = 0
+    _consumer: AsyncSimpleConsumer | None = field(default=None, repr=False, compare=False)
+    _broker: str = field(default="", repr=False, compare=False)
+
+    def _owner(self) -> AsyncSimpleConsumer:
+        if self._consumer is None:
+            raise InvalidRequest("this message was not received by a SimpleConsumer")
+        return self._consumer
+
+    async def ack(self) -> None:
+        await self._owner().ack(self)
+
+    async def nack(self, delay: float = 0.0, *, reason: str = "") -> None:
+        await self._owner().nack(self, delay=delay, reason=reason)
+
+    async def release(self) -> None:
+        await self._owner().release(self)
+
+    async def change_invisible_duration(self, duration: float) -> AsyncReceivedMessage:
+        return await self._owner().change_invisible_duration(self, duration)
+
+
+def _subscription(topic: str, flt: Filter) -> PopSubscription:
+    if isinstance(flt, Sql92):
+        compile_sql92(flt.expression)  # FilterSyntaxError, with the column, here
+        return PopSubscription(topic=topic, expression=flt.expression, kind="sql92")
+    parse_tag_expression(flt)
+    return PopSubscription(topic=topic, expression=flt, kind="tag")
+
+
+def _ms(seconds: float, what: str, lo: float, hi: float) -> int:
+    if math.isnan(seconds) or not lo <= seconds <= hi:
+        raise ValueError(f"{what} must be {lo:g} to {hi:g} seconds, got {seconds!r}")
+    return round(seconds * 1000)
+
+
+class AsyncSimpleConsumer:
+    def __init__(
+        self,
+        bootstrap: str = "127.0.0.1:9876",
+        group: str = "",
+        subscriptions: Mapping[str, Filter] | None = None,
+        *,
+        invisible_duration: float = 60.0,
+        max_attempts: int = 16,
+        await_duration: float = 5.0,
+        client_config: ClientConfig | None = None,
+    ) -> None:
+        """`await_duration`: how long `receive` waits on the broker for messages (long
+        polling) before it returns an empty list."""
+        if not group:
+            raise ValueError("a SimpleConsumer needs a group")
+        if not subscriptions:
+            raise ValueError("a SimpleConsumer needs subscriptions: {topic: filter}")
+        self.group = group
+        self._subs = [_subscription(t, f) for t, f in subscriptions.items()]
+        self._invisible_ms = _ms(
+            invisible_duration, "invisible_duration", MIN_INVISIBLE_S, MAX_INVISIBLE_S
+        )
+        if not 1 <= max_attempts <= 1000:
+            raise ValueError("max_attempts must be 1..1000")
+        self._max_attempts = max_attempts
+        self._wait_ms = _ms(await_duration, "await_duration", 0.0, 30.0)
+        self._cluster = ClusterClient(bootstrap, client_config)
+        self._rr = 0
+        self._closed = False
+
+    @property
+    def cluster(self) -> ClusterClient:
+        return self._cluster
+
+    async def _brokers(self) -> list[str]:
+        routes = await self._cluster.refresh_routes()
+        topics = [s.topic for s in self._subs]
+        if any(t not in routes for t in topics):
+            routes = await self._cluster.refresh_routes(force=True)
+        addresses = {
+            routes.broker_for(t, q) for t in topics if t in routes for q in routes.queues(t)
+        }
+        found = sorted(a for a in addresses if a)
+        if not found:
+            missing = [t for t in topics if t not in routes]
+            detail = f" (unknown: {missing})" if missing else ""
+            raise TidemqError(f"no broker serves the subscribed topics{detail}")
+        return found
+
+    async def receive(
+        self, max_messages: int = 16, invisible_duration: float | None = None
+    ) -> list[AsyncReceivedMessage]:
+        """Lease up to `max_messages` messages; waits up to `await_duration` for some."""
+        if self._closed:
+            raise TidemqError("the consumer is closed")
+        invisible_ms = (
+            self._invisible_ms
+            if invisible_duration is None
+            else _ms(invisible_duration, "invisible_duration", MIN_INVISIBLE_S, MAX_INVISIBLE_S)
+        )
+        brokers = await self._brokers()
+        self._rr += 1
+        per_broker = max(1, math.ceil(max_messages / len(brokers)))
+        # The first broker (in turn) waits; the others answer at once with what they have.
+        order = brokers[self._rr % len(brokers) :] + brokers[: self._rr % len(brokers)]
+        results = await asyncio.gather(
+            *(
+                self._receive_from(a, per_broker, invisible_ms, self._wait_ms if i == 0 else 0)
+                for i, a in enumerate(order)
+            )
+        )
+        return [m for batch in results for m in batch]
+
+    async def _receive_from(
+        self, address: str, max_messages: int, invisible_ms: int, wait_ms: int
+    ) -> list[AsyncReceivedMessage]:
+        req = PopReceiveRequest(
+            group=self.group,
+            subscriptions=self._subs,
+            max_messages=max_messages,
+            invisible_ms=invisible_ms,
+            max_wait_ms=wait_ms,
+            max_attempts=self._max_attempts,
+        )
+        timeout = self._cluster.config.request_timeout_ms + wait_ms
+        try:
+            resp, body = await self._cluster.request(
+                address, req, PopReceiveResponse, timeout_ms=timeout
+            )
+        except TidemqError as exc:
+            self._cluster.invalidate(exc)
+            raise
+        return self._messages(address, resp, body)
+
+    def _messages(
+        self, address: str, resp: PopReceiveResponse, body: bytes
+    ) -> list[AsyncReceivedMessage]:
+        decoded: dict[tuple[str, int, int], Message] = {}
+        pos = 0
+        for rec in resp.records:
+            chunk = body[pos : pos + rec.size]
+            pos += rec.size
+            for m in messages_from_records(rec.topic, rec.queue, chunk, [rec.size], 0):
+                decoded[(m.topic, m.queue, m.offset)] = m
+        out: list[AsyncReceivedMessage] = []
+        for p in resp.messages:
+            got = decoded.get((p.topic, p.queue, p.offset))
+            if got is None:
+                raise TidemqError(
+                    f"broker leased {p.topic}/{p.queue}@{p.offset} without its record"
+                )
+            out.append(
+                AsyncReceivedMessage(
+                    got.topic,
+                    got.queue,
+                    got.offset,
+                    got.value,
+                    got.key,
+                    got.tag,
+                    got.keys,
+                    got.headers,
+                    got.timestamp_ms,
+                    got.origin,
+                    p.attempt,
+                    p.handle,
+                    p.deadline_ms,
+                    self,
+                    address,
+                )
+            )
+        return out
+
+    async def ack(self, msg: AsyncReceivedMessage) -> None:
+        """Acknowledge: the message is done for the group. Raises for a stale or foreign
+        handle (the lease ran out and the message went to another consumer)."""
+        await self.ack_many([msg])
+
+    async def ack_many(self, messages: list[AsyncReceivedMessage]) -> None:
+        """Acknowledge several in one request per broker; raises for the first refused."""
+        by_broker: dict[str, list[AsyncReceivedMessage]] = {}
+        for m in messages:
+            by_broker.setdefault(m._broker, []).append(m)
+        for address, msgs in by_broker.items():
+            resp = await self._cluster.call(
+                address,
+                PopAckRequest(group=self.group, handles=[m.handle for m in msgs]),
+                PopAckResponse,
+            )
+            refused = [e for e in resp.errors if e]
+            if refused:
+                raise InvalidRequest(refused[0])
+
+    async def nack(
+        self, msg: AsyncReceivedMessage, *, delay: float = 0.0, reason: str = ""
+    ) -> None:
+        """Give it back, to be delivered again after `delay` seconds (this delivery counts
+        as an attempt)."""
+        delay_ms = _ms(delay, "delay", 0.0, MAX_INVISIBLE_S)
+        await self._cluster.call(
+            msg._broker,
+            PopNackRequest(group=self.group, handle=msg.handle, delay_ms=delay_ms, reason=reason),
+            Empty,
+        )
+
+    async def release(self, msg: AsyncReceivedMessage) -> None:
+        """Give it back at once, without counting this delivery as an attempt."""
+        await self._cluster.call(
+            msg._broker, PopNackRequest(group=self.group, handle=msg.handle, release=True), Empty
+        )
+
+    async def change_invisible_duration(
+        self, msg: AsyncReceivedMessage, duration: float
+    ) -> AsyncReceivedMessage:
+        """Keep the lease for `duration` seconds from now; returns the message with its new
+        handle (the old one becomes stale)."""
+        ms = _ms(duration, "invisible duration", MIN_INVISIBLE_S, MAX_INVISIBLE_S)
+        resp = await self._cluster.call(
+            msg._broker,
+            PopChangeInvisibleRequest(group=self.group, handle=msg.handle, invisible_ms=ms),
+            PopChangeInvisibleResponse,
+        )
+        return AsyncReceivedMessage(
+            msg.topic, msg.queue, msg.offset, msg.value, msg.key, msg.tag, msg.keys, msg.headers,
+            msg.timestamp_ms, msg.origin, msg.delivery_attempt, resp.handle, resp.deadline_ms,
+            self, msg._broker,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._cluster.close()
+
+    async def __aenter__(self) -> AsyncSimpleConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,89 @@
+"""System properties of commit-log records written by the broker's services.
+
+A record's properties block (`tidemq.core.record`) is empty for ordinary batches. Records of
+the timer and transaction services carry one `SystemProperties` struct, msgpack-encoded
+(msgspec), with short field names because it is stored with every such record. Which
+fields are set depends on the record's flags:
+
+============================  =============================================================
+record (flags)                fields
+============================  =============================================================
+schedule (DELAYED)            ``tt`` target topic, ``tq`` target queue, ``due`` deliver-at ms
+cancel (DELAYED | CONTROL)    ``ref`` timer offset of the schedule it cancels
+delivered (FROM_TIMER)        ``ot``/``oq``/``oo`` origin (timer topic, queue, offset),
+                              ``due`` the time it was scheduled for
+half (TRANSACTION_HALF)       ``tx`` transaction id, ``grp`` producer group, ``tt``, ``tq``
+decision (CONTROL | HALF)     ``txs`` transaction ids, ``commit``, ``sink``/``bid`` marker,
+                              ``why`` reason (for rollbacks the broker decided)
+published (FROM_TRANSACTION)  ``tx``, ``ot``/``oq``/``oo`` origin (half topic, queue, offset)
+============================  =============================================================
+
+The origin fields give a delivered or published message the id it had when it was sent
+(`tidemq.core.message.message_id` of the origin), so a receipt's id still names the
+message after the timer or the commit moved it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from tidemq.core.errors import CorruptRecordError
+
+__all__ = [
+    "HALF_TOPIC",
+    "INTERNAL_PREFIX",
+    "OP_TOPIC",
+    "POP_TOPIC",
+    "TIMER_TOPIC",
+    "SystemProperties",
+    "decode_properties",
+    "encode_properties",
+]
+
+#: Internal topics of the broker's services (`tidemq.broker.system_topics`). Clients see
+#: their names only inside message ids' origins.
+INTERNAL_PREFIX: Final = "%SYS%"
+TIMER_TOPIC: Final = "%SYS%TIMER"
+HALF_TOPIC: Final = "%SYS%TXN_HALF"
+OP_TOPIC: Final = "%SYS%TXN_OP"
+POP_TOPIC: Final = "%SYS%POP"
+
+
+class SystemProperties(msgspec.Struct, kw_only=True, omit_defaults=True):
+    tt: str = ""
+    tq: int = -1
+    due: int = 0
+    ref: int = -1
+    ot: str = ""
+    oq: int = -1
+    oo: int = -1
+    tx: str = ""
+    grp: str = ""
+    txs: list[str] = []
+    commit: bool = False
+    sink: str = ""
+    bid: int = -1
+    why: str = ""
+
+    @property
+    def origin(self) -> tuple[str, int, int] | None:
+        return (self.ot, self.oq, self.oo) if self.ot else None
+
+
+_ENCODER: Final = msgspec.msgpack.Encoder()
+_DECODER: Final = msgspec.msgpack.Decoder(SystemProperties)
+
+
+def encode_properties(props: SystemProperties) -> bytes:
+    return _ENCODER.encode(props)
+
+
+def decode_properties(data: bytes | memoryview) -> SystemProperties:
+    if not data:
+        return SystemProperties()
+    try:
+        return _DECODER.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        raise CorruptRecordError(f"undecodable record properties: {exc}") from None

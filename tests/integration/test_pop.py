@@ -1,0 +1,214 @@
+"""Pop consumption (`SimpleConsumer`) against a real broker: shared queues, leases,
+redelivery, ack / nack / release / change of invisible duration, stale and foreign
+handles, filters, dead letters, limits, and a broker restart."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tidemq import aio
+from tidemq.broker.broker import Broker
+from tidemq.client.simple_consumer import AsyncReceivedMessage, AsyncSimpleConsumer, Sql92
+from tidemq.core.errors import InvalidRequest
+from tidemq.core.filters import FilterSyntaxError
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import BrokerEnv, Loop, StartBroker
+
+pytestmark = pytest.mark.timeout(120)
+
+TOPIC = "jobs"
+
+
+async def _setup(address: str, count: int, queues: int = 2, **send: object) -> None:
+    async with aio.Admin(address) as admin:
+        await admin.create_topic(TOPIC, queues)
+    async with aio.Producer(address) as producer:
+        for i in range(count):
+            await producer.send(TOPIC, b"job-%d" % i, queue=i % queues, **send)  # type: ignore[arg-type]
+
+
+def _consumer(address: str, group: str = "workers", **kw: object) -> AsyncSimpleConsumer:
+    options: dict[str, object] = {"await_duration": 0.3, **kw}
+    subs = options.pop("subscriptions", {TOPIC: "*"})
+    return AsyncSimpleConsumer(address, group, subs, **options)  # type: ignore[arg-type]
+
+
+async def _drain(consumer: AsyncSimpleConsumer, *, ack: bool = True) -> list[AsyncReceivedMessage]:
+    out: list[AsyncReceivedMessage] = []
+    while batch := await consumer.receive(32, invisible_duration=30.0):
+        out.extend(batch)
+        if ack:
+            await consumer.ack_many(batch)
+    return out
+
+
+def test_consumers_share_queues_and_each_message_goes_to_one(loop: Loop, broker: BrokerEnv) -> None:
+    async def main() -> None:
+        await _setup(broker.address, 200)
+        a, b = _consumer(broker.address), _consumer(broker.address)
+        got_a, got_b = await asyncio.gather(_drain(a), _drain(b))
+        values = [m.value or b"" for m in got_a + got_b]
+        assert sorted(values) == sorted(b"job-%d" % i for i in range(200))  # once each
+        assert {m.delivery_attempt for m in got_a + got_b} == {1}
+        assert await a.receive(10) == []  # all acked: nothing comes back
+        # Another group gets every message again, independently.
+        c = _consumer(broker.address, group="auditors")
+        assert len(await _drain(c)) == 200
+        for x in (a, b, c):
+            await x.close()
+
+    loop.run(main())
+
+
+def test_unacked_messages_come_back_after_their_lease(loop: Loop, broker: BrokerEnv) -> None:
+    async def main() -> None:
+        await _setup(broker.address, 3, queues=1)
+        c = _consumer(broker.address)
+        first = await c.receive(3, invisible_duration=1.0)
+        assert [m.value for m in first] == [b"job-0", b"job-1", b"job-2"]
+        await first[0].ack()
+        assert await c.receive(3, invisible_duration=1.0) == []  # still leased
+        t0 = time.monotonic()
+        again: list[AsyncReceivedMessage] = []
+        while len(again) < 2:
+            again += await c.receive(3, invisible_duration=5.0)
+        assert 0.5 < time.monotonic() - t0 < 1.0 + 2.0  # late by at most 2 s
+        assert sorted(m.value or b"" for m in again) == [b"job-1", b"job-2"]
+        assert {m.delivery_attempt for m in again} == {2}
+        with pytest.raises(InvalidRequest, match="stale handle"):
+            await first[1].ack()  # the first lease's handle: the message was redelivered
+        with pytest.raises(InvalidRequest, match="already acknowledged"):
+            await first[0].ack()
+        await c.ack_many(again)
+        other = _consumer(broker.address, group="other")
+        with pytest.raises(InvalidRequest, match="another group"):
+            await other.ack(again[0])  # a foreign handle
+        await c.close()
+        await other.close()
+
+    loop.run(main())
+
+
+def test_nack_release_and_change_invisible(loop: Loop, broker: BrokerEnv) -> None:
+    async def main() -> None:
+        await _setup(broker.address, 1, queues=1)
+        c = _consumer(broker.address)
+        [m] = await c.receive(1)
+        await m.release()  # back at once, the delivery not counted
+        [m] = await c.receive(1)
+        assert m.delivery_attempt == 1
+        await m.nack(delay=1.0, reason="try later")  # counted
+        assert await c.receive(1) == []  # waits 0.3 s: not yet
+        await asyncio.sleep(0.8)
+        [m] = await c.receive(1)
+        assert m.delivery_attempt == 2
+        longer = await m.change_invisible_duration(120.0)
+        assert longer.handle != m.handle
+        assert longer.invisible_until_ms > m.invisible_until_ms
+        with pytest.raises(InvalidRequest, match="stale handle"):
+            await m.ack()
+        await longer.ack()
+        with pytest.raises(ValueError, match="1 to 43200 seconds"):
+            await c.receive(1, invisible_duration=0.5)
+        await c.close()
+
+    loop.run(main())
+
+
+def test_tag_and_sql92_filters(loop: Loop, broker: BrokerEnv) -> None:
+    async def main() -> None:
+        async with aio.Admin(broker.address) as admin:
+            await admin.create_topic(TOPIC, 1)
+        async with aio.Producer(broker.address) as producer:
+            for i in range(30):
+                await producer.send(
+                    TOPIC,
+                    b"m%d" % i,
+                    tag=("paid", "shipped", "cancelled")[i % 3],
+                    headers={"region": b"eu" if i % 2 else b"us", "amount": b"%d" % (i * 10)},
+                )
+        tags = _consumer(broker.address, "t", subscriptions={TOPIC: "paid || shipped"})
+        got = await _drain(tags)
+        assert sorted(m.value or b"" for m in got) == sorted(
+            b"m%d" % i for i in range(30) if i % 3 != 2
+        )
+        sql = _consumer(
+            broker.address, "s", subscriptions={TOPIC: Sql92("region = 'eu' AND amount > 150")}
+        )
+        got = await _drain(sql)
+        assert sorted(m.value or b"" for m in got) == sorted(
+            b"m%d" % i for i in range(30) if i % 2 and i * 10 > 150
+        )
+        with pytest.raises(FilterSyntaxError, match="column"):
+            _consumer(broker.address, "x", subscriptions={TOPIC: Sql92("region = ")})
+        with pytest.raises(FilterSyntaxError):
+            _consumer(broker.address, "x", subscriptions={TOPIC: "a || "})
+        for c in (tags, sql):
+            await c.close()
+
+    loop.run(main())
+
+
+def test_dead_letters_after_max_attempts(loop: Loop, broker: BrokerEnv) -> None:
+    async def main() -> None:
+        await _setup(broker.address, 2, queues=1)
+        c = _consumer(broker.address, max_attempts=2)
+        for _ in range(2):
+            batch = await c.receive(2)
+            assert len(batch) == 2
+            for m in batch:
+                await m.nack(reason="handler failed")
+        assert await c.receive(2) == []  # both used their 2 attempts: dead-lettered
+        dlq = aio.StreamConsumer(broker.address, start="earliest")
+        dlq.assign([("%DLQ%workers", 0)])
+        dead: list[aio.Message] = []
+        deadline = time.monotonic() + 10
+        while len(dead) < 2 and time.monotonic() < deadline:
+            dead += await dlq.poll(300)
+        dead += await dlq.poll(200)
+        await dlq.close()
+        assert sorted(m.value or b"" for m in dead) == [b"job-0", b"job-1"]  # once each
+        h = dead[0].headers
+        assert h["tidemq.dlq.topic"] == TOPIC.encode()
+        assert h["tidemq.dlq.attempts"] == b"2"
+        assert h["tidemq.dlq.error"] == b"handler failed"
+        await c.close()
+
+    loop.run(main())
+
+
+def test_leases_and_acks_survive_a_restart(loop: Loop, start_broker: StartBroker) -> None:
+    env = start_broker(service_checkpoint_interval_ms=100)
+
+    async def before() -> None:
+        await _setup(env.address, 10, queues=1)
+        c = _consumer(env.address)
+        batch = await c.receive(6, invisible_duration=2.0)
+        assert len(batch) == 6
+        await c.ack_many(batch[:3])
+        await c.close()
+
+    loop.run(before())
+    loop.run(env.broker.stop())
+    restarted = Broker(env.broker.config, embedded_nameserver=True)
+    address = loop.run(restarted.start())
+
+    async def after() -> None:
+        c = _consumer(address)
+        fresh = await _drain(c)  # the 4 never leased; the 3 leased are still invisible
+        assert sorted(m.value or b"" for m in fresh) == [b"job-%d" % i for i in range(6, 10)]
+        await asyncio.sleep(2.0)
+        back = await _drain(c)
+        assert sorted(m.value or b"" for m in back) == [b"job-3", b"job-4", b"job-5"]
+        assert {m.delivery_attempt for m in back} == {2}
+        await c.close()
+
+    try:
+        loop.run(after())
+    finally:
+        loop.run(restarted.stop())
