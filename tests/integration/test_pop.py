@@ -212,3 +212,60 @@ def test_leases_and_acks_survive_a_restart(loop: Loop, start_broker: StartBroker
         loop.run(after())
     finally:
         loop.run(restarted.stop())
+
+
+def test_fifo_groups_are_delivered_in_order_one_at_a_time(
+    loop: Loop, start_broker: StartBroker
+) -> None:
+    env = start_broker(service_checkpoint_interval_ms=100)
+
+    async def before() -> None:
+        async with aio.Admin(env.address) as admin:
+            await admin.create_topic("fifo", 1, message_type="FIFO")
+        async with aio.Producer(env.address) as producer:
+            for i in range(4):
+                for g in (b"g1", b"g2", b"g3"):
+                    await producer.send("fifo", g + b"-%d" % i, key=g, queue=0)
+        c = _consumer(env.address, subscriptions={"fifo": "*"}, max_attempts=2)
+        first = await c.receive(10)
+        # One message per group: each group's first; the rest wait behind them.
+        assert sorted(m.value or b"" for m in first) == [b"g1-0", b"g2-0", b"g3-0"]
+        assert await c.receive(10) == []
+        by = {m.key: m for m in first}
+        await by[b"g1"].ack()
+        await by[b"g2"].nack(reason="poison")  # g2 is stuck; g1 and g3 go on
+        got = await c.receive(10)
+        assert sorted(m.value or b"" for m in got) == [b"g1-1", b"g2-0"]
+        for m in got:
+            if m.key == b"g2":
+                await m.nack(reason="poison again")  # second attempt: next stop, the DLQ
+            else:
+                await m.ack()
+        await by[b"g3"].ack()
+        await c.close()
+
+    loop.run(before())
+    loop.run(env.broker.stop())  # FIFO state survives a restart
+    restarted = Broker(env.broker.config, embedded_nameserver=True)
+    address = loop.run(restarted.start())
+
+    async def after() -> None:
+        c = _consumer(address, subscriptions={"fifo": "*"}, max_attempts=2)
+        order: dict[bytes, list[bytes]] = {b"g1": [b"g1-0", b"g1-1"], b"g2": [], b"g3": [b"g3-0"]}
+        deadline = time.monotonic() + 20
+        while sum(map(len, order.values())) < 11 and time.monotonic() < deadline:
+            batch = await c.receive(10)
+            keys = [m.key for m in batch]
+            assert len(keys) == len(set(keys))  # never two of one group at once
+            for m in batch:
+                order[m.key or b""].append(m.value or b"")
+                await m.ack()
+        assert order[b"g1"] == [b"g1-0", b"g1-1", b"g1-2", b"g1-3"]
+        assert order[b"g3"] == [b"g3-0", b"g3-1", b"g3-2", b"g3-3"]
+        assert order[b"g2"] == [b"g2-1", b"g2-2", b"g2-3"]  # g2-0 went to the DLQ
+        await c.close()
+
+    try:
+        loop.run(after())
+    finally:
+        loop.run(restarted.stop())

@@ -57,6 +57,7 @@ from tidemq.protocol.commands import Empty, PopNackRequest, PopQueueStatus, PopS
 from tidemq.protocol.frame import Frame
 from tidemq.store.files import FileSystem
 from tidemq.store.message_store import MessageStore
+from tidemq.store.metadata import MessageType
 
 __all__ = ["Broker"]
 
@@ -156,6 +157,7 @@ class Broker:
             clock=self._clock,
             queues_of=self._hosted_queues,
             ensure_topic=self._ensure_topic,
+            is_fifo=lambda t: self._topics.get(t).message_type is MessageType.FIFO,
         )
         self._rebuild_services(store)
         await self._transactions.start()

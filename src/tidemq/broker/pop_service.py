@@ -27,6 +27,7 @@ import base64
 import heapq
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -69,6 +70,10 @@ log = logging.getLogger(__name__)
 
 #: Bytes read per queue per receive while looking for messages.
 _READ_BYTES: Final = 1 << 20
+#: The deadline of a FIFO message waiting behind an earlier one of its message group.
+_HELD: Final = 1 << 62
+#: FIFO messages one receive may read past and hold back (behind their group's first).
+_MAX_HELD_PER_RECEIVE: Final = 10_000
 #: Subscriptions compiled and kept (by their text).
 _FILTER_CACHE: Final = 1024
 _GROUP_MAX_CHARS: Final = 255
@@ -99,6 +104,11 @@ class _PopOp(msgspec.Struct, array_like=True, omit_defaults=True):
     deadline: int = 0
     next_offset: int = -1
     error: str = ""
+    #: FIFO topics: the message group of each leased offset, and offsets held back behind
+    #: an earlier message of their group (with their groups).
+    groups: list[str] = []
+    held: list[int] = []
+    held_groups: list[str] = []
 
 
 _OP_DECODER: Final = msgspec.msgpack.Decoder(_PopOp)
@@ -122,14 +132,40 @@ class _PopQueue:
     #: still has that epoch and deadline.
     expiry: list[tuple[int, int, int]] = field(default_factory=list)
     dead: int = 0
+    #: FIFO topics: per message group (its key, hex), its unfinished offsets in order. Only
+    #: the first is ever leased; the others wait as leases with attempt 0 and a deadline
+    #: that never comes (`_HELD`) until the one before them finishes.
+    fifo_groups: dict[str, deque[int]] = field(default_factory=dict)
+    fifo_of: dict[int, str] = field(default_factory=dict)
 
     def set_lease(self, offset: int, lease: _Lease) -> None:
         self.leases[offset] = lease
-        heapq.heappush(self.expiry, (lease.deadline, offset, lease.epoch))
+        if lease.deadline != _HELD:
+            heapq.heappush(self.expiry, (lease.deadline, offset, lease.epoch))
+
+    def join_group(self, offset: int, group: str) -> None:
+        self.fifo_groups.setdefault(group, deque()).append(offset)
+        self.fifo_of[offset] = group
+
+    def busy(self, group: str) -> bool:
+        return bool(self.fifo_groups.get(group))
 
     def finish(self, offset: int) -> None:
         self.leases.pop(offset, None)
         self.done.mark(offset)
+        group = self.fifo_of.pop(offset, None)
+        if group is None:
+            return
+        waiting = self.fifo_groups[group]
+        waiting.remove(offset)
+        if not waiting:
+            del self.fifo_groups[group]
+            return
+        # The group moves on: its next message becomes deliverable now.
+        head = self.leases.get(waiting[0])
+        if head is not None and head.deadline == _HELD:
+            head.deadline = 0
+            heapq.heappush(self.expiry, (0, waiting[0], head.epoch))
 
 
 class _SavedQueue(msgspec.Struct, array_like=True):
@@ -140,6 +176,7 @@ class _SavedQueue(msgspec.Struct, array_like=True):
     done: list[tuple[int, int]]
     leases: list[tuple[int, int, int, int]]  # offset, deadline, attempt, epoch
     dead: int
+    fifo: list[tuple[str, list[int]]] = []
 
 
 class _SavedState(msgspec.Struct):
@@ -182,6 +219,7 @@ class PopService:
         clock: Clock,
         queues_of: Callable[[str], list[int]],
         ensure_topic: Callable[[str], Awaitable[None]],
+        is_fifo: Callable[[str], bool],
     ) -> None:
         self._config = config
         self._clock = clock
@@ -189,6 +227,7 @@ class PopService:
         self._polling = polling
         self._queues_of = queues_of
         self._ensure_topic = ensure_topic
+        self._is_fifo = is_fifo
         self._tables: dict[tuple[str, str, int], _PopQueue] = {}
         self._epoch = 0
         self._rr = 0
@@ -204,6 +243,9 @@ class PopService:
                 table = _PopQueue(q.next_offset, DoneSet.restore(q.done), dead=q.dead)
                 for offset, deadline, attempt, epoch in q.leases:
                     table.set_lease(offset, _Lease(deadline, attempt, epoch))
+                for g, offsets in q.fifo:
+                    for offset in offsets:
+                        table.join_group(offset, g)
                 self._tables[(q.group, q.topic, q.queue)] = table
         replayed = 0
         for rec in read_internal(store, POP_TOPIC, op_offset):
@@ -227,6 +269,7 @@ class PopService:
                 t.done.export(),
                 [(o, ls.deadline, ls.attempt, ls.epoch) for o, ls in t.leases.items()],
                 t.dead,
+                [(g, list(offsets)) for g, offsets in t.fifo_groups.items()],
             )
             for (group, topic, queue), t in self._tables.items()
         ]
@@ -253,7 +296,15 @@ class PopService:
 
     async def _log(self, op: _PopOp) -> None:
         """Make `op` durable (it is applied already)."""
-        payload = encode_batch([MessageRecord(msgspec.msgpack.encode(op), None, None, (), (), 0)])
+        await self._log_many([op])
+
+    async def _log_many(self, ops: list[_PopOp]) -> None:
+        """Make `ops` durable, in one record (one flush)."""
+        if not ops:
+            return
+        payload = encode_batch(
+            [MessageRecord(msgspec.msgpack.encode(op), None, None, (), (), 0) for op in ops]
+        )
         await self._gateway.append(POP_TOPIC, 0, payload, flags=RecordFlags.CONTROL)
 
     def _next_epoch(self) -> int:
@@ -322,15 +373,29 @@ class PopService:
         messages: list[PoppedMessage] = []
         n = len(queues)
         self._rr += 1
+        ops: list[_PopOp] = []
         for i in range(n):
             if len(messages) >= want:
                 break
             topic, q, flt = queues[(self._rr + i) % n]
-            got, popped = await self._receive_queue(req, topic, q, flt, want - len(messages))
+            got, popped, op = await self._receive_queue(req, topic, q, flt, want - len(messages))
             for record in got:
                 records.append(PopRecord(topic=topic, queue=q, size=len(record)))
                 bodies.append(record)
             messages.extend(popped)
+            if op is not None:
+                ops.append(op)
+        try:
+            await self._log_many(ops)  # one flush makes every queue's leases durable
+        except TidemqError:
+            for op in ops:  # not durable: hand them out again at once
+                table = self._tables[(op.group, op.topic, op.queue)]
+                for offset in op.offsets:
+                    lease = table.leases.get(offset)
+                    if lease is not None:
+                        lease.deadline = 0
+                        heapq.heappush(table.expiry, (0, offset, lease.epoch))
+            raise
         return PopReceiveResponse(records=records, messages=messages), b"".join(bodies)
 
     async def _receive_queue(
@@ -340,27 +405,31 @@ class PopService:
         queue: int,
         flt: TagExpression | Sql92Filter,
         want: int,
-    ) -> tuple[list[bytes], list[PoppedMessage]]:
+    ) -> tuple[list[bytes], list[PoppedMessage], _PopOp | None]:
         """Lease up to `want` messages of one queue: due redeliveries first, then new
-        ones. Returns the records holding them and the leases."""
+        ones. Returns the records holding them, the leases, and the operation to log
+        (applied already; the caller makes it durable before answering)."""
         store = self._gateway.store
         table = self._table(req.group, topic, queue)
         now = self._clock.now_ms()
         chosen, to_dlq = _take_due(table, want, req.max_attempts, now)
+        taken = _Taken(chosen, [""] * len(chosen))
         start_next = table.next_offset
+        fifo = self._is_fifo(topic)
         records, next_offset = _take_new(
             store,
             topic,
             queue,
             flt=flt,
             next_offset=table.next_offset,
-            chosen=chosen,
+            taken=taken,
             want=want,
+            fifo_table=table if fifo else None,
         )
         if to_dlq:
             await self._dead_letter(req.group, topic, queue, table, to_dlq)
         if not chosen and next_offset == start_next:
-            return [], []
+            return [], [], None
         deadline = now + req.invisible_ms
         epochs = [self._next_epoch() for _ in chosen]
         op = _PopOp(
@@ -373,17 +442,11 @@ class PopService:
             [a for _, a in chosen],
             deadline,
             next_offset,
+            groups=taken.groups if fifo else [],
+            held=taken.held,
+            held_groups=taken.held_groups,
         )
         self._apply(op)
-        try:
-            await self._log(op)
-        except TidemqError:
-            for offset, _ in chosen:  # not durable: hand them out again at once
-                lease = table.leases.get(offset)
-                if lease is not None:
-                    lease.deadline = 0
-                    heapq.heappush(table.expiry, (0, offset, lease.epoch))
-            raise
         for offset, _ in chosen:
             if not any(b <= offset < b + _count(r) for b, r in records.items()):
                 found = store.read(topic, queue, offset, max_bytes=1)
@@ -401,7 +464,7 @@ class PopService:
             )
             for (offset, attempt), epoch in zip(chosen, epochs, strict=True)
         ]
-        return [r for _, r in sorted(records.items())], popped
+        return [r for _, r in sorted(records.items())], popped, op
 
     async def _dead_letter(
         self, group: str, topic: str, queue: int, table: _PopQueue, offsets: list[int]
@@ -478,8 +541,7 @@ class PopService:
             op.offsets.append(offset)
             op.epochs.append(epoch)
             errors.append("")
-        for op in ops.values():
-            await self._log(op)
+        await self._log_many(list(ops.values()))
         return PopAckResponse(errors=errors)
 
     async def change_invisible(
@@ -522,7 +584,7 @@ class PopService:
                 queue=queue,
                 acked_below=t.done.low,
                 next_offset=t.next_offset,
-                in_flight=len(t.leases),
+                in_flight=sum(1 for ls in t.leases.values() if ls.deadline != _HELD),
                 dead_lettered=t.dead,
             )
             for (g, topic, queue), t in sorted(self._tables.items())
@@ -534,9 +596,14 @@ class PopService:
 
 
 def _apply_lease(table: _PopQueue, op: _PopOp) -> None:
-    leased = set(op.offsets)
+    leased = set(op.offsets) | set(op.held)
     for i, offset in enumerate(op.offsets):
+        if op.groups and op.groups[i] and offset not in table.fifo_of:
+            table.join_group(offset, op.groups[i])
         table.set_lease(offset, _Lease(op.deadline, op.attempts[i], op.epochs[i]))
+    for offset, group in zip(op.held, op.held_groups, strict=True):
+        table.join_group(offset, group)
+        table.set_lease(offset, _Lease(_HELD, 0, 0))
     if op.next_offset > table.next_offset:
         # Offsets passed over (filtered out) are finished: mark the runs between leases.
         start = table.next_offset
@@ -601,6 +668,17 @@ def _take_due(
     return chosen, to_dlq
 
 
+@dataclass(slots=True)
+class _Taken:
+    """What one receive takes from a queue: (offset, attempt) pairs to lease, the message
+    group of each (FIFO topics; "" otherwise), and FIFO messages held back."""
+
+    chosen: list[tuple[int, int]]
+    groups: list[str] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)
+    held_groups: list[str] = field(default_factory=list)
+
+
 def _take_new(
     store: MessageStore,
     topic: str,
@@ -608,14 +686,18 @@ def _take_new(
     *,
     flt: TagExpression | Sql92Filter,
     next_offset: int,
-    chosen: list[tuple[int, int]],
+    taken: _Taken,
     want: int,
+    fifo_table: _PopQueue | None,
 ) -> tuple[dict[int, bytes], int]:
-    """Append never-delivered messages that pass the filter to `chosen` (up to `want`);
-    returns the records read (by base offset) and the new next offset."""
+    """Add never-delivered messages that pass the filter to `taken` (up to `want`);
+    returns the records read (by base offset) and the new next offset. With `fifo_table`
+    (a FIFO topic), a message whose group (its key) has an earlier unfinished message is
+    held back instead, and at most one message per group is taken."""
     records: dict[int, bytes] = {}
+    chosen = taken.chosen
     _, end = store.queue_bounds(topic, queue)
-    while len(chosen) < want and next_offset < end:
+    while len(chosen) < want and next_offset < end and len(taken.held) < _MAX_HELD_PER_RECEIVE:
         result = store.read(topic, queue, next_offset, max_bytes=_READ_BYTES, tag_mask=_mask(flt))
         if result.status is ReadStatus.OFFSET_OUT_OF_RANGE:
             if next_offset >= result.min_offset:
@@ -626,16 +708,35 @@ def _take_new(
             return records, max(next_offset, result.next_offset)
         for batch in result.batches:
             matches = _matches(batch.record, flt)
+            keys = _keys(batch.record) if fifo_table is not None else None
             for i in range(max(0, next_offset - batch.base_offset), batch.count):
                 if len(chosen) >= want:
                     return records, next_offset
                 offset = batch.base_offset + i
                 next_offset = offset + 1
-                if matches is None or matches[i]:
-                    chosen.append((offset, 1))
-                    records[batch.base_offset] = batch.record
+                if matches is not None and not matches[i]:
+                    continue
+                group = keys[i] if keys is not None else ""
+                if group and fifo_table is not None and fifo_table.busy(group):
+                    taken.held.append(offset)
+                    taken.held_groups.append(group)
+                    continue
+                chosen.append((offset, 1))
+                taken.groups.append(group)
+                records[batch.base_offset] = batch.record
+                if group and fifo_table is not None:
+                    fifo_table.join_group(offset, group)  # busy from here on
         next_offset = max(next_offset, result.next_offset)
     return records, next_offset
+
+
+def _keys(record: bytes) -> list[str]:
+    """Each message's FIFO group: its key, in hex ("" for none: not ordered)."""
+    header = parse_header(record)
+    return [
+        m.key.hex() if m.key else ""
+        for m in decode_messages(memoryview(record)[header.payload_start :])
+    ]
 
 
 def _check_group(group: str) -> None:
