@@ -5,10 +5,15 @@ The synchronous client API; `tidemq.aio` has the asyncio twins with the same nam
 
 from __future__ import annotations
 
+from tidemq.client.push_consumer import HandlerTimeout, RetryPolicy
+from tidemq.client.simple_consumer import Sql92
 from tidemq.client.sync import (
     Admin,
     GroupConsumer,
     Producer,
+    PushConsumer,
+    ReceivedMessage,
+    SimpleConsumer,
     StreamConsumer,
     Transaction,
     TransactionProducer,
@@ -31,10 +36,16 @@ __all__ = [
     "AlreadyDelivered",
     "DelayTooLong",
     "GroupConsumer",
+    "HandlerTimeout",
     "Message",
     "MessageTypeMismatch",
     "Producer",
+    "PushConsumer",
     "Receipt",
+    "ReceivedMessage",
+    "RetryPolicy",
+    "SimpleConsumer",
+    "Sql92",
     "StreamConsumer",
     "TidemqError",
     "Transaction",

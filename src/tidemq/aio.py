@@ -5,6 +5,11 @@ from __future__ import annotations
 from tidemq.client.admin import AsyncAdmin as Admin
 from tidemq.client.group_consumer import AsyncGroupConsumer as GroupConsumer
 from tidemq.client.producer import AsyncProducer as Producer
+from tidemq.client.push_consumer import AsyncPushConsumer as PushConsumer
+from tidemq.client.push_consumer import HandlerTimeout, RetryPolicy
+from tidemq.client.simple_consumer import AsyncReceivedMessage as ReceivedMessage
+from tidemq.client.simple_consumer import AsyncSimpleConsumer as SimpleConsumer
+from tidemq.client.simple_consumer import Sql92
 from tidemq.client.stream_consumer import AsyncStreamConsumer as StreamConsumer
 from tidemq.client.transaction import AsyncTransaction as Transaction
 from tidemq.client.transaction import AsyncTransactionProducer as TransactionProducer
@@ -14,9 +19,15 @@ from tidemq.core.message import Message, Receipt
 __all__ = [
     "Admin",
     "GroupConsumer",
+    "HandlerTimeout",
     "Message",
     "Producer",
+    "PushConsumer",
     "Receipt",
+    "ReceivedMessage",
+    "RetryPolicy",
+    "SimpleConsumer",
+    "Sql92",
     "StreamConsumer",
     "Transaction",
     "TransactionCheck",

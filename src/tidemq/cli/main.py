@@ -2,7 +2,8 @@
 
 Servers: `tidemq server` (name server + broker), `tidemq namesrv`, `tidemq broker`.
 Clients: `tidemq topic ...`, `tidemq produce`, `tidemq consume`, `tidemq group ...`,
-`tidemq cluster ...`. Exit codes: 0 ok, 1 error, 2 usage. See docs/guide/cli.md.
+`tidemq cluster ...`, `tidemq dlq ...`. Exit codes: 0 ok, 1 error, 2 usage. See
+docs/guide/cli.md.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import typer
 from tidemq.cli import (
     commands_cluster,
     commands_data,
+    commands_dlq,
     commands_group,
     commands_server,
     commands_special,
@@ -53,6 +55,7 @@ app.add_typer(commands_group.app, name="group")
 app.add_typer(commands_cluster.app, name="cluster")
 app.add_typer(commands_special.timer_app, name="timer")
 app.add_typer(commands_special.txn_app, name="txn")
+app.add_typer(commands_dlq.app, name="dlq")
 
 if __name__ == "__main__":
     app()

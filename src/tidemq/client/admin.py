@@ -3,16 +3,28 @@
 A topic's queues are spread over the live brokers (queue q on the q-th broker in name
 order, round robin); each broker is told which queues it serves. With one broker it
 serves them all.
+
+Dead letters: messages a pop or push consumer group gave up on are in `%DLQ%<group>`
+(queue 0), with `tidemq.dlq.*` headers naming their origin. `dead_letters` lists them;
+`redrive` sends them back to their origin topics and remembers how far it got as the
+committed offset of the group `%REDRIVE%<group>` on the dead-letter queue, so the next
+redrive starts after the last one (at least once: a redrive interrupted between a send
+and its commit sends that message again next time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Mapping
 
 from tidemq.client.cluster import ClientConfig, ClusterClient
+from tidemq.client.producer import AsyncProducer
+from tidemq.client.stream_consumer import AsyncStreamConsumer
 from tidemq.core import limits
-from tidemq.core.errors import BrokerNotAvailable, ConfigError, TopicNotFound
+from tidemq.core.errors import BrokerNotAvailable, ConfigError, TidemqError, TopicNotFound
+from tidemq.core.message import Message
 from tidemq.core.offsets import check_reset_target, reset_target
 from tidemq.protocol.commands import (
     AlterTopicRequest,
@@ -47,7 +59,36 @@ from tidemq.protocol.commands import (
     TxnStatusResponse,
 )
 
-__all__ = ["AsyncAdmin"]
+__all__ = [
+    "DLQ_HEADER_PREFIX",
+    "REDRIVEN_FROM_HEADER",
+    "AsyncAdmin",
+    "dlq_topic",
+    "redrive_group",
+]
+
+log = logging.getLogger(__name__)
+
+#: Headers the broker adds to a dead letter: tidemq.dlq.topic, .queue, .offset,
+#: .message_id, .attempts, .error.
+DLQ_HEADER_PREFIX = "tidemq.dlq."
+#: Header of a redriven message: the id of the dead letter it was sent from.
+REDRIVEN_FROM_HEADER = "tidemq.redriven_from"
+#: Messages sent per redrive step, between two commits of the redrive position.
+_REDRIVE_CHUNK = 256
+#: Longest a dead-letter read may go without progress before it gives up.
+_READ_STALL_S = 30.0
+
+
+def dlq_topic(group: str) -> str:
+    """The dead-letter topic of a consumer group."""
+    return f"%DLQ%{group}"
+
+
+def redrive_group(group: str) -> str:
+    """The group whose committed offset on `dlq_topic(group)` queue 0 is the redrive
+    position: dead letters below it were sent back already."""
+    return f"%REDRIVE%{group}"
 
 
 class AsyncAdmin:
@@ -247,6 +288,105 @@ class AsyncAdmin:
         planned.update(extra)
         return [QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(planned.items())]
 
+    # ------------------------------------------------------------------ dead letters
+
+    async def _dlq_bounds(self, group: str) -> tuple[int, int] | None:
+        """(first, end) offsets of the group's dead-letter queue; None if it has none."""
+        if not group:
+            raise ValueError("a group name is needed")
+        topic = dlq_topic(group)
+        routes = await self._cluster.refresh_routes(force=True)
+        if topic not in routes:
+            return None
+        bounds = await self._cluster.list_offsets(topic, 0)
+        return bounds.min_offset, bounds.max_offset
+
+    async def _read_dlq(self, group: str, start: int, end: int, limit: int) -> list[Message]:
+        """Dead letters of `group` at offsets [start, end), at most `limit`."""
+        topic = dlq_topic(group)
+        out: list[Message] = []
+        reader = AsyncStreamConsumer(cluster=self._cluster, start="earliest", fetch_wait_ms=100)
+        try:
+            reader.assign([(topic, 0)])
+            reader.seek(topic, 0, start)
+            stalled_since = time.monotonic()
+            while len(out) < limit:
+                position = reader.position(topic, 0)
+                if position is not None and position >= end:
+                    break
+                got = [m for m in await reader.poll(200) if m.offset < end]
+                if got:
+                    stalled_since = time.monotonic()
+                elif time.monotonic() - stalled_since > _READ_STALL_S:
+                    raise TidemqError(f"reading {topic} stalled at offset {position} (end {end})")
+                out.extend(got[: limit - len(out)])
+        finally:
+            await reader.close()
+        return out
+
+    async def dead_letters(self, group: str, *, limit: int = 100) -> list[Message]:
+        """The first `limit` dead letters of `group` (from the start of `%DLQ%<group>`),
+        redriven or not. Their `tidemq.dlq.*` headers say where each came from (topic,
+        queue, offset, message_id), after how many attempts, and the last error."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        bounds = await self._dlq_bounds(group)
+        if bounds is None:
+            return []
+        first, end = bounds
+        return await self._read_dlq(group, first, end, limit)
+
+    async def redrive_position(self, group: str) -> int:
+        """The offset in `%DLQ%<group>` queue 0 below which dead letters were redriven."""
+        coordinator = await self._cluster.coordinator()
+        committed = await self._committed(coordinator, redrive_group(group))
+        return committed.get((dlq_topic(group), 0), 0)
+
+    async def redrive(self, group: str, *, limit: int | None = None) -> int:
+        """Send the dead letters of `group` not redriven yet (at most `limit`) back to their
+        origin topics; returns how many were sent.
+
+        Each keeps its value, key, tag, keys and headers, less the `tidemq.dlq.*` ones,
+        plus `tidemq.redriven_from` = the dead letter's message id; the producer picks the
+        queue as for a new message. Progress is committed (group `%REDRIVE%<group>`) after
+        every few hundred sends, so a second redrive sends only what arrived since. A dead
+        letter without an origin header is skipped. If a send fails, the position stays at
+        the first unsent message and the error is raised."""
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be >= 1 or None, got {limit}")
+        bounds = await self._dlq_bounds(group)
+        if bounds is None:
+            return 0
+        first, end = bounds
+        topic = dlq_topic(group)
+        coordinator = await self._cluster.coordinator()
+        position = max(first, await self.redrive_position(group))
+        left = limit
+        sent = 0
+        producer = AsyncProducer(cluster=self._cluster)
+        try:
+            while position < end and (left is None or left > 0):
+                chunk = _REDRIVE_CHUNK if left is None else min(left, _REDRIVE_CHUNK)
+                letters = await self._read_dlq(group, position, end, chunk)
+                if not letters:
+                    break
+                done, error = await _resend(producer, letters)
+                sent += sum(1 for m in letters[:done] if _origin(m))
+                if done:
+                    position = letters[done - 1].offset + 1
+                    commit = CommitOffsetsRequest(
+                        group=redrive_group(group),
+                        offsets=[QueueOffset(topic=topic, queue=0, offset=position)],
+                    )
+                    await self._cluster.call(coordinator, commit, CommitOffsetsResponse)
+                if error is not None:
+                    raise error
+                if left is not None:
+                    left -= done
+        finally:
+            await producer.close()
+        return sent
+
     async def cluster_status(self) -> list[BrokerStatus]:
         answer = await self._cluster.call(
             self._cluster.bootstrap, ClusterStatusRequest(), ClusterStatusResponse
@@ -304,6 +444,35 @@ class AsyncAdmin:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _origin(letter: Message) -> str:
+    return letter.headers.get(DLQ_HEADER_PREFIX + "topic", b"").decode(errors="replace")
+
+
+async def _resend(
+    producer: AsyncProducer, letters: list[Message]
+) -> tuple[int, BaseException | None]:
+    """Send dead letters back to their origin topics, concurrently (the producer batches
+    them). Returns how many, from the first, were sent (or skipped), and the first error."""
+
+    async def one(letter: Message) -> None:
+        origin = _origin(letter)
+        if not origin:
+            log.warning("dead letter %s has no origin topic: skipped", letter.message_id)
+            return
+        headers = {k: v for k, v in letter.headers.items() if not k.startswith(DLQ_HEADER_PREFIX)}
+        headers[REDRIVEN_FROM_HEADER] = letter.message_id.encode()
+        await producer.send(
+            origin, letter.value, key=letter.key, tag=letter.tag, keys=letter.keys,
+            headers=headers,
+        )  # fmt: skip
+
+    results = await asyncio.gather(*(one(m) for m in letters), return_exceptions=True)
+    for i, result in enumerate(results):
+        if isinstance(result, BaseException):
+            return i, result
+    return len(letters), None
 
 
 def _merge(parts: list[TopicInfoMsg]) -> TopicInfoMsg:

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from tidemq.client._loop import run, submit
 from tidemq.client.admin import AsyncAdmin
+from tidemq.client.cluster import ClientConfig
 from tidemq.client.group_consumer import AssignmentCallback, AsyncGroupConsumer
 from tidemq.client.producer import AsyncProducer, Delay, DeliverAt
+from tidemq.client.push_consumer import DEFAULT_RETRY_POLICY, AsyncPushConsumer, RetryPolicy
+from tidemq.client.simple_consumer import AsyncReceivedMessage, AsyncSimpleConsumer, Filter
 from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
 from tidemq.client.transaction import (
     AsyncTransaction,
@@ -38,6 +43,9 @@ __all__ = [
     "Admin",
     "GroupConsumer",
     "Producer",
+    "PushConsumer",
+    "ReceivedMessage",
+    "SimpleConsumer",
     "StreamConsumer",
     "Transaction",
     "TransactionProducer",
@@ -420,11 +428,191 @@ class Admin:
     def transaction_status(self) -> TxnStatusResponse:
         return run(self._a.transaction_status())
 
+    def dead_letters(self, group: str, *, limit: int = 100) -> list[Message]:
+        """The first `limit` messages of `%DLQ%<group>`, with their `tidemq.dlq.*` headers."""
+        return run(self._a.dead_letters(group, limit=limit))
+
+    def redrive(self, group: str, *, limit: int | None = None) -> int:
+        """Send dead letters not redriven yet back to their origin topics; how many."""
+        return run(self._a.redrive(group, limit=limit))
+
+    def redrive_position(self, group: str) -> int:
+        return run(self._a.redrive_position(group))
+
     def close(self) -> None:
         run(self._a.close())
 
     def __enter__(self) -> Admin:
         return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMessage(Message):
+    """A leased message (see `SimpleConsumer`): `Message` fields plus its delivery attempt
+    and handle, with `ack`, `nack`, `release` and `change_invisible_duration`."""
+
+    delivery_attempt: int = 1
+    #: Opaque: names this lease. A newer lease of the same message makes it stale.
+    handle: str = ""
+    #: When the lease runs out (epoch ms), unless acked or changed.
+    invisible_until_ms: int = 0
+    _leased: AsyncReceivedMessage | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def _of(cls, m: AsyncReceivedMessage) -> ReceivedMessage:
+        return cls(
+            m.topic, m.queue, m.offset, m.value, m.key, m.tag, m.keys, m.headers, m.timestamp_ms,
+            m.origin, m.delivery_attempt, m.handle, m.invisible_until_ms, m,
+        )  # fmt: skip
+
+    def _lease(self) -> AsyncReceivedMessage:
+        if self._leased is None:
+            raise TidemqError("this message was not received by a SimpleConsumer")
+        return self._leased
+
+    def ack(self) -> None:
+        """Done: the group never sees it again."""
+        run(self._lease().ack())
+
+    def nack(self, delay: float = 0.0, *, reason: str = "") -> None:
+        """Deliver it again after `delay` seconds; this delivery counts as an attempt."""
+        run(self._lease().nack(delay, reason=reason))
+
+    def release(self) -> None:
+        """Give it back at once, without counting this delivery."""
+        run(self._lease().release())
+
+    def change_invisible_duration(self, duration: float) -> ReceivedMessage:
+        """Keep the lease `duration` seconds from now; returns the message with its new
+        handle (this one becomes stale)."""
+        return ReceivedMessage._of(run(self._lease().change_invisible_duration(duration)))
+
+
+class SimpleConsumer:
+    """Pop consumption: lease messages, then ack / nack / release each; see
+    `tidemq.aio.SimpleConsumer`."""
+
+    def __init__(
+        self,
+        bootstrap: str = "127.0.0.1:9876",
+        group: str = "",
+        subscriptions: Mapping[str, Filter] | None = None,
+        *,
+        invisible_duration: float = 60.0,
+        max_attempts: int = 16,
+        await_duration: float = 5.0,
+        client_config: ClientConfig | None = None,
+    ) -> None:
+        self._c: AsyncSimpleConsumer = run(
+            _make(
+                AsyncSimpleConsumer, bootstrap, group, subscriptions,
+                invisible_duration=invisible_duration, max_attempts=max_attempts,
+                await_duration=await_duration, client_config=client_config,
+            )
+        )  # fmt: skip
+
+    @property
+    def group(self) -> str:
+        return self._c.group
+
+    def receive(
+        self, max_messages: int = 16, invisible_duration: float | None = None
+    ) -> list[ReceivedMessage]:
+        """Lease up to `max_messages` messages; waits up to `await_duration` for some."""
+        got = run(self._c.receive(max_messages, invisible_duration))
+        return [ReceivedMessage._of(m) for m in got]
+
+    def ack(self, msg: ReceivedMessage) -> None:
+        msg.ack()
+
+    def ack_many(self, messages: Iterable[ReceivedMessage]) -> None:
+        """Acknowledge several in one request per broker; raises for the first refused."""
+        run(self._c.ack_many([m._lease() for m in messages]))
+
+    def nack(self, msg: ReceivedMessage, *, delay: float = 0.0, reason: str = "") -> None:
+        msg.nack(delay, reason=reason)
+
+    def release(self, msg: ReceivedMessage) -> None:
+        msg.release()
+
+    def change_invisible_duration(self, msg: ReceivedMessage, duration: float) -> ReceivedMessage:
+        return msg.change_invisible_duration(duration)
+
+    def close(self) -> None:
+        run(self._c.close())
+
+    def __enter__(self) -> SimpleConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PushConsumer:
+    """Calls `handler(message)` for every message, on worker threads, with retries and
+    dead letters; see `tidemq.aio.PushConsumer`. The handler is a plain function of a
+    `ReceivedMessage`: it returns (the message is acknowledged) or raises (retried after
+    `retry_policy.delay(attempt)`; after `max_attempts` deliveries, dead-lettered)."""
+
+    def __init__(
+        self,
+        bootstrap: str = "127.0.0.1:9876",
+        group: str = "",
+        subscriptions: Mapping[str, Filter] | None = None,
+        handler: Callable[[ReceivedMessage], object] | None = None,
+        *,
+        max_concurrency: int = 16,
+        max_attempts: int = 16,
+        retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
+        invisible_duration: float = 60.0,
+        handler_timeout: float | None = None,
+        await_duration: float = 1.0,
+        client_config: ClientConfig | None = None,
+    ) -> None:
+        if handler is None or not callable(handler):
+            raise TypeError("a PushConsumer needs a handler: a function of one message")
+        if inspect.iscoroutinefunction(handler):
+            raise TypeError(
+                "the handler of tidemq.PushConsumer is a plain function; a coroutine "
+                "function goes to tidemq.aio.PushConsumer"
+            )
+        user = handler
+
+        def on_worker_thread(m: AsyncReceivedMessage) -> object:
+            return user(ReceivedMessage._of(m))
+
+        self._c: AsyncPushConsumer = run(
+            _make(
+                AsyncPushConsumer, bootstrap, group, subscriptions, on_worker_thread,
+                max_concurrency=max_concurrency, max_attempts=max_attempts,
+                retry_policy=retry_policy, invisible_duration=invisible_duration,
+                handler_timeout=handler_timeout, await_duration=await_duration,
+                client_config=client_config,
+            )
+        )  # fmt: skip
+
+    @property
+    def group(self) -> str:
+        return self._c.group
+
+    @property
+    def running(self) -> bool:
+        return self._c.running
+
+    def start(self) -> PushConsumer:
+        """Start receiving and handling in the background; returns self."""
+        run(self._c.start())
+        return self
+
+    def close(self) -> None:
+        """Stop receiving and wait for the running handlers to finish."""
+        run(self._c.close())
+
+    def __enter__(self) -> PushConsumer:
+        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
