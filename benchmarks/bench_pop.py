@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -88,10 +89,8 @@ async def tq_push(address: str, topic: str, total: int, seconds: float) -> float
     t0 = time.perf_counter()
     async with consumer:
         await consumer.start()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(finished.wait(), seconds)
-        except TimeoutError:
-            pass
     return done / (time.perf_counter() - t0)
 
 
@@ -117,7 +116,7 @@ def redis_pop(server: peers.Server, total: int, consumers: int, seconds: float) 
 
         async def one(name: str) -> None:
             nonlocal done
-            c = aredis.Redis(host=host, port=int(port))
+            c: Any = aredis.Redis(host=host, port=int(port))
             try:
                 while done < total and time.perf_counter() < stop:
                     resp = await c.xreadgroup("g", name, {key: ">"}, count=BATCH)

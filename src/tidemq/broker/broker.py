@@ -102,6 +102,7 @@ class Broker:
             raise
 
     async def _abort_start(self) -> None:
+        self._stopped.set()  # a later stop() has nothing left to do
         server = getattr(self, "_server", None)
         if server is not None:
             await server.stop_accepting()

@@ -413,6 +413,17 @@ class PopService:
         table = self._table(req.group, topic, queue)
         now = self._clock.now_ms()
         chosen, to_dlq = _take_due(table, want, req.max_attempts, now)
+        if to_dlq:
+            # Dead-letter first (it may free the next message of a FIFO group), with the
+            # entries taken so far back in the heap while it waits on the disk.
+            _push_back(table, [o for o, _ in chosen])
+            try:
+                await self._dead_letter(req.group, topic, queue, table, to_dlq)
+            except BaseException:
+                _push_back(table, to_dlq)
+                raise
+            chosen, later = _take_due(table, want, req.max_attempts, now)
+            _push_back(table, later)  # dead-lettered by the next receive
         taken = _Taken(chosen, [""] * len(chosen))
         start_next = table.next_offset
         fifo = self._is_fifo(topic)
@@ -426,8 +437,6 @@ class PopService:
             want=want,
             fifo_table=table if fifo else None,
         )
-        if to_dlq:
-            await self._dead_letter(req.group, topic, queue, table, to_dlq)
         if not chosen and next_offset == start_next:
             return [], [], None
         deadline = now + req.invisible_ms
@@ -542,6 +551,8 @@ class PopService:
             op.epochs.append(epoch)
             errors.append("")
         await self._log_many(list(ops.values()))
+        if any(self._is_fifo(t) for t, _ in ops):
+            self._polling.notify(set(ops))  # an ack may free the next message of a group
         return PopAckResponse(errors=errors)
 
     async def change_invisible(
@@ -571,11 +582,15 @@ class PopService:
         _, topic, queue, offset, _, lease = self._lease_for(group, handle)
         attempt = lease.attempt - 1 if release else lease.attempt
         deadline = self._clock.now_ms() + (0 if release else delay_ms)
+        # A fresh epoch that no handle carries: the message is back with the broker, so the
+        # consumer's handle is stale from here on (a second nack or an ack is refused).
+        epoch = self._next_epoch()
         op = _PopOp(
-            "nack", group, topic, queue, [offset], [], [attempt], deadline, error=reason[:1000]
+            "nack", group, topic, queue, [offset], [epoch], [attempt], deadline, error=reason[:1000]
         )
         self._apply(op)
         await self._log(op)
+        self._polling.notify({(topic, queue)})  # a parked receive may take it now
 
     def status(self, group: str) -> list[PopQueueStatus]:
         return [
@@ -637,6 +652,8 @@ def _apply_nack(table: _PopQueue, op: _PopOp) -> None:
     lease = table.leases.get(op.offsets[0])
     if lease is not None:
         lease.deadline, lease.attempt, lease.error = op.deadline, op.attempts[0], op.error
+        if op.epochs:
+            lease.epoch = op.epochs[0]
         heapq.heappush(table.expiry, (op.deadline, op.offsets[0], lease.epoch))
 
 
@@ -649,6 +666,14 @@ _APPLY: Final[dict[str, Callable[[_PopQueue, _PopOp], None]]] = {
 }
 
 
+def _push_back(table: _PopQueue, offsets: list[int]) -> None:
+    """Put taken-but-unused leases back into the expiry heap."""
+    for offset in offsets:
+        lease = table.leases.get(offset)
+        if lease is not None and lease.deadline != _HELD:
+            heapq.heappush(table.expiry, (lease.deadline, offset, lease.epoch))
+
+
 def _take_due(
     table: _PopQueue, want: int, max_attempts: int, now: int
 ) -> tuple[list[tuple[int, int]], list[int]]:
@@ -656,11 +681,15 @@ def _take_due(
     whose attempts are used up (for the dead-letter topic)."""
     chosen: list[tuple[int, int]] = []
     to_dlq: list[int] = []
+    seen: set[int] = set()
     while table.expiry and table.expiry[0][0] <= now and len(chosen) < want:
         deadline, offset, epoch = heapq.heappop(table.expiry)
         lease = table.leases.get(offset)
         if lease is None or lease.epoch != epoch or lease.deadline != deadline:
             continue  # acked, changed or re-leased since
+        if offset in seen:
+            continue  # the same entry twice (a replayed operation pushes it again)
+        seen.add(offset)
         if lease.attempt >= max_attempts:
             to_dlq.append(offset)
             continue
