@@ -17,6 +17,7 @@ from tidemq.client.cluster import ClusterClient
 from tidemq.cluster.route import queue_for_key
 from tidemq.core.batch import MessageRecord, encode_batch
 from tidemq.core.errors import RequestTimeout
+from tidemq.core.filters import FilterSyntaxError
 from tidemq.protocol.commands import FetchRequest, FetchResponse
 
 if TYPE_CHECKING:
@@ -477,3 +478,46 @@ def test_sync_producer_and_stream_consumer(sync_broker: ThreadedBroker) -> None:
         for message in consumer:  # iteration polls forever; take one
             assert (message.queue, message.offset) == (singles, 0)
             break
+
+
+def test_stream_and_group_consumers_filter_on_the_broker(loop: Loop, broker: BrokerEnv) -> None:
+    async def main() -> None:
+        await _create(broker.address, queues=1)
+        async with aio.Producer(broker.address) as producer:
+            values = [b"v%d" % i for i in range(40)]
+            await producer.send_batch(
+                TOPIC,
+                values,
+                tags=["paid" if i % 4 == 0 else "new" for i in range(40)],
+                headers={"region": b"eu"},
+                queue=0,
+            )
+            for i in range(10):
+                await producer.send(
+                    TOPIC, b"w%d" % i, headers={"region": b"us", "n": b"%d" % i}, queue=0
+                )
+        sql = aio.StreamConsumer(
+            broker.address, start="earliest", filter=aio.Sql92("region = 'us' AND n >= 7")
+        )
+        sql.assign([(TOPIC, 0)])
+        got = await _read(sql, 3)
+        await sql.close()
+        assert [m.value for m in got] == [b"w7", b"w8", b"w9"]
+        tags = aio.StreamConsumer(broker.address, start="earliest", filter="paid")
+        tags.assign([(TOPIC, 0)])
+        got = await _read(tags, 10)
+        await tags.close()
+        assert [m.value for m in got] == [b"v%d" % i for i in range(0, 40, 4)]
+        group = aio.GroupConsumer(
+            broker.address, "filtered", [TOPIC], start="earliest", filter=aio.Sql92("region = 'us'")
+        )
+        got_g: list[aio.Message] = []
+        deadline = time.monotonic() + 20
+        while len(got_g) < 10 and time.monotonic() < deadline:
+            got_g += await group.poll(500)
+        await group.close()
+        assert [m.value for m in got_g] == [b"w%d" % i for i in range(10)]
+        with pytest.raises(FilterSyntaxError, match="column"):
+            aio.StreamConsumer(broker.address, filter=aio.Sql92("n >>= 1"))
+
+    loop.run(main())

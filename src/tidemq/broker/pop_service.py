@@ -30,25 +30,21 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Final
 
 import msgspec
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.done_set import DoneSet
+from tidemq.broker.filters import compile_filter, summary_mask
+from tidemq.broker.filters import matches as record_matches
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import read_internal
 from tidemq.core.batch import MessageRecord, decode_messages, encode_batch
 from tidemq.core.clock import Clock
 from tidemq.core.errors import InvalidRequest, TidemqError
-from tidemq.core.filters import (
-    Sql92Filter,
-    TagExpression,
-    compile_sql92,
-    parse_tag_expression,
-)
+from tidemq.core.filters import Sql92Filter, TagExpression
 from tidemq.core.message import message_id
 from tidemq.core.properties import POP_TOPIC
 from tidemq.core.record import RecordFlags, parse_header
@@ -74,8 +70,6 @@ _READ_BYTES: Final = 1 << 20
 _HELD: Final = 1 << 62
 #: FIFO messages one receive may read past and hold back (behind their group's first).
 _MAX_HELD_PER_RECEIVE: Final = 10_000
-#: Subscriptions compiled and kept (by their text).
-_FILTER_CACHE: Final = 1024
 _GROUP_MAX_CHARS: Final = 255
 
 
@@ -186,15 +180,6 @@ class _SavedState(msgspec.Struct):
 
 
 _STATE_DECODER: Final = msgspec.msgpack.Decoder(_SavedState)
-
-
-@lru_cache(maxsize=_FILTER_CACHE)
-def _compile(kind: str, expression: str) -> TagExpression | Sql92Filter:
-    if kind == "tag":
-        return parse_tag_expression(expression)
-    if kind == "sql92":
-        return compile_sql92(expression)
-    raise InvalidRequest(f"filter kind must be 'tag' or 'sql92', got {kind[:20]!r}")
 
 
 def encode_handle(topic: str, queue: int, offset: int, epoch: int) -> str:
@@ -348,7 +333,7 @@ class PopService:
     ) -> list[tuple[str, int, TagExpression | Sql92Filter]]:
         out = []
         for sub in subscriptions:
-            flt = _compile(sub.kind, sub.expression)
+            flt = compile_filter(sub.kind, sub.expression)
             for q in self._queues_of(sub.topic):
                 out.append((sub.topic, q, flt))
         return out
@@ -727,7 +712,9 @@ def _take_new(
     chosen = taken.chosen
     _, end = store.queue_bounds(topic, queue)
     while len(chosen) < want and next_offset < end and len(taken.held) < _MAX_HELD_PER_RECEIVE:
-        result = store.read(topic, queue, next_offset, max_bytes=_READ_BYTES, tag_mask=_mask(flt))
+        result = store.read(
+            topic, queue, next_offset, max_bytes=_READ_BYTES, tag_mask=summary_mask(flt)
+        )
         if result.status is ReadStatus.OFFSET_OUT_OF_RANGE:
             if next_offset >= result.min_offset:
                 break
@@ -736,7 +723,7 @@ def _take_new(
         if result.status is not ReadStatus.FOUND:
             return records, max(next_offset, result.next_offset)
         for batch in result.batches:
-            matches = _matches(batch.record, flt)
+            matches = record_matches(batch.record, flt)
             keys = _keys(batch.record) if fifo_table is not None else None
             for i in range(max(0, next_offset - batch.base_offset), batch.count):
                 if len(chosen) >= want:
@@ -773,22 +760,5 @@ def _check_group(group: str) -> None:
         raise InvalidRequest(f"a group name has 1-{_GROUP_MAX_CHARS} characters")
 
 
-def _mask(flt: TagExpression | Sql92Filter) -> int:
-    return flt.summary_mask() if isinstance(flt, TagExpression) else 0
-
-
 def _count(record: bytes) -> int:
     return parse_header(record).count
-
-
-def _matches(record: bytes, flt: TagExpression | Sql92Filter) -> list[bool] | None:
-    """Per message of the record, whether it passes the filter (None: all do)."""
-    if isinstance(flt, TagExpression) and flt.tags is None:
-        return None
-    header = parse_header(record)
-    messages = decode_messages(memoryview(record)[header.payload_start :])
-    if isinstance(flt, TagExpression):
-        return [flt.matches(m.tag) for m in messages]
-    return [
-        flt.matches({k: v.decode(errors="replace") for k, v in m.headers}, m.tag) for m in messages
-    ]

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
 from tidemq.core.errors import StaleGeneration, TidemqError, UnknownMember
+from tidemq.core.filters import Sql92
 from tidemq.core.message import Message
 from tidemq.protocol.commands import (
     CommitOffsetsRequest,
@@ -55,10 +56,12 @@ class AsyncGroupConsumer:
         on_assign: AssignmentCallback | None = None,
         on_revoke: AssignmentCallback | None = None,
         max_bytes_per_queue: int = 1 << 20,
+        filter: str | Sql92 | None = None,
         client_config: ClientConfig | None = None,
     ) -> None:
         """`start`: where a queue the group never committed begins: "earliest", "latest",
-        or a timestamp in milliseconds. The same rule applies every time."""
+        or a timestamp in milliseconds. The same rule applies every time. `filter`: a tag
+        expression or `Sql92(...)`, evaluated on the broker (see `AsyncStreamConsumer`)."""
         if not (start in ("earliest", "latest") or isinstance(start, int)):
             raise ValueError("start must be 'earliest', 'latest' or a timestamp in ms")
         self._cluster = ClusterClient(bootstrap, client_config)
@@ -77,6 +80,7 @@ class AsyncGroupConsumer:
             bootstrap,
             start="earliest",
             max_bytes_per_queue=max_bytes_per_queue,
+            filter=filter,
             cluster=self._cluster,
         )
         self._member_id = ""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.core.errors import InvalidRequest, TidemqError
-from tidemq.core.filters import compile_sql92, parse_tag_expression
+from tidemq.core.filters import Sql92, subscription
 from tidemq.core.message import Message, messages_from_records
 from tidemq.protocol.commands import (
     Empty,
@@ -41,13 +41,6 @@ __all__ = ["AsyncReceivedMessage", "AsyncSimpleConsumer", "Sql92"]
 #: Limits of a receive, checked here for a clear error (the broker checks them too).
 MIN_INVISIBLE_S = 1.0
 MAX_INVISIBLE_S = 12 * 3600.0
-
-
-@dataclass(frozen=True, slots=True)
-class Sql92:
-    """A SQL92 filter for a subscription: `Sql92("region = 'eu' AND amount > 100")`."""
-
-    expression: str
 
 
 Filter = str | Sql92
@@ -84,11 +77,8 @@ class AsyncReceivedMessage(Message):
 
 
 def _subscription(topic: str, flt: Filter) -> PopSubscription:
-    if isinstance(flt, Sql92):
-        compile_sql92(flt.expression)  # FilterSyntaxError, with the column, here
-        return PopSubscription(topic=topic, expression=flt.expression, kind="sql92")
-    parse_tag_expression(flt)
-    return PopSubscription(topic=topic, expression=flt, kind="tag")
+    kind, expression = subscription(flt)  # FilterSyntaxError, with the column, here
+    return PopSubscription(topic=topic, expression=expression, kind=kind)
 
 
 def _ms(seconds: float, what: str, lo: float, hi: float) -> int:

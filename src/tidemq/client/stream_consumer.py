@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.core.batch import tag_bit
 from tidemq.core.errors import OffsetOutOfRange, TidemqError
+from tidemq.core.filters import Sql92, subscription
 from tidemq.core.message import Message, messages_from_records
 from tidemq.protocol.commands import (
     FetchRequest,
@@ -45,11 +46,16 @@ class AsyncStreamConsumer:
         max_bytes_per_queue: int = 1 << 20,
         fetch_wait_ms: int = 500,
         tags: Iterable[str] | None = None,
+        filter: str | Sql92 | None = None,
         client_config: ClientConfig | None = None,
         cluster: ClusterClient | None = None,
     ) -> None:
         """`start`: where an assigned queue without a position begins, and where an
-        out-of-range position is reset to ("earliest", "latest", or "none": raise)."""
+        out-of-range position is reset to ("earliest", "latest", or "none": raise).
+
+        `filter`: a tag expression ("a || b") or `Sql92("...")` over headers and the tag,
+        evaluated on the broker (checked here first: FilterSyntaxError names the column).
+        `tags` is the older set form of a tag filter."""
         if start not in _RESETS:
             raise ValueError(f"start must be one of {', '.join(_RESETS)}, got {start!r}")
         self._cluster = cluster or ClusterClient(bootstrap, client_config)
@@ -63,6 +69,9 @@ class AsyncStreamConsumer:
             self._tags = frozenset(tags)
             for tag in self._tags:
                 self._tag_mask |= tag_bit(tag)
+        self._filter_kind, self._filter_expression = (
+            ("", "") if filter is None else subscription(filter)
+        )
         self._positions: dict[TopicQueue, int | None] = {}
         self._epochs: dict[TopicQueue, int] = {}
         self._fetches: dict[TopicQueue, _Fetch] = {}
@@ -144,6 +153,8 @@ class AsyncStreamConsumer:
             max_bytes=self._max_bytes,
             max_wait_ms=self._wait_ms,
             tag_mask=self._tag_mask,
+            filter_kind=self._filter_kind,
+            filter_expression=self._filter_expression,
         )
         timeout = self._cluster.config.request_timeout_ms + self._wait_ms
         return await self._cluster.request(address, request, FetchResponse, timeout_ms=timeout)
@@ -205,7 +216,9 @@ class AsyncStreamConsumer:
                 target = response.min_offset
             self._positions[tq] = target
             return []
-        messages = messages_from_records(tq[0], tq[1], body, response.record_sizes, position)
+        messages = messages_from_records(
+            tq[0], tq[1], body, response.record_sizes, position, masks=response.masks
+        )
         if self._tags is not None:
             messages = [m for m in messages if m.tag in self._tags]
         self._positions[tq] = max(response.next_offset, position)

@@ -119,12 +119,20 @@ def iter_records(body: bytes, sizes: list[int]) -> Iterator[memoryview]:
 
 
 def messages_from_records(
-    topic: str, queue: int, body: bytes, sizes: list[int], from_offset: int
+    topic: str,
+    queue: int,
+    body: bytes,
+    sizes: list[int],
+    from_offset: int,
+    *,
+    masks: list[bytes] | None = None,
 ) -> list[Message]:
     """Decode fetched records into messages at offsets >= `from_offset` (a fetch starts at
-    the batch holding the requested offset, so its first messages may be older)."""
+    the batch holding the requested offset, so its first messages may be older). `masks`
+    (a filtered fetch): per record, the bitmap of its messages that matched (b"": all)."""
     out: list[Message] = []
-    for record in iter_records(body, sizes):
+    for n, record in enumerate(iter_records(body, sizes)):
+        mask = masks[n] if masks else b""
         header = parse_header(record)
         if header.size != len(record):
             raise CorruptRecordError("record size does not match its header")
@@ -135,6 +143,8 @@ def messages_from_records(
         if header.flags & _MOVED:
             origin = decode_properties(record[HEADER.size : header.payload_start]).origin
         for i in range(skip, len(records)):
+            if mask and not mask[i >> 3] >> (i & 7) & 1:
+                continue  # filtered out on the broker
             m = records[i]
             out.append(
                 Message(

@@ -148,6 +148,10 @@ class FetchRequest(_Msg):
     max_bytes: int
     max_wait_ms: int = 0
     tag_mask: int = 0
+    #: A subscription filter evaluated on the broker: kind "tag" (a tag expression) or
+    #: "sql92"; "" for none. Records without a match are left out of the answer.
+    filter_kind: str = ""
+    filter_expression: str = ""
 
 
 class FetchResponse(_Msg):
@@ -156,6 +160,9 @@ class FetchResponse(_Msg):
     min_offset: int
     max_offset: int
     record_sizes: list[int] = []
+    #: With a filter: per record, a bitmap of its messages that match (bit i of byte i//8
+    #: for message i); b"" when all of them do. Empty list without a filter.
+    masks: list[bytes] = []
 
 
 class ListOffsetsRequest(_Msg):

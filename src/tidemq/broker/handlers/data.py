@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from tidemq.broker.config import BrokerConfig
+from tidemq.broker.filters import compile_filter, filter_mask, summary_mask
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import HALF_TOPIC, TIMER_TOPIC
@@ -97,9 +98,12 @@ class DataHandlers:
         key = (req.topic, req.queue)
         deadline = time.monotonic() + req.max_wait_ms / 1000
 
+        flt = compile_filter(req.filter_kind, req.filter_expression) if req.filter_kind else None
+        tag_mask = req.tag_mask | (summary_mask(flt) if flt is not None else 0)
+
         def read(store: MessageStore) -> ReadResult:
             return store.read(
-                req.topic, req.queue, req.offset, max_bytes=req.max_bytes, tag_mask=req.tag_mask
+                req.topic, req.queue, req.offset, max_bytes=req.max_bytes, tag_mask=tag_mask
             )
 
         while True:
@@ -111,12 +115,19 @@ class DataHandlers:
             if remaining <= 0 or not await self._polling.wait(key, seen, remaining):
                 break
         records = [b.record for b in result.batches]
+        masks: list[bytes] = []
+        if flt is not None:
+            # Per message, on the broker; records where nothing matches are left out.
+            kept = [(r, filter_mask(r, flt)) for r in records]
+            kept = [(r, m) for r, m in kept if not m or any(m)]
+            records, masks = [r for r, _ in kept], [m for _, m in kept]
         response = FetchResponse(
             status=result.status.value,
             next_offset=result.next_offset,
             min_offset=result.min_offset,
             max_offset=result.max_offset,
             record_sizes=[len(r) for r in records],
+            masks=masks,
         )
         return response, b"".join(records)
 

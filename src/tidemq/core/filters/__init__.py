@@ -13,6 +13,7 @@ from tidemq.core.filters.sql92 import (
     Sql92Filter,
     compile_sql92,
 )
+from tidemq.core.filters.subscription import Sql92, subscription
 from tidemq.core.filters.tag_expression import (
     MAX_TAG_EXPRESSION_LENGTH,
     MAX_TAG_EXPRESSION_TAGS,
@@ -27,8 +28,10 @@ __all__ = [
     "MAX_TAG_EXPRESSION_LENGTH",
     "MAX_TAG_EXPRESSION_TAGS",
     "FilterSyntaxError",
+    "Sql92",
     "Sql92Filter",
     "TagExpression",
     "compile_sql92",
     "parse_tag_expression",
+    "subscription",
 ]
