@@ -9,6 +9,7 @@ from tidemq.client.push_consumer import HandlerTimeout, RetryPolicy
 from tidemq.client.simple_consumer import Sql92
 from tidemq.client.sync import (
     Admin,
+    BroadcastConsumer,
     GroupConsumer,
     Producer,
     PushConsumer,
@@ -34,6 +35,7 @@ from tidemq.core.version import __version__
 __all__ = [
     "Admin",
     "AlreadyDelivered",
+    "BroadcastConsumer",
     "DelayTooLong",
     "GroupConsumer",
     "HandlerTimeout",

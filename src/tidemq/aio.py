@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tidemq.client.admin import AsyncAdmin as Admin
+from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer as BroadcastConsumer
 from tidemq.client.group_consumer import AsyncGroupConsumer as GroupConsumer
 from tidemq.client.producer import AsyncProducer as Producer
 from tidemq.client.push_consumer import AsyncPushConsumer as PushConsumer
@@ -18,6 +19,7 @@ from tidemq.core.message import Message, Receipt
 
 __all__ = [
     "Admin",
+    "BroadcastConsumer",
     "GroupConsumer",
     "HandlerTimeout",
     "Message",

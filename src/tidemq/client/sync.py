@@ -14,6 +14,7 @@ from typing import Any
 
 from tidemq.client._loop import run, submit
 from tidemq.client.admin import AsyncAdmin
+from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer
 from tidemq.client.cluster import ClientConfig
 from tidemq.client.group_consumer import AssignmentCallback, AsyncGroupConsumer
 from tidemq.client.producer import AsyncProducer, Delay, DeliverAt
@@ -41,6 +42,7 @@ from tidemq.protocol.commands import (
 
 __all__ = [
     "Admin",
+    "BroadcastConsumer",
     "GroupConsumer",
     "Producer",
     "PushConsumer",
@@ -273,6 +275,32 @@ class Transaction:
 
     def rollback(self) -> None:
         run(self._tx.rollback())
+
+
+class BroadcastConsumer:
+    """Every member gets every message; see `tidemq.aio.BroadcastConsumer`."""
+
+    def __init__(
+        self, bootstrap: str, group: str, topics: Iterable[str], *, member: str, **options: Any
+    ) -> None:
+        self._c: AsyncBroadcastConsumer = run(
+            _make(AsyncBroadcastConsumer, bootstrap, group, list(topics), member=member, **options)
+        )
+
+    def poll(self, timeout_ms: int = 1000) -> list[Message]:
+        return run(self._c.poll(timeout_ms))
+
+    def commit(self) -> None:
+        run(self._c.commit())
+
+    def close(self) -> None:
+        run(self._c.close())
+
+    def __enter__(self) -> BroadcastConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class StreamConsumer:

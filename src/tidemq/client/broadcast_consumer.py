@@ -1,0 +1,149 @@
+"""Broadcasting (asyncio): every member of a group gets every message of its topics.
+
+    consumer = BroadcastConsumer(bootstrap, "cache-invalidation", ["prices"], member="host-7")
+    for msg in await consumer.poll():
+        apply(msg)
+    await consumer.commit()
+
+Each member reads every queue of its topics (new queues are picked up as they appear) and
+keeps its own progress on the broker: its offsets are committed as the consumer-group
+offsets of `broadcast_group(group, member)`, so a member that restarts with the same
+`member` name continues where it left, and members never move each other's progress.
+`Admin.describe_group(broadcast_group(group, member))` shows one member's lag.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+
+from tidemq.client.cluster import ClientConfig, ClusterClient
+from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
+from tidemq.core.filters import Sql92
+from tidemq.core.message import Message
+from tidemq.protocol.commands import (
+    CommitOffsetsRequest,
+    CommitOffsetsResponse,
+    FetchOffsetsRequest,
+    FetchOffsetsResponse,
+    QueueOffset,
+)
+
+__all__ = ["AsyncBroadcastConsumer", "broadcast_group"]
+
+_MEMBER = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+#: How often the queues of the topics are looked up again (new queues, new topics).
+_REFRESH_S = 5.0
+
+
+def broadcast_group(group: str, member: str) -> str:
+    """The group name under which one broadcasting member's progress is stored."""
+    return f"{group}%BROADCAST%{member}"
+
+
+class AsyncBroadcastConsumer:
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        topics: Iterable[str],
+        *,
+        member: str,
+        start: str = "latest",
+        auto_commit: bool = True,
+        filter: str | Sql92 | None = None,
+        client_config: ClientConfig | None = None,
+    ) -> None:
+        """`member`: this member's stable name (1-100 of A-Z a-z 0-9 _ . : -); its progress
+        is kept under it. `start`: where a queue this member never committed begins
+        ("earliest" or "latest")."""
+        if not group:
+            raise ValueError("a broadcasting consumer needs a group")
+        if not _MEMBER.match(member):
+            raise ValueError(f"member must be 1-100 of A-Z a-z 0-9 _ . : -, got {member!r}")
+        if start not in ("earliest", "latest"):
+            raise ValueError("start must be 'earliest' or 'latest'")
+        self._topics = sorted(set(topics))
+        if not self._topics:
+            raise ValueError("subscribe to at least one topic")
+        self.group = group
+        self.member = member
+        self._progress_group = broadcast_group(group, member)
+        self._auto_commit = auto_commit
+        self._cluster = ClusterClient(bootstrap, client_config)
+        self._stream = AsyncStreamConsumer(
+            bootstrap, start=start, filter=filter, cluster=self._cluster
+        )
+        self._assigned: set[TopicQueue] = set()
+        self._consumed: dict[TopicQueue, int] = {}
+        self._refreshed = 0.0
+        self._closed = False
+
+    async def _refresh(self) -> None:
+        """Assign every queue of the topics; new ones start at this member's committed
+        offset, or where `start` says."""
+        if time.monotonic() - self._refreshed < _REFRESH_S and self._assigned:
+            return
+        self._refreshed = time.monotonic()
+        routes = await self._cluster.refresh_routes(force=True)
+        wanted = {(t, q) for t in self._topics if t in routes for q in routes.queues(t)}
+        new = wanted - self._assigned
+        if not new:
+            return
+        coordinator = await self._cluster.coordinator()
+        committed = await self._cluster.call(
+            coordinator, FetchOffsetsRequest(group=self._progress_group), FetchOffsetsResponse
+        )
+        positions = {(o.topic, o.queue): o.offset for o in committed.offsets}
+        self._assigned |= new
+        self._stream.assign(sorted(self._assigned))
+        for tq in new:
+            if tq in positions:
+                self._stream.seek(tq[0], tq[1], positions[tq])
+
+    async def poll(self, timeout_ms: int = 1000) -> list[Message]:
+        """Messages of any queue; with `auto_commit`, the previous poll's are committed
+        first (at-least-once: a crash redelivers at most one poll's worth)."""
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        if self._auto_commit and self._consumed:
+            await self.commit()
+        await self._refresh()
+        messages = await self._stream.poll(timeout_ms)
+        for m in messages:
+            tq = (m.topic, m.queue)
+            self._consumed[tq] = max(self._consumed.get(tq, 0), m.offset + 1)
+        return messages
+
+    async def commit(self) -> None:
+        """Store this member's progress (the offsets after the messages polled so far)."""
+        if not self._consumed:
+            return
+        coordinator = await self._cluster.coordinator()
+        request = CommitOffsetsRequest(
+            group=self._progress_group,
+            offsets=[
+                QueueOffset(topic=t, queue=q, offset=o)
+                for (t, q), o in sorted(self._consumed.items())
+            ],
+        )
+        await self._cluster.call(coordinator, request, CommitOffsetsResponse)
+        self._consumed.clear()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            if self._auto_commit:
+                await self.commit()
+        finally:
+            self._closed = True
+            await self._stream.close()
+            await self._cluster.close()
+
+    async def __aenter__(self) -> AsyncBroadcastConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
