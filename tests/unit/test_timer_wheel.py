@@ -214,6 +214,18 @@ def test_a_slot_emptied_and_refilled_many_times_keeps_the_busy_heap_small() -> N
     assert w.advance(100) == [(90, 0)]
 
 
+@pytest.mark.parametrize("churn", [0, 1, 64, 65, 66, 130, 131, 200])
+def test_an_entry_added_after_churn_fires(churn: int) -> None:
+    # Whenever the busy heap happens to be compacted, the slot being filled keeps its item.
+    w = _wheel(precision_ms=1, slots=100)
+    for _ in range(churn):
+        w.add(1, 50)
+        w.remove(1)
+    w.add(1, 50)
+    assert w.next_due_ms() == 50
+    assert w.advance(1_000) == [(50, 1)]
+
+
 def test_a_wide_sparse_wheel_does_not_walk_its_empty_slots() -> None:
     # The broker's default shape: an hour of 100 ms ticks. One entry waits near the far
     # end of the window while others fire one per tick: finding the next due entry after
@@ -254,8 +266,9 @@ def test_compacting_the_busy_heap_keeps_the_current_slot() -> None:
         w.add(2, 1_050)
         w.remove(2)
     assert len(w._busy) < 100
-    assert w.next_due_ms() == 500
-    assert w.advance(1_000) == [(500, 1), (1_000, 0)]
+    assert w.remove(1)  # the earliest: next_due_ms now asks the busy heap
+    assert w.next_due_ms() == 1_000
+    assert w.advance(1_001) == [(1_000, 0)]  # a new tick: a sweep by the busy heap
 
 
 def test_next_due_follows_adds_removes_and_firing() -> None:

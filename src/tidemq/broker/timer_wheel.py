@@ -148,7 +148,10 @@ class TimerWheel(Generic[K]):
         return True
 
     def advance(self, now_ms: int) -> list[tuple[int, K]]:
-        """Remove and return every entry due at or before `now_ms`, by (due_ms, key)."""
+        """Remove and return every entry due at or before `now_ms`, by (due_ms, key).
+
+        An earlier `now_ms` than before is allowed (a clock step back): it fires what is
+        due by then, if anything, and the wheel's tick stays where it was."""
         new_tick = now_ms // self._precision
         earliest = self.next_due_ms()
         if earliest is None or earliest > now_ms:
@@ -195,14 +198,19 @@ class TimerWheel(Generic[K]):
             slot = self._slots[index] = set()
             heapq.heappush(self._busy, tick)
             self._busy_slots += 1
-            stale = len(self._busy) - self._busy_slots
-            if stale > _MIN_STALE_TO_COMPACT and stale > self._busy_slots:
-                self._compact_busy()
         return slot
 
     def _drop_slot(self, index: int) -> None:
+        # Its `_busy` item goes stale: the one place busy items go stale (a tick passes
+        # only once its slot was emptied), so the one place to think of compacting.
         self._slots[index] = None
-        self._busy_slots -= 1  # its `_busy` item goes stale
+        self._busy_slots -= 1
+        stale = len(self._busy) - self._busy_slots
+        if stale > _MIN_STALE_TO_COMPACT and stale > self._busy_slots:
+            slots, n, now_tick = self._slots, self._nslots, self._tick
+            # A sorted list is a heap; the set drops a tick pushed again after its slot
+            # emptied and refilled.
+            self._busy = sorted({t for t in self._busy if t >= now_tick and slots[t % n]})
 
     def _unlink(self, key: K, due_ms: int) -> None:
         """Take an entry out of its slot or the overflow (the caller updates `_due`)."""
@@ -212,9 +220,7 @@ class TimerWheel(Generic[K]):
         if tick >= self._tick + self._nslots:
             # Its tuple stays in the heap; a tuple is live only while `_due` agrees.
             self._overflow_live -= 1
-            stale = len(self._overflow) - self._overflow_live
-            if stale > _MIN_STALE_TO_COMPACT and stale > self._overflow_live:
-                self._compact_overflow()
+            self._maybe_compact_overflow()
             return
         index = max(tick, self._tick) % self._nslots
         slot = self._slots[index]
@@ -224,12 +230,12 @@ class TimerWheel(Generic[K]):
             self._drop_slot(index)
         self._in_wheel -= 1
 
-    def _compact_busy(self) -> None:
-        slots, n, now_tick = self._slots, self._nslots, self._tick
-        # A sorted list is a heap; the set drops ticks pushed again after their slot emptied.
-        self._busy = sorted({t for t in self._busy if t >= now_tick and slots[t % n]})
-
-    def _compact_overflow(self) -> None:
+    def _maybe_compact_overflow(self) -> None:
+        """Compact once stale tuples outnumber live ones (after a cancellation made one
+        more stale, or a roll over took live ones out)."""
+        stale = len(self._overflow) - self._overflow_live
+        if stale <= _MIN_STALE_TO_COMPACT or stale <= self._overflow_live:
+            return
         seen: set[K] = set()
         live: list[tuple[int, K]] = []
         for due, key in self._overflow:
@@ -303,6 +309,7 @@ class TimerWheel(Generic[K]):
             slot.add(key)
             self._overflow_live -= 1
             self._in_wheel += 1
+        self._maybe_compact_overflow()
 
     def _find_earliest(self) -> int | None:
         if self._in_wheel:
