@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test check format bench soak clean
+.PHONY: run test check java format bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,7 +23,11 @@ check: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: check
+# The Spark tests (marker `spark`) need Java 17+: installed with apt-get when missing.
+java:
+	sh scripts/ensure-java.sh
+
+test: check java
 	$(VENV)/bin/pytest -W error -q
 
 format: $(STAMP)

@@ -3,7 +3,8 @@
 The batch body already is Arrow's layout (see `tidemq.core.batch`), so a RecordBatch is
 built from `decode_columns`' buffers with `pa.Array.from_buffers`: zero-copy for keys,
 values, tags, keys and headers, no Python loop per message. Only timestamps are computed
-(milliseconds to microseconds).
+(milliseconds to microseconds). Several payloads are concatenated at the level of the
+decoded columns (offsets shifted, data joined once), then turned into Arrow arrays once.
 
 Schema (`SCHEMA`), in Spark's Arrow types::
 
@@ -14,24 +15,45 @@ Schema (`SCHEMA`), in Spark's Arrow types::
     headers    list<struct<key: string, value: binary>>
     timestamp  timestamp[us, tz=UTC]
 
+`records_to_arrow` turns a fetch answer (whole commit-log records) into the data
+source's rows: the message columns plus topic, partition, offset and timestampType, in
+the order and Arrow types of `source_schema` (what Spark's `to_arrow_schema(schema,
+timezone="UTC")` gives for the source's schema).
+
 This module imports pyarrow at import time; `tidemq.spark` itself must not import it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from itertools import pairwise
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from tidemq.core.batch import BinaryColumn, decode_columns
-from tidemq.core.errors import InvalidBatch
+from tidemq.core.batch import BatchColumns, BinaryColumn, ListColumn, decode_columns
+from tidemq.core.errors import CorruptRecordError, InvalidBatch
+from tidemq.core.message import iter_records
+from tidemq.core.record import parse_header
 
-__all__ = ["HEADER_TYPE", "SCHEMA", "batch_to_arrow", "batches_to_arrow"]
+__all__ = [
+    "HEADER_TYPE",
+    "SCHEMA",
+    "SOURCE_COLUMNS",
+    "TIMESTAMP_TYPE_CREATE_TIME",
+    "batch_to_arrow",
+    "batches_to_arrow",
+    "records_to_arrow",
+    "source_schema",
+]
 
 HEADER_TYPE: Final = pa.struct([("key", pa.string()), ("value", pa.binary())])
+# List children named "element", as `pyspark.sql.pandas.types.to_arrow_schema` names them
+# (types compare equal either way; the names then match Spark's schema exactly too).
+_ELEMENT: Final = "element"
 # Every field nullable, as in the DDL schema a Spark data source declares; keys, headers and
 # timestamp simply never hold nulls. Microseconds: Spark's TimestampType in Arrow is
 # timestamp[us, tz=UTC].
@@ -40,8 +62,8 @@ SCHEMA: Final = pa.schema(
         ("key", pa.binary()),
         ("value", pa.binary()),
         ("tag", pa.string()),
-        ("keys", pa.list_(pa.string())),
-        ("headers", pa.list_(HEADER_TYPE)),
+        ("keys", pa.list_(pa.field(_ELEMENT, pa.string()))),
+        ("headers", pa.list_(pa.field(_ELEMENT, HEADER_TYPE))),
         ("timestamp", pa.timestamp("us", tz="UTC")),
     ]
 )
@@ -50,6 +72,7 @@ _KEYS_TYPE: Final = SCHEMA.field("keys").type
 _HEADERS_TYPE: Final = SCHEMA.field("headers").type
 # The millisecond range whose microsecond value fits in int64.
 _MS_LIMIT: Final = (2**63 - 1) // 1000
+_I32_MAX: Final = 2**31 - 1
 
 
 def _offsets(offsets: npt.NDArray[np.uint32]) -> Any:
@@ -96,10 +119,13 @@ def batch_to_arrow(payload: bytes | memoryview, *, verify_crc: bool = True) -> A
     string column that is not UTF-8, and InvalidBatch for a timestamp whose microsecond
     value overflows int64 (beyond year 294,000).
     """
-    cols = decode_columns(payload, verify_crc=verify_crc)
+    return _columns_to_arrow(decode_columns(payload, verify_crc=verify_crc))
+
+
+def _columns_to_arrow(cols: BatchColumns) -> Any:
     n = cols.count
     ms = cols.timestamps_ms
-    if int(ms.min()) < -_MS_LIMIT or int(ms.max()) > _MS_LIMIT:
+    if n and (int(ms.min()) < -_MS_LIMIT or int(ms.max()) > _MS_LIMIT):
         raise InvalidBatch("a message timestamp is out of range for microseconds")
     micros = ms * 1000
     keys = pa.Array.from_buffers(
@@ -139,6 +165,79 @@ def batch_to_arrow(payload: bytes | memoryview, *, verify_crc: bool = True) -> A
     )
 
 
+# Several batches become one RecordBatch by concatenating their decoded columns (numpy
+# offsets shifted, data joined: a few numpy calls per batch and column), then building
+# the Arrow arrays once: far cheaper than one set of Arrow arrays per batch plus Arrow's
+# concatenation, for batches of hundreds of messages.
+
+
+def _merge_binary(cols: Sequence[BinaryColumn]) -> BinaryColumn:
+    counts = [len(c.offsets) - 1 for c in cols]
+    sizes = [len(c.data) for c in cols]
+    n, total = sum(counts), sum(sizes)
+    if total > _I32_MAX:
+        raise pa.ArrowInvalid(f"{total} bytes in one column exceed Arrow's 2 GiB array limit")
+    if total == 0:
+        offsets = np.zeros(n + 1, dtype=np.uint32)
+        data = memoryview(b"")
+    else:
+        offsets = np.empty(n + 1, dtype=np.uint32)
+        at = shift = 0
+        for c, k, size in zip(cols, counts, sizes, strict=True):
+            np.add(c.offsets[:k], shift, out=offsets[at : at + k])
+            at += k
+            shift += size
+        offsets[n] = total
+        data = memoryview(b"".join(c.data for c in cols))
+    if all(c.validity is None for c in cols):
+        return BinaryColumn(offsets, data, None, None)
+    validity = np.concatenate(
+        [
+            np.ones(k, dtype=np.bool_) if c.validity is None else c.validity
+            for c, k in zip(cols, counts, strict=True)
+        ]
+    )
+    bitmap = memoryview(np.packbits(validity, bitorder="little").tobytes())
+    return BinaryColumn(offsets, data, validity, bitmap)
+
+
+def _merge_lists(lists: Sequence[ListColumn], *, with_values: bool) -> ListColumn:
+    counts = [len(c.list_offsets) - 1 for c in lists]
+    items = [len(c.items.offsets) - 1 for c in lists]
+    n = sum(counts)
+    if sum(items) == 0:
+        list_offsets = np.zeros(n + 1, dtype=np.uint32)
+    else:
+        list_offsets = np.empty(n + 1, dtype=np.uint32)
+        at = shift = 0
+        for c, k, m in zip(lists, counts, items, strict=True):
+            np.add(c.list_offsets[:k], shift, out=list_offsets[at : at + k])
+            at += k
+            shift += m
+        list_offsets[n] = shift
+    values = None
+    if with_values:
+        columns = [c.values for c in lists]
+        if any(v is None for v in columns):
+            raise InvalidBatch("a headers column has no values")
+        values = _merge_binary([v for v in columns if v is not None])
+    return ListColumn(list_offsets, _merge_binary([c.items for c in lists]), values)
+
+
+def _merge(cols: Sequence[BatchColumns]) -> BatchColumns:
+    if len(cols) == 1:
+        return cols[0]
+    return BatchColumns(
+        sum(c.count for c in cols),
+        np.concatenate([c.timestamps_ms for c in cols]),
+        _merge_binary([c.key for c in cols]),
+        _merge_binary([c.value for c in cols]),
+        _merge_binary([c.tag for c in cols]),
+        _merge_lists([c.keys for c in cols], with_values=False),
+        _merge_lists([c.headers for c in cols], with_values=True),
+    )
+
+
 def batches_to_arrow(payloads: Iterable[bytes | memoryview], *, verify_crc: bool = True) -> Any:
     """Several batch payloads as one `pa.RecordBatch` of `SCHEMA`: their rows, in order.
 
@@ -147,11 +246,127 @@ def batches_to_arrow(payloads: Iterable[bytes | memoryview], *, verify_crc: bool
     raises, and `pa.ArrowInvalid` when a column's data passes Arrow's 2 GiB (int32
     offsets) limit for one array.
     """
-    batches = [batch_to_arrow(p, verify_crc=verify_crc) for p in payloads]
-    if not batches:
+    cols = [decode_columns(p, verify_crc=verify_crc) for p in payloads]
+    if not cols:
         return pa.RecordBatch.from_arrays(
             [pa.array([], type=field.type) for field in SCHEMA], schema=SCHEMA
         )
-    if len(batches) == 1:
-        return batches[0]
-    return pa.Table.from_batches(batches, schema=SCHEMA).combine_chunks().to_batches()[0]
+    return _columns_to_arrow(_merge(cols))
+
+
+# --------------------------------------------------------------------------- the source's rows
+
+#: The data source's columns, in order (``headers`` only with includeHeaders).
+SOURCE_COLUMNS: Final = (
+    "key",
+    "value",
+    "topic",
+    "partition",
+    "offset",
+    "timestamp",
+    "timestampType",
+    "headers",
+    "tag",
+    "keys",
+)
+#: Kafka's timestampType: 0 CreateTime (the producer's clock, which every tidemq message
+#: carries), 1 LogAppendTime.
+TIMESTAMP_TYPE_CREATE_TIME: Final = 0
+_SOURCE_TYPES: Final = {
+    "key": pa.binary(),
+    "value": pa.binary(),
+    "topic": pa.string(),
+    "partition": pa.int32(),
+    "offset": pa.int64(),
+    "timestamp": _TIMESTAMP_TYPE,
+    "timestampType": pa.int32(),
+    "headers": _HEADERS_TYPE,
+    "tag": pa.string(),
+    "keys": _KEYS_TYPE,
+}
+
+
+@lru_cache(maxsize=2)
+def source_schema(include_headers: bool) -> Any:
+    """The Arrow schema of the source's rows; every field nullable, as Spark declares."""
+    return pa.schema(
+        [
+            (name, _SOURCE_TYPES[name])
+            for name in SOURCE_COLUMNS
+            if include_headers or name != "headers"
+        ]
+    )
+
+
+def _offsets_column(runs: Sequence[tuple[int, int]]) -> Any:
+    if len(runs) == 1 or all(a[1] == b[0] for a, b in pairwise(runs)):
+        values = np.arange(runs[0][0], runs[-1][1], dtype=np.int64)
+    else:
+        values = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in runs])
+    return pa.array(values, type=pa.int64())
+
+
+def records_to_arrow(
+    topic: str,
+    queue: int,
+    body: bytes,
+    sizes: Sequence[int],
+    *,
+    start: int,
+    end: int,
+    include_headers: bool = False,
+    verify_crc: bool = True,
+) -> Any:
+    """The messages of fetched records (`body`, record sizes `sizes`) at offsets in
+    [start, end), in offset order, as one `pa.RecordBatch` of `source_schema`; None when no
+    message falls in the range.
+
+    Per record: its header is checked (CRC) and its payload decoded to columns
+    (`decode_columns`); the columns of all records are concatenated, turned into Arrow
+    arrays once and sliced to the range, and the constant columns built once per call.
+    No Python loop per message.
+    Raises CorruptRecordError for a damaged record, InvalidBatch for a damaged payload.
+    """
+    decoded: list[BatchColumns] = []
+    runs: list[tuple[int, int]] = []
+    skip = 0
+    for record in iter_records(body, list(sizes)):
+        header = parse_header(record)
+        if header.size != len(record):
+            raise CorruptRecordError("record size does not match its header")
+        base = header.base_offset
+        lo, hi = max(start, base), min(end, base + header.count)
+        if lo >= hi:
+            continue
+        cols = decode_columns(record[header.payload_start :], verify_crc=verify_crc)
+        if cols.count != header.count:
+            raise CorruptRecordError(
+                f"record at offset {base} holds {cols.count} messages, its header says "
+                f"{header.count}"
+            )
+        if not decoded:
+            skip = lo - base
+        decoded.append(cols)
+        runs.append((lo, hi))
+    if not decoded:
+        return None
+    messages = _columns_to_arrow(_merge(decoded))
+    # Only the first record can start before the range and only the last end after it.
+    wanted = sum(hi - lo for lo, hi in runs)
+    if skip or wanted != messages.num_rows:
+        messages = messages.slice(skip, wanted)
+    n = messages.num_rows
+    columns = {
+        "key": messages.column("key"),
+        "value": messages.column("value"),
+        "topic": pa.repeat(pa.scalar(topic, pa.string()), n),
+        "partition": pa.repeat(pa.scalar(queue, pa.int32()), n),
+        "offset": _offsets_column(runs),
+        "timestamp": messages.column("timestamp"),
+        "timestampType": pa.repeat(pa.scalar(TIMESTAMP_TYPE_CREATE_TIME, pa.int32()), n),
+        "headers": messages.column("headers"),
+        "tag": messages.column("tag"),
+        "keys": messages.column("keys"),
+    }
+    schema = source_schema(include_headers)
+    return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)

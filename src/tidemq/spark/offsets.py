@@ -1,0 +1,206 @@
+"""Source offsets and the arithmetic of micro-batches. Pure Python: no pyspark, no I/O.
+
+A stream's offset is, per (topic, queue), the next offset to read. Spark stores it in the
+checkpoint as the JSON `to_json` returns and compares offsets *as JSON text*, so the text
+must be deterministic: topics sorted by name, queues by number, nothing else varying::
+
+    {"v": 1, "topics": {"orders": {"0": 1234, "1": 977}}}
+
+Micro-batch planning (`next_end`) is a function of the start offset, the queues' bounds
+and the read limit only, so a replayed batch (same start, same end from the offset log)
+reads exactly the same ranges. Queues seen for the first time enter the end offset at
+their earliest offset and are read from the next batch on: every range read is then
+(start, end) of two logged offsets, never "earliest at the time of reading".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Final, Literal, NamedTuple
+
+from tidemq.core.errors import OffsetOutOfRange
+from tidemq.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError
+
+__all__ = [
+    "VERSION",
+    "Bounds",
+    "Positions",
+    "TopicQueue",
+    "dumps",
+    "fair_share",
+    "from_json",
+    "next_end",
+    "resolve_positions",
+    "to_json",
+]
+
+VERSION: Final = 1
+TopicQueue = tuple[str, int]
+Positions = dict[TopicQueue, int]
+
+
+class Bounds(NamedTuple):
+    """A queue's readable range: [min_offset, max_offset)."""
+
+    min_offset: int
+    max_offset: int
+
+
+def to_json(positions: Mapping[TopicQueue, int]) -> dict[str, object]:
+    """The offset as Spark stores it: a dict whose insertion order is sorted, so that
+    `json.dumps` of it (what Spark writes and compares) is always the same text."""
+    topics: dict[str, dict[str, int]] = {}
+    for topic, queue in sorted(positions):
+        topics.setdefault(topic, {})[str(queue)] = int(positions[(topic, queue)])
+    return {"v": VERSION, "topics": topics}
+
+
+def dumps(positions: Mapping[TopicQueue, int]) -> str:
+    return json.dumps(to_json(positions))
+
+
+def from_json(offset: object) -> Positions:
+    """Parse an offset Spark hands back (from `to_json`, possibly via the checkpoint)."""
+    if isinstance(offset, str):
+        try:
+            offset = json.loads(offset)
+        except ValueError as exc:
+            raise ValueError(f"tidemq source offset is not JSON: {exc}") from None
+    if not isinstance(offset, dict) or offset.get("v") != VERSION:
+        raise ValueError(
+            f'tidemq source offset must look like {{"v": {VERSION}, "topics": {{...}}}}, got '
+            f"{offset!r} (a checkpoint written by another source or version?)"
+        )
+    topics = offset.get("topics")
+    if not isinstance(topics, dict):
+        raise ValueError(f"tidemq source offset has no 'topics' object: {offset!r}")
+    out: Positions = {}
+    for topic, queues in topics.items():
+        if not isinstance(queues, dict):
+            raise ValueError(f"tidemq source offset: topic {topic!r} is not an object")
+        for queue, position in queues.items():
+            if not (isinstance(queue, str) and queue.isdigit()):
+                raise ValueError(f"tidemq source offset: bad queue id {queue!r} of {topic!r}")
+            if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+                raise ValueError(
+                    f"tidemq source offset: bad offset {position!r} at {topic}/{queue}"
+                )
+            out[(topic, int(queue))] = position
+    return out
+
+
+def resolve_positions(
+    spec: OffsetSpec,
+    bounds: Mapping[TopicQueue, Bounds],
+    *,
+    option: str,
+    default: Literal["earliest", "latest"],
+    times: Mapping[TopicQueue, int] | None = None,
+) -> Positions:
+    """Positions of `bounds`' queues per `spec`: queues the JSON form leaves out get
+    `default`; a timestamp spec takes each queue's offset from `times`. An offset past the
+    queue's end is refused (an offset below its start is left for the read to report)."""
+    given = spec.as_dict()
+    out: Positions = {}
+    for tq, (lo, hi) in bounds.items():
+        if spec.kind == "timestamp":
+            if times is None or tq not in times:
+                raise ValueError(f"no offset for the start timestamp of {tq[0]}/{tq[1]}")
+            out[tq] = min(max(times[tq], lo), hi)
+            continue
+        if spec.kind == "offsets":
+            value = given.get(tq, EARLIEST if default == "earliest" else LATEST)
+        else:
+            value = EARLIEST if spec.kind == "earliest" else LATEST
+        if value == EARLIEST:
+            out[tq] = lo
+        elif value == LATEST:
+            out[tq] = hi
+        elif value > hi:
+            raise OptionError(
+                f"option {option!r}: offset {value} of {tq[0]}/{tq[1]} is past the queue's end "
+                f"({hi})"
+            )
+        else:
+            out[tq] = value
+    return out
+
+
+def fair_share(available: Mapping[TopicQueue, int], limit: int) -> dict[TopicQueue, int]:
+    """Split `limit` rows over queues with `available` rows each, max-min fairly: no queue
+    gets more than it has, and what a small queue leaves over goes to the others. Rows
+    left when a share does not divide go one each to the first queues in sorted order, so
+    the result depends on the arguments only."""
+    out = dict.fromkeys(available, 0)
+    remaining = max(0, limit)
+    # Ascending by what is available: the queue that fills first comes first.
+    pending = sorted(
+        (tq for tq, n in available.items() if n > 0), key=lambda tq: (available[tq], tq)
+    )
+    while pending and remaining > 0:
+        share = remaining // len(pending)
+        if share == 0:
+            for tq in sorted(pending)[:remaining]:
+                out[tq] += 1
+            break
+        smallest = pending[0]
+        need = available[smallest] - out[smallest]
+        if need <= share:
+            # The smallest queue's rest fits in an equal share: it is done, the others wait
+            # for the next round's (larger) share.
+            out[smallest] += need
+            remaining -= need
+            pending.pop(0)
+            continue
+        for tq in pending:
+            out[tq] += share
+        remaining -= share * len(pending)
+    return out
+
+
+def next_end(
+    start: Mapping[TopicQueue, int],
+    bounds: Mapping[TopicQueue, Bounds],
+    *,
+    max_rows: int | None = None,
+    targets: Mapping[TopicQueue, int] | None = None,
+    fail_on_data_loss: bool = True,
+) -> Positions:
+    """The end offset of the next micro-batch starting at `start`.
+
+    `bounds`: the queues that exist now (a queue of `start` missing from it, its broker
+    away or its topic unsubscribed, keeps its position). `max_rows`: at most this many rows
+    in all, shared fairly. `targets` (Trigger.AvailableNow): read no queue past its target,
+    and no queue that has none. A queue new to `start` enters at its earliest offset (no
+    rows this batch). A queue whose end fell below its position (deleted and re-created)
+    is data loss: raised, or with `fail_on_data_loss=False` read again from its start.
+    """
+    end: Positions = {}
+    available: dict[TopicQueue, int] = {}
+    for tq, position in start.items():
+        b = bounds.get(tq)
+        if b is None:
+            end[tq] = position
+            continue
+        if position > b.max_offset:
+            if fail_on_data_loss:
+                raise OffsetOutOfRange(
+                    f"tidemq: queue {tq[0]}/{tq[1]} now ends at offset {b.max_offset}, before "
+                    f"the position {position} already read (the topic was deleted and "
+                    "re-created?). Set failOnDataLoss=false to read it again from its start."
+                )
+            end[tq] = b.min_offset
+            continue
+        limit = b.max_offset
+        if targets is not None:
+            limit = min(limit, targets.get(tq, position))
+        end[tq] = position
+        available[tq] = max(0, limit - position)
+    taken = available if max_rows is None else fair_share(available, max_rows)
+    for tq, n in taken.items():
+        end[tq] += n
+    for tq, b in bounds.items():
+        if tq not in start and (targets is None or tq in targets):
+            end[tq] = b.min_offset
+    return end

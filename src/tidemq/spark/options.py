@@ -1,0 +1,381 @@
+"""The data source's options, parsed and checked once. Pure Python: no pyspark, no I/O.
+
+Names follow Spark's Kafka source (`spark-sql-kafka-0-10`). Spark hands the options over
+as a case-insensitive dict with lower-cased keys; these functions accept any mapping and
+look names up case-insensitively (without replacing the caller's mapping). Every error is
+an `OptionError` (a ValueError) whose message names the option.
+
+Reading:
+
+====================== ================================================================
+``bootstrap``          name server ``host:port`` (aliases ``tidemq.bootstrap.servers``,
+                       ``kafka.bootstrap.servers``); required
+``subscribe``          comma-separated topics          } exactly one
+``subscribePattern``   regex over topic names (full)   } of these
+``assign``             JSON ``{"orders": [0, 1]}``     } three
+``startingOffsets``    ``earliest`` | ``latest`` | JSON ``{"orders": {"0": 23, "1": -2}}``
+                       (-2 earliest, -1 latest); default latest (streams), earliest (batch)
+``endingOffsets``      batch only: ``latest`` (default) | JSON (-1 latest)
+``startingTimestamp``  ms since the epoch: each queue starts at its first batch stored
+                       at or after it (takes precedence over ``startingOffsets``)
+``maxOffsetsPerTrigger`` rows per micro-batch, spread fairly over queues (alias
+                       ``maxRecordsPerBatch``)
+``failOnDataLoss``     ``true`` (default): offsets removed by retention fail the query
+``includeHeaders``     ``false`` (default): add the ``headers`` column
+``minPartitions``      split queue ranges until there are at least this many partitions
+``fetchMaxBytes``      bytes per fetch request (default 8 MiB)
+====================== ================================================================
+
+Writing: ``bootstrap`` as above, ``topic`` (overrides the ``topic`` column).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from tidemq.core import limits
+
+__all__ = [
+    "EARLIEST",
+    "LATEST",
+    "Assign",
+    "OffsetSpec",
+    "OptionError",
+    "ReadOptions",
+    "Subscribe",
+    "SubscribePattern",
+    "Subscription",
+    "WriteOptions",
+    "include_headers",
+    "parse_read_options",
+    "parse_write_options",
+]
+
+#: In offsets JSON, as in Kafka's: -2 is the queue's earliest offset, -1 its latest.
+EARLIEST: Final = -2
+LATEST: Final = -1
+
+BOOTSTRAP_NAMES: Final = ("bootstrap", "tidemq.bootstrap.servers", "kafka.bootstrap.servers")
+DEFAULT_FETCH_MAX_BYTES: Final = 8 << 20
+# Kafka source options tidemq does not implement yet: refused rather than ignored, so that
+# nobody believes they took effect.
+_UNSUPPORTED: Final = (
+    "endingTimestamp",
+    "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
+    "groupIdPrefix",
+    "kafka.group.id",
+)
+_TOPIC: Final = re.compile(limits.TOPIC_NAME_PATTERN)
+
+
+class OptionError(ValueError):
+    """A data source option is missing, misspelt or has a bad value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    topics: tuple[str, ...]
+
+    def matches(self, topic: str) -> bool:
+        return topic in self.topics
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribePattern:
+    pattern: str
+
+    def matches(self, topic: str) -> bool:
+        return re.fullmatch(self.pattern, topic) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    #: (topic, sorted queue ids), sorted by topic.
+    queues: tuple[tuple[str, tuple[int, ...]], ...]
+
+    def matches(self, topic: str) -> bool:
+        return any(t == topic for t, _ in self.queues)
+
+
+Subscription = Subscribe | SubscribePattern | Assign
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetSpec:
+    """Where reading starts or ends: every queue's earliest or latest offset, or given
+    offsets per queue (EARLIEST / LATEST allowed as values), or a timestamp."""
+
+    kind: Literal["earliest", "latest", "offsets", "timestamp"]
+    #: kind "offsets": topic -> queue -> offset (or EARLIEST / LATEST)
+    offsets: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
+    #: kind "timestamp": milliseconds since the epoch
+    timestamp_ms: int = 0
+
+    def as_dict(self) -> dict[tuple[str, int], int]:
+        return {(t, q): o for t, queues in self.offsets for q, o in queues}
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    bootstrap: str
+    subscription: Subscription
+    starting: OffsetSpec
+    #: Batch queries only; streams have no end.
+    ending: OffsetSpec | None
+    max_offsets_per_trigger: int | None
+    fail_on_data_loss: bool
+    include_headers: bool
+    min_partitions: int | None
+    fetch_max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOptions:
+    bootstrap: str
+    #: Overrides the DataFrame's `topic` column when set.
+    topic: str | None
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def _get(opts: dict[str, str], name: str) -> str | None:
+    return opts.get(name.lower())
+
+
+def _bootstrap(opts: dict[str, str]) -> str:
+    given = {name: opts[name.lower()] for name in BOOTSTRAP_NAMES if name.lower() in opts}
+    if not given:
+        raise OptionError(
+            "option 'bootstrap' is required: the name server's host:port "
+            "(aliases 'tidemq.bootstrap.servers', 'kafka.bootstrap.servers')"
+        )
+    values = {v.strip() for v in given.values()}
+    if len(values) > 1:
+        raise OptionError(f"options {', '.join(repr(n) for n in given)} disagree: {given}")
+    value = values.pop()
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        name = next(iter(given))
+        raise OptionError(f"option {name!r} must be host:port, got {value!r}")
+    return value
+
+
+def _topic_name(option: str, name: str) -> str:
+    if not _TOPIC.match(name):
+        raise OptionError(f"option {option!r}: {name!r} is not a valid topic name")
+    return name
+
+
+def _json(option: str, text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise OptionError(f"option {option!r} is not valid JSON ({exc}): {text!r}") from None
+
+
+def _int(option: str, text: str, *, minimum: int) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise OptionError(f"option {option!r} must be an integer, got {text!r}") from None
+    if value < minimum:
+        raise OptionError(f"option {option!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(option: str, text: str | None, default: bool) -> bool:
+    if text is None:
+        return default
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise OptionError(f"option {option!r} must be true or false, got {text!r}")
+    return value == "true"
+
+
+def _subscription(opts: dict[str, str]) -> Subscription:
+    given = [n for n in ("subscribe", "subscribePattern", "assign") if _get(opts, n) is not None]
+    if len(given) != 1:
+        found = f"got {', '.join(repr(n) for n in given)}" if given else "got none"
+        raise OptionError(
+            f"give exactly one of the options 'subscribe', 'subscribePattern', 'assign' ({found})"
+        )
+    name = given[0]
+    text = _get(opts, name)
+    assert text is not None
+    if name == "subscribe":
+        topics = [t.strip() for t in text.split(",") if t.strip()]
+        if not topics:
+            raise OptionError("option 'subscribe' names no topic")
+        return Subscribe(tuple(sorted({_topic_name(name, t) for t in topics})))
+    if name == "subscribePattern":
+        try:
+            re.compile(text)
+        except re.error as exc:
+            raise OptionError(f"option 'subscribePattern' is not a valid regex: {exc}") from None
+        return SubscribePattern(text)
+    raw = _json(name, text)
+    if not isinstance(raw, dict) or not raw:
+        example = '{"orders": [0, 1]}'
+        raise OptionError(f"option 'assign' must be a JSON object like {example}, got {text!r}")
+    queues: list[tuple[str, tuple[int, ...]]] = []
+    for topic, ids in sorted(raw.items()):
+        _topic_name(name, topic)
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(isinstance(q, int) and not isinstance(q, bool) and q >= 0 for q in ids)
+        ):
+            raise OptionError(
+                f"option 'assign': topic {topic!r} needs a non-empty list of queue ids >= 0, "
+                f"got {ids!r}"
+            )
+        queues.append((topic, tuple(sorted(set(ids)))))
+    return Assign(tuple(queues))
+
+
+def _offset_spec(option: str, text: str, *, ending: bool) -> OffsetSpec:
+    word = text.strip().lower()
+    if word in ("earliest", "latest"):
+        if ending and word == "earliest":
+            raise OptionError(f"option {option!r} cannot be 'earliest'")
+        return OffsetSpec("earliest" if word == "earliest" else "latest")
+    raw = _json(option, text)
+    example = '{"orders": {"0": 23, "1": -2}}'
+    if not isinstance(raw, dict):
+        raise OptionError(
+            f"option {option!r} must be 'earliest', 'latest' or JSON like {example}, got {text!r}"
+        )
+    offsets: list[tuple[str, tuple[tuple[int, int], ...]]] = []
+    for topic, per_queue in sorted(raw.items()):
+        _topic_name(option, topic)
+        if not isinstance(per_queue, dict):
+            raise OptionError(f"option {option!r}: topic {topic!r} needs an object like {example}")
+        pairs: list[tuple[int, int]] = []
+        for q, offset in per_queue.items():
+            if not (isinstance(q, str) and q.isdigit()):
+                raise OptionError(f"option {option!r}: queue id {q!r} of {topic!r} is not >= 0")
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < EARLIEST:
+                raise OptionError(
+                    f"option {option!r}: offset {offset!r} of {topic}/{q} must be an offset "
+                    ">= 0, -2 (earliest) or -1 (latest)"
+                )
+            if ending and offset == EARLIEST:
+                raise OptionError(f"option {option!r}: {topic}/{q} cannot end at -2 (earliest)")
+            pairs.append((int(q), offset))
+        offsets.append((topic, tuple(sorted(pairs))))
+    return OffsetSpec("offsets", tuple(offsets))
+
+
+def _check_spec_topics(option: str, spec: OffsetSpec, subscription: Subscription) -> None:
+    for topic, queues in spec.offsets:
+        if not subscription.matches(topic):
+            raise OptionError(f"option {option!r} names topic {topic!r}, which is not subscribed")
+        if isinstance(subscription, Assign):
+            assigned = dict(subscription.queues)[topic]
+            extra = sorted(q for q, _ in queues if q not in assigned)
+            if extra:
+                raise OptionError(
+                    f"option {option!r} names queues {extra} of {topic!r}, which are not assigned"
+                )
+
+
+def _starting(opts: dict[str, str], subscription: Subscription, *, streaming: bool) -> OffsetSpec:
+    text = _get(opts, "startingOffsets")
+    if text is None:
+        starting = OffsetSpec("latest" if streaming else "earliest")
+    else:
+        starting = _offset_spec("startingOffsets", text, ending=False)
+        _check_spec_topics("startingOffsets", starting, subscription)
+    if not streaming and (
+        starting.kind == "latest" or any(o == LATEST for o in starting.as_dict().values())
+    ):
+        raise OptionError(
+            "option 'startingOffsets' cannot be latest (-1) for a batch query: it would read "
+            "nothing"
+        )
+    ts_text = _get(opts, "startingTimestamp")
+    if ts_text is not None:  # Kafka's rule: the timestamp takes precedence
+        timestamp_ms = _int("startingTimestamp", ts_text, minimum=0)
+        starting = OffsetSpec("timestamp", timestamp_ms=timestamp_ms)
+    return starting
+
+
+def _ending(
+    opts: dict[str, str], subscription: Subscription, *, streaming: bool
+) -> OffsetSpec | None:
+    text = _get(opts, "endingOffsets")
+    if streaming:
+        if text is not None:
+            raise OptionError("option 'endingOffsets' is for batch queries only")
+        return None
+    if text is None:
+        return OffsetSpec("latest")
+    ending = _offset_spec("endingOffsets", text, ending=True)
+    _check_spec_topics("endingOffsets", ending, subscription)
+    return ending
+
+
+def _read_limit(opts: dict[str, str]) -> int | None:
+    limit: int | None = None
+    for name in ("maxOffsetsPerTrigger", "maxRecordsPerBatch"):
+        text = _get(opts, name)
+        if text is not None:
+            value = _int(name, text, minimum=1)
+            if limit is not None and value != limit:
+                raise OptionError(
+                    "options 'maxOffsetsPerTrigger' and 'maxRecordsPerBatch' are aliases and "
+                    f"disagree ({limit} != {value})"
+                )
+            limit = value
+    return limit
+
+
+def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+    """Check and parse the options of a batch (`streaming=False`) or streaming read."""
+    opts = _lower(options)
+    for name in _UNSUPPORTED:
+        if name.lower() in opts:
+            raise OptionError(f"option {name!r} is not supported by the tidemq source yet")
+    bootstrap = _bootstrap(opts)
+    subscription = _subscription(opts)
+    min_text = _get(opts, "minPartitions")
+    fetch_text = _get(opts, "fetchMaxBytes")
+    return ReadOptions(
+        bootstrap=bootstrap,
+        subscription=subscription,
+        starting=_starting(opts, subscription, streaming=streaming),
+        ending=_ending(opts, subscription, streaming=streaming),
+        max_offsets_per_trigger=_read_limit(opts),
+        fail_on_data_loss=_bool("failOnDataLoss", _get(opts, "failOnDataLoss"), True),
+        include_headers=_bool("includeHeaders", _get(opts, "includeHeaders"), False),
+        min_partitions=None if min_text is None else _int("minPartitions", min_text, minimum=1),
+        fetch_max_bytes=(
+            DEFAULT_FETCH_MAX_BYTES
+            if fetch_text is None
+            else _int("fetchMaxBytes", fetch_text, minimum=1024)
+        ),
+    )
+
+
+def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+    opts = _lower(options)
+    topic = _get(opts, "topic")
+    return WriteOptions(
+        bootstrap=_bootstrap(opts),
+        topic=None if topic is None else _topic_name("topic", topic.strip()),
+    )
+
+
+def include_headers(options: Mapping[str, str]) -> bool:
+    """Only `includeHeaders`, for the schema (which Spark asks for before anything else)."""
+    return _bool("includeHeaders", _get(_lower(options), "includeHeaders"), False)

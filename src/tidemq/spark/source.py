@@ -1,0 +1,252 @@
+"""The PySpark data source `tidemq`: batch and streaming reads, batch writes.
+
+Thin: options are parsed by `tidemq.spark.options`, offsets and plans computed by
+`offsets` and `planning` (pure Python), I/O done by `fetch` and `write`. What lives here
+is the shape Spark's Python Data Source API wants (conventions §5):
+
+* readers hold only their parsed options (picklable); clients and loops are created
+  lazily per process (`_runtime`);
+* `read()` yields `pyarrow.RecordBatch`es whose schema equals
+  `to_arrow_schema(schema, timezone="UTC")`;
+* stream offsets are `{"v": 1, "topics": {...}}` with sorted keys (`offsets.to_json`);
+* the stream reader supports admission control (`latestOffset(start, limit)`,
+  `getDefaultReadLimit`) and `Trigger.AvailableNow` (targets frozen in
+  `prepareForTriggerAvailableNow`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from tidemq.spark._runtime import runtime
+from tidemq.spark.fetch import batch_ranges, initial_positions, read_range, stream_bounds
+from tidemq.spark.offsets import Positions, from_json, next_end, to_json
+from tidemq.spark.options import (
+    OptionError,
+    ReadOptions,
+    include_headers,
+    parse_read_options,
+    parse_write_options,
+)
+from tidemq.spark.planning import OffsetRange, plan_partitions, ranges_between
+from tidemq.spark.sink import exactly_once_stream_writer
+from tidemq.spark.write import WRITE_COLUMNS, check_write_columns, write_batches
+
+__all__ = [
+    "QueueRangePartition",
+    "TidemqBatchReader",
+    "TidemqBatchWriter",
+    "TidemqCommitMessage",
+    "TidemqDataSource",
+    "TidemqStreamReader",
+    "spark_schema",
+]
+
+_HEADER = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+
+
+def spark_schema(with_headers: bool = False) -> StructType:
+    """The source's columns: Kafka's, then tidemq's `tag` and `keys`."""
+    fields = [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+    if with_headers:
+        fields.append(StructField("headers", ArrayType(_HEADER)))
+    fields += [StructField("tag", StringType()), StructField("keys", ArrayType(StringType()))]
+    return StructType(fields)
+
+
+def _check_schema(schema: StructType, options: ReadOptions) -> None:
+    expected = spark_schema(options.include_headers)
+    if schema is not None and schema != expected:
+        raise OptionError(
+            "the tidemq source has a fixed schema; do not pass .schema(...). Expected "
+            f"{expected.simpleString()}, got {schema.simpleString()}"
+        )
+
+
+class QueueRangePartition(InputPartition):
+    """One Spark task: offsets [start, end) of one queue."""
+
+    def __init__(self, offset_range: OffsetRange) -> None:
+        super().__init__(offset_range)
+        self.range = offset_range
+
+    def __repr__(self) -> str:
+        r = self.range
+        return f"QueueRangePartition({r.topic}/{r.queue} [{r.start}, {r.end}))"
+
+
+def _read(options: ReadOptions, partition: InputPartition) -> Iterator[Any]:
+    if not isinstance(partition, QueueRangePartition):
+        return iter(())  # Spark's placeholder when there is nothing to read
+    return read_range(options, partition.range)
+
+
+class TidemqBatchReader(DataSourceReader):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self._options = parse_read_options(options, streaming=False)
+        _check_schema(schema, self._options)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        ranges = runtime().run(batch_ranges(self._options))
+        planned = plan_partitions(ranges, self._options.min_partitions)
+        return [QueueRangePartition(r) for r in planned]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read(self._options, partition)
+
+
+class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self._options = parse_read_options(options, streaming=True)
+        _check_schema(schema, self._options)
+        # Driver-side state (the offset calls run in one long-lived process): the initial
+        # offset, computed once (Spark asks twice), and the AvailableNow targets.
+        self._initial: dict[str, Any] | None = None
+        self._targets: Positions | None = None
+        self._latest: Positions | None = None  # queue ends seen by the last latestOffset
+
+    def initialOffset(self) -> dict[str, Any]:
+        if self._initial is None:
+            self._initial = to_json(runtime().run(initial_positions(self._options)))
+        return self._initial
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self._options.max_offsets_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        bounds = runtime().run(stream_bounds(self._options))
+        self._targets = {tq: b.max_offset for tq, b in bounds.items()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        bounds = runtime().run(stream_bounds(self._options))
+        self._latest = {tq: b.max_offset for tq, b in bounds.items()}
+        end = next_end(
+            from_json(start),
+            bounds,
+            max_rows=limit.max_rows if isinstance(limit, ReadMaxRows) else None,
+            targets=self._targets,
+            fail_on_data_loss=self._options.fail_on_data_loss,
+        )
+        return to_json(end)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """The queues' ends as last seen (for the query's progress; no extra requests)."""
+        return None if self._latest is None else to_json(self._latest)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        ranges = ranges_between(from_json(start), from_json(end))
+        planned = plan_partitions(ranges, self._options.min_partitions)
+        return [QueueRangePartition(r) for r in planned]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        return _read(self._options, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: the position lives in Spark's checkpoint, not in a group."""
+
+    def stop(self) -> None:
+        """Nothing to release: the process's client is shared (and Spark may not call
+        this)."""
+
+
+@dataclass
+class TidemqCommitMessage(WriterCommitMessage):
+    rows: int = 0
+    batches: int = 0
+    per_queue: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+class TidemqBatchWriter(DataSourceArrowWriter):
+    """Non-transactional batch writes: rows grouped per (topic, queue) into end-to-end
+    batches. A retried task sends its rows again (at least once)."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
+        if overwrite:
+            raise OptionError(
+                "tidemq topics are append-only: write with mode('append'), not overwrite"
+            )
+        self._options = parse_write_options(options)
+        # Only the columns the sink uses (others are ignored, whatever their type).
+        used = StructType([f for f in schema.fields if f.name in WRITE_COLUMNS])
+        check_write_columns({f.name: f.type for f in to_arrow_schema(used, timezone="UTC")})
+        if self._options.topic is None and "topic" not in schema.names:
+            raise OptionError(
+                "no topic to write to: set the option 'topic' or give the DataFrame a 'topic' "
+                "column"
+            )
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        context = TaskContext.get()
+        counter = context.partitionId() if context is not None else 0
+        result = write_batches(self._options, iterator, counter=counter)
+        return TidemqCommitMessage(result.rows, result.batches, result.per_queue)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing to publish: every row was acknowledged by its broker in `write`."""
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Nothing can be undone: rows acknowledged before the failure stay in tidemq."""
+
+
+class TidemqDataSource(DataSource):
+    """`spark.read.format("tidemq")`, `spark.readStream.format("tidemq")`,
+    `df.write.format("tidemq")`; options in `tidemq.spark.options`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "tidemq"
+
+    def schema(self) -> StructType:
+        return spark_schema(include_headers(self.options))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return TidemqBatchReader(self.options, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return TidemqStreamReader(self.options, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> TidemqBatchWriter:
+        return TidemqBatchWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> NoReturn:
+        # The exactly-once sink goes here (see tidemq.spark.sink); tidemq has no
+        # at-least-once streaming writer on purpose.
+        exactly_once_stream_writer(self.options, overwrite=overwrite)

@@ -1,0 +1,149 @@
+"""The Spark source's options: Kafka's names, defaults per query kind, and errors that name
+the option. No JVM."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidemq.spark.options import (
+    Assign,
+    OffsetSpec,
+    OptionError,
+    Subscribe,
+    SubscribePattern,
+    parse_read_options,
+    parse_write_options,
+)
+
+BASE = {"bootstrap": "127.0.0.1:9876", "subscribe": "orders"}
+
+
+def test_defaults_for_batch_and_stream() -> None:
+    batch = parse_read_options(BASE, streaming=False)
+    assert batch.bootstrap == "127.0.0.1:9876"
+    assert batch.subscription == Subscribe(("orders",))
+    assert batch.starting == OffsetSpec("earliest")
+    assert batch.ending == OffsetSpec("latest")
+    assert batch.fail_on_data_loss is True
+    assert batch.include_headers is False
+    assert batch.max_offsets_per_trigger is None
+    assert batch.min_partitions is None
+    stream = parse_read_options(BASE, streaming=True)
+    assert stream.starting == OffsetSpec("latest")
+    assert stream.ending is None
+
+
+def test_names_are_case_insensitive_and_aliases_work() -> None:
+    opts = parse_read_options(
+        {
+            "KAFKA.BOOTSTRAP.SERVERS": "h:1",
+            "SubscribePattern": "ord.*",
+            "maxrecordsperbatch": "10",
+            "FAILONDATALOSS": "False",
+            "includeheaders": "TRUE",
+            "minpartitions": "4",
+        },
+        streaming=True,
+    )
+    assert opts.bootstrap == "h:1"
+    assert opts.subscription == SubscribePattern("ord.*")
+    assert opts.subscription.matches("orders")
+    assert not opts.subscription.matches("xorders")
+    assert opts.max_offsets_per_trigger == 10
+    assert opts.fail_on_data_loss is False
+    assert opts.include_headers is True
+    assert opts.min_partitions == 4
+    tidemq_alias = parse_read_options(
+        {"tidemq.bootstrap.servers": "h:2", "subscribe": "a"}, streaming=True
+    )
+    assert tidemq_alias.bootstrap == "h:2"
+
+
+def test_subscribe_list_and_assign() -> None:
+    opts = parse_read_options({**BASE, "subscribe": " b, a ,b"}, streaming=True)
+    assert opts.subscription == Subscribe(("a", "b"))
+    assigned = parse_read_options(
+        {"bootstrap": "h:1", "assign": '{"t": [1, 0, 1], "s": [2]}'}, streaming=False
+    )
+    assert assigned.subscription == Assign((("s", (2,)), ("t", (0, 1))))
+
+
+def test_offsets_json() -> None:
+    opts = parse_read_options(
+        {
+            **BASE,
+            "startingOffsets": '{"orders": {"1": 23, "0": -2}}',
+            "endingOffsets": '{"orders": {"0": -1, "1": 40}}',
+        },
+        streaming=False,
+    )
+    assert opts.starting.as_dict() == {("orders", 0): -2, ("orders", 1): 23}
+    assert opts.ending is not None
+    assert opts.ending.as_dict() == {("orders", 0): -1, ("orders", 1): 40}
+
+
+def test_starting_timestamp_takes_precedence() -> None:
+    opts = parse_read_options(
+        {**BASE, "startingOffsets": "earliest", "startingTimestamp": "1700000000000"},
+        streaming=True,
+    )
+    assert opts.starting == OffsetSpec("timestamp", timestamp_ms=1_700_000_000_000)
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "named"),
+    [
+        ({"subscribe": "orders"}, True, "'bootstrap' is required"),
+        ({**BASE, "bootstrap": "nohost"}, True, "'bootstrap' must be host:port"),
+        ({"bootstrap": "h:1"}, True, "exactly one of the options 'subscribe'"),
+        ({**BASE, "assign": '{"t": [0]}'}, True, "got 'subscribe', 'assign'"),
+        ({**BASE, "subscribe": " , "}, True, "'subscribe' names no topic"),
+        ({**BASE, "subscribe": "bad topic"}, True, "'subscribe': 'bad topic'"),
+        ({"bootstrap": "h:1", "subscribePattern": "("}, True, "'subscribePattern' is not"),
+        ({"bootstrap": "h:1", "assign": "[0]"}, True, "'assign' must be a JSON object"),
+        ({"bootstrap": "h:1", "assign": '{"t": [-1]}'}, True, "'assign': topic 't'"),
+        ({"bootstrap": "h:1", "assign": "{nope"}, True, "'assign' is not valid JSON"),
+        ({**BASE, "startingOffsets": "soonest"}, True, "'startingOffsets' is not valid JSON"),
+        ({**BASE, "startingOffsets": "[1]"}, True, "'startingOffsets' must be 'earliest'"),
+        ({**BASE, "startingOffsets": '{"orders": {"x": 1}}'}, True, "queue id 'x'"),
+        ({**BASE, "startingOffsets": '{"orders": {"0": -3}}'}, True, "offset -3 of orders/0"),
+        ({**BASE, "startingOffsets": '{"other": {"0": 1}}'}, True, "topic 'other', which is"),
+        ({**BASE, "startingOffsets": "latest"}, False, "cannot be latest (-1) for a batch"),
+        ({**BASE, "endingOffsets": "earliest"}, False, "'endingOffsets' cannot be 'earliest'"),
+        ({**BASE, "endingOffsets": '{"orders": {"0": -2}}'}, False, "cannot end at -2"),
+        ({**BASE, "endingOffsets": "latest"}, True, "'endingOffsets' is for batch queries"),
+        ({**BASE, "startingTimestamp": "yesterday"}, True, "'startingTimestamp' must be an"),
+        ({**BASE, "maxOffsetsPerTrigger": "0"}, True, "'maxOffsetsPerTrigger' must be >= 1"),
+        (
+            {**BASE, "maxOffsetsPerTrigger": "5", "maxRecordsPerBatch": "6"},
+            True,
+            "aliases and disagree",
+        ),
+        ({**BASE, "failOnDataLoss": "maybe"}, True, "'failOnDataLoss' must be true or false"),
+        ({**BASE, "includeHeaders": "1"}, True, "'includeHeaders' must be true or false"),
+        ({**BASE, "minPartitions": "many"}, False, "'minPartitions' must be an integer"),
+        ({**BASE, "endingTimestamp": "5"}, False, "'endingTimestamp' is not supported"),
+        (
+            {"bootstrap": "h:1", "kafka.bootstrap.servers": "h:2", "subscribe": "t"},
+            True,
+            "disagree",
+        ),
+        (
+            {"bootstrap": "h:1", "assign": '{"t": [0]}', "startingOffsets": '{"t": {"1": 0}}'},
+            True,
+            "queues [1] of 't', which are not assigned",
+        ),
+    ],
+)
+def test_bad_options_are_named(options: dict[str, str], streaming: bool, named: str) -> None:
+    with pytest.raises(OptionError) as info:
+        parse_read_options(options, streaming=streaming)
+    assert named in str(info.value)
+
+
+def test_write_options() -> None:
+    opts = parse_write_options({"BOOTSTRAP": "h:1", "Topic": "out"})
+    assert (opts.bootstrap, opts.topic) == ("h:1", "out")
+    assert parse_write_options({"bootstrap": "h:1"}).topic is None
+    with pytest.raises(OptionError, match="'topic': 'a b'"):
+        parse_write_options({"bootstrap": "h:1", "topic": "a b"})
