@@ -128,35 +128,39 @@ class FrameDecoder:
         frames: list[Frame] = []
         buf = self._buf
         pos = 0
-        while True:
-            if len(buf) - pos < PREFIX.size:
-                break
-            size, magic, version, kind, flags, code, hsize, corr = PREFIX.unpack_from(buf, pos)
-            if magic != MAGIC or version != VERSION:
-                raise RemoteProtocolError(f"bad frame magic/version {magic:#x}/{version}")
-            if size + 4 > self._max:
-                raise RemoteProtocolError(
-                    f"frame of {size + 4} bytes exceeds the limit of {self._max}"
+        # Slices of a memoryview copy once into bytes; slices of the bytearray would copy
+        # twice (a bytearray slice, then bytes of it). The view is released before the
+        # buffer is trimmed (a bytearray with a live view cannot be resized).
+        with memoryview(buf) as view:
+            while True:
+                if len(buf) - pos < PREFIX.size:
+                    break
+                size, magic, version, kind, flags, code, hsize, corr = PREFIX.unpack_from(buf, pos)
+                if magic != MAGIC or version != VERSION:
+                    raise RemoteProtocolError(f"bad frame magic/version {magic:#x}/{version}")
+                if size + 4 > self._max:
+                    raise RemoteProtocolError(
+                        f"frame of {size + 4} bytes exceeds the limit of {self._max}"
+                    )
+                if size < _AFTER_SIZE + hsize:
+                    raise RemoteProtocolError("frame header size exceeds the frame")
+                if kind > FrameKind.SERVER_RESPONSE:
+                    raise RemoteProtocolError(f"unknown frame kind {kind}")
+                end = pos + 4 + size
+                if len(buf) < end:
+                    break
+                hstart = pos + PREFIX.size
+                frames.append(
+                    Frame(
+                        FrameKind(kind),
+                        flags,
+                        code,
+                        corr,
+                        bytes(view[hstart : hstart + hsize]),
+                        bytes(view[hstart + hsize : end]),
+                    )
                 )
-            if size < _AFTER_SIZE + hsize:
-                raise RemoteProtocolError("frame header size exceeds the frame")
-            if kind > FrameKind.SERVER_RESPONSE:
-                raise RemoteProtocolError(f"unknown frame kind {kind}")
-            end = pos + 4 + size
-            if len(buf) < end:
-                break
-            hstart = pos + PREFIX.size
-            frames.append(
-                Frame(
-                    FrameKind(kind),
-                    flags,
-                    code,
-                    corr,
-                    bytes(buf[hstart : hstart + hsize]),
-                    bytes(buf[hstart + hsize : end]),
-                )
-            )
-            pos = end
+                pos = end
         if pos:
             del buf[:pos]
         return frames
