@@ -41,6 +41,8 @@ __all__ = ["AsyncReceivedMessage", "AsyncSimpleConsumer", "Sql92"]
 #: Limits of a receive, checked here for a clear error (the broker checks them too).
 MIN_INVISIBLE_S = 1.0
 MAX_INVISIBLE_S = 12 * 3600.0
+#: Acks coalesced into one request at most (the broker answers each one).
+_ACKS_PER_REQUEST = 1024
 
 
 Filter = str | Sql92
@@ -116,6 +118,9 @@ class AsyncSimpleConsumer:
         self._wait_ms = _ms(await_duration, "await_duration", 0.0, 30.0)
         self._cluster = ClusterClient(bootstrap, client_config)
         self._rr = 0
+        self._pending_acks: dict[str, list[tuple[str, asyncio.Future[None]]]] = {}
+        self._ack_flush_scheduled = False
+        self._ack_tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
     @property
@@ -222,8 +227,51 @@ class AsyncSimpleConsumer:
 
     async def ack(self, msg: AsyncReceivedMessage) -> None:
         """Acknowledge: the message is done for the group. Raises for a stale or foreign
-        handle (the lease ran out and the message went to another consumer)."""
-        await self.ack_many([msg])
+        handle (the lease ran out and the message went to another consumer).
+
+        Acks made in the same event-loop turn (many handlers finishing together) travel
+        as one request per broker, up to `_ACKS_PER_REQUEST`; each still gets its own
+        answer."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._pending_acks.setdefault(msg._broker, []).append((msg.handle, future))
+        if not self._ack_flush_scheduled:
+            self._ack_flush_scheduled = True
+            loop.call_soon(self._flush_acks)
+        await future
+
+    def _flush_acks(self) -> None:
+        self._ack_flush_scheduled = False
+        pending, self._pending_acks = self._pending_acks, {}
+        for address, items in pending.items():
+            for i in range(0, len(items), _ACKS_PER_REQUEST):
+                task = asyncio.get_running_loop().create_task(
+                    self._send_acks(address, items[i : i + _ACKS_PER_REQUEST])
+                )
+                self._ack_tasks.add(task)
+                task.add_done_callback(self._ack_tasks.discard)
+
+    async def _send_acks(self, address: str, items: list[tuple[str, asyncio.Future[None]]]) -> None:
+        try:
+            resp = await self._cluster.call(
+                address,
+                PopAckRequest(group=self.group, handles=[h for h, _ in items]),
+                PopAckResponse,
+            )
+        except BaseException as exc:
+            for _, future in items:
+                if not future.done():
+                    future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, future), error in zip(items, resp.errors, strict=True):
+            if future.done():
+                continue
+            if error:
+                future.set_exception(InvalidRequest(error))
+            else:
+                future.set_result(None)
 
     async def ack_many(self, messages: list[AsyncReceivedMessage]) -> None:
         """Acknowledge several in one request per broker; raises for the first refused."""
@@ -278,6 +326,8 @@ class AsyncSimpleConsumer:
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._ack_tasks:  # acks on their way finish first
+                await asyncio.gather(*self._ack_tasks, return_exceptions=True)
             await self._cluster.close()
 
     async def __aenter__(self) -> AsyncSimpleConsumer:
