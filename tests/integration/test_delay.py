@@ -85,6 +85,8 @@ def test_delayed_messages_arrive_on_time_never_early(loop: Loop, broker: BrokerE
             assert arrived >= sent_at + delay - 0.01, (value, arrived - sent_at)
         m1 = by_value[b"in-0.6s"][1]
         assert (m1.key, m1.tag, m1.message_id) == (b"k", "t1", r1.message_id)
+        assert m1.deliver_at_ms >= int((sent_at + 0.6) * 1000) - 10  # the scheduled time
+        assert by_value[b"now"][1].deliver_at_ms == 0
         assert by_value[b"at-0.3s"][1].queue == 1
         assert [by_value[v][1].message_id for v in (b"b0", b"b1", b"b2")] == [
             r.message_id for r in batch

@@ -216,6 +216,7 @@ class AsyncSimpleConsumer:
                     got.headers,
                     got.timestamp_ms,
                     got.origin,
+                    got.deliver_at_ms,
                     p.attempt,
                     p.handle,
                     p.deadline_ms,
@@ -319,7 +320,8 @@ class AsyncSimpleConsumer:
         )
         return AsyncReceivedMessage(
             msg.topic, msg.queue, msg.offset, msg.value, msg.key, msg.tag, msg.keys, msg.headers,
-            msg.timestamp_ms, msg.origin, msg.delivery_attempt, resp.handle, resp.deadline_ms,
+            msg.timestamp_ms, msg.origin, msg.deliver_at_ms, msg.delivery_attempt, resp.handle,
+            resp.deadline_ms,
             self, msg._broker,
         )  # fmt: skip
 

@@ -493,7 +493,7 @@ class ReceivedMessage(Message):
     def _of(cls, m: AsyncReceivedMessage) -> ReceivedMessage:
         return cls(
             m.topic, m.queue, m.offset, m.value, m.key, m.tag, m.keys, m.headers, m.timestamp_ms,
-            m.origin, m.delivery_attempt, m.handle, m.invisible_until_ms, m,
+            m.origin, m.deliver_at_ms, m.delivery_attempt, m.handle, m.invisible_until_ms, m,
         )  # fmt: skip
 
     def _lease(self) -> AsyncReceivedMessage:

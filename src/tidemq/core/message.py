@@ -95,6 +95,8 @@ class Message:
     timestamp_ms: int = 0
     #: Where it was first stored, for delayed and transactional messages (see Receipt).
     origin: tuple[str, int, int] | None = None
+    #: For a delayed message, the time it was scheduled for (epoch ms); 0 for others.
+    deliver_at_ms: int = 0
 
     @property
     def timestamp(self) -> datetime:
@@ -140,8 +142,10 @@ def messages_from_records(
         base = header.base_offset
         skip = max(0, from_offset - base)
         origin = None
+        due = 0
         if header.flags & _MOVED:
-            origin = decode_properties(record[HEADER.size : header.payload_start]).origin
+            props = decode_properties(record[HEADER.size : header.payload_start])
+            origin, due = props.origin, props.due
         for i in range(skip, len(records)):
             if mask and not mask[i >> 3] >> (i & 7) & 1:
                 continue  # filtered out on the broker
@@ -158,6 +162,7 @@ def messages_from_records(
                     dict(m.headers),
                     m.timestamp_ms,
                     None if origin is None else (origin[0], origin[1], origin[2] + i),
+                    due,
                 )
             )
     return out
