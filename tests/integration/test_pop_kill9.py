@@ -46,6 +46,8 @@ class Ledger:
     def __init__(self) -> None:
         self.received: set[bytes] = set()
         self.acked_at: dict[bytes, float] = {}  # value -> when the ack was confirmed
+        #: Acks sent when the server died: they may have taken effect or not.
+        self.ack_unknown: set[bytes] = set()
         self.redelivered_after_ack: list[bytes] = []
         self.attempts: dict[bytes, int] = {}
         self.backwards: list[bytes] = []
@@ -74,6 +76,7 @@ async def _consume(address: str, ledger: Ledger, rng: random.Random, until: floa
             try:
                 await consumer.ack_many(keep)
             except (TidemqError, OSError):
+                ledger.ack_unknown.update(m.value or b"" for m in keep)
                 return  # outcome unknown: not confirmed
             for m in keep:
                 ledger.acked_at[m.value or b""] = now
@@ -129,7 +132,10 @@ def test_leases_and_acks_survive_kill9(tmp_path: Path) -> None:
 
         async def final() -> None:
             deadline = time.monotonic() + 30
-            while len(ledger.acked_at) < MESSAGES and time.monotonic() < deadline:
+            produced = {b"m%d" % i for i in range(MESSAGES)}
+            while (
+                produced - set(ledger.acked_at) - ledger.ack_unknown and time.monotonic() < deadline
+            ):
                 await _consume(address, ledger, random.Random(seed), time.monotonic() + 2)
 
         asyncio.run(final())
@@ -142,4 +148,7 @@ def test_leases_and_acks_survive_kill9(tmp_path: Path) -> None:
         f"{where}: acked then redelivered: {ledger.redelivered_after_ack[:5]}"
     )
     assert not ledger.backwards, f"{where}: attempt count went back: {ledger.backwards[:5]}"
-    assert len(ledger.acked_at) == MESSAGES, f"{where}: not all acknowledged in the end"
+    # Every message is acknowledged in the end, or its ack was in flight when the server died
+    # (then it may have taken effect, and the message is rightly never delivered again).
+    unsettled = produced - set(ledger.acked_at) - ledger.ack_unknown
+    assert not unsettled, f"{where}: never acknowledged: {sorted(unsettled)[:5]}"
