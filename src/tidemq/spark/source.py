@@ -1,4 +1,5 @@
-"""The PySpark data source `tidemq`: batch and streaming reads, batch writes.
+"""The PySpark data source `tidemq`: batch and streaming reads, batch writes, and the
+exactly-once streaming writes of `sink`.
 
 Thin: options are parsed by `tidemq.spark.options`, offsets and plans computed by
 `offsets` and `planning` (pure Python), I/O done by `fetch` and `write`. What lives here
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
@@ -26,6 +27,7 @@ from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
     InputPartition,
     WriterCommitMessage,
 )
@@ -246,7 +248,7 @@ class TidemqDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> TidemqBatchWriter:
         return TidemqBatchWriter(self.options, schema, overwrite)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> NoReturn:
-        # The exactly-once sink goes here (see tidemq.spark.sink); tidemq has no
-        # at-least-once streaming writer on purpose.
-        exactly_once_stream_writer(self.options, overwrite=overwrite)
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        # The exactly-once sink (tidemq.spark.sink); tidemq has no at-least-once
+        # streaming writer on purpose.
+        return exactly_once_stream_writer(self.options, schema, overwrite=overwrite)
