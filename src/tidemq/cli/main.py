@@ -15,6 +15,7 @@ from tidemq.cli import (
     commands_data,
     commands_dlq,
     commands_group,
+    commands_pipeline,
     commands_server,
     commands_special,
     commands_topic,
@@ -56,6 +57,7 @@ app.add_typer(commands_cluster.app, name="cluster")
 app.add_typer(commands_special.timer_app, name="timer")
 app.add_typer(commands_special.txn_app, name="txn")
 app.add_typer(commands_dlq.app, name="dlq")
+app.add_typer(commands_pipeline.app, name="pipeline")
 
 if __name__ == "__main__":
     app()

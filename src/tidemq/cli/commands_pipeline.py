@@ -1,0 +1,119 @@
+"""`tidemq pipeline archive`: the Spark pipelines (extra `spark`), on Spark local mode by
+default (`--master local[*]`) or on a cluster with `--master`."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tidemq.cli.common import (
+    DEFAULT_BOOTSTRAP,
+    Bootstrap,
+    CliError,
+    CliUsageError,
+    check_bootstrap,
+    command,
+    info,
+    say,
+)
+
+__all__ = ["app"]
+
+app = typer.Typer(help="Spark pipelines (needs the `spark` extra).", no_args_is_help=True)
+
+
+def _load(module: str) -> Any:
+    """A `tidemq.spark` module, imported when a pipeline runs: pyspark is an extra, and
+    every other command must work without it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise CliError(
+            f"the pipelines need pyspark and pyarrow: pip install 'tidemq[spark]' ({exc})"
+        ) from None
+
+
+def _session(master: str, app_name: str) -> tuple[Any, bool]:
+    """The active SparkSession, or a new one (UTC, no UI); True when this created it."""
+    from pyspark.sql import SparkSession  # noqa: PLC0415 - pyspark on demand
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    session = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session, True
+
+
+@command(app, "archive")
+def archive(
+    *,
+    topic: Annotated[
+        list[str], typer.Option("--topic", "-t", help="Topic to archive (repeat for more).")
+    ],
+    output: Annotated[Path, typer.Option("--output", help="Root directory of the Parquet files.")],
+    checkpoint: Annotated[
+        Path, typer.Option("--checkpoint", help="Spark checkpoint directory (reuse to resume).")
+    ],
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    master: Annotated[str, typer.Option("--master", help="Spark master URL.")] = "local[*]",
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once/--continuous",
+            help="Archive what the topics hold now and exit (AvailableNow), or keep running.",
+        ),
+    ] = True,
+    max_offsets_per_trigger: Annotated[
+        int | None,
+        typer.Option("--max-offsets-per-trigger", min=1, help="Messages per micro-batch at most."),
+    ] = None,
+) -> None:
+    """Archive topics into Parquet files (topic=/dt=/hour=), exactly once, resumable."""
+    address = check_bootstrap(bootstrap)
+    if not topic:
+        raise CliUsageError("give at least one --topic")
+    pipeline = _load("tidemq.spark.pipelines.archive")
+    errors = _load("pyspark.errors")
+    spark, created = _session(master, "tidemq-archive")
+    try:
+        query = pipeline.run_archive(
+            spark,
+            bootstrap=address,
+            topics=topic,
+            output=output,
+            checkpoint=checkpoint,
+            trigger="available_now" if once else "continuous",
+            max_offsets_per_trigger=max_offsets_per_trigger,
+        )
+        if not once:
+            info(f"archiving {', '.join(topic)} to {output}; Ctrl-C to stop")
+            try:
+                query.awaitTermination()
+            except KeyboardInterrupt:
+                query.stop()
+        batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+        rows = sum(int(p["numInputRows"]) for p in batches)
+        say(f"archived {rows} message(s) in {len(batches)} micro-batch(es) to {output}")
+    except ValueError as exc:  # the source's OptionError, a bad argument
+        raise CliUsageError(str(exc)) from None
+    except errors.PySparkException as exc:
+        raise CliError(f"the archive query failed: {exc}") from None
+    finally:
+        if created:
+            spark.stop()
