@@ -56,7 +56,7 @@ stream = (
     spark.readStream.format("tidemq")
     .option("bootstrap", bootstrap).option("subscribe", src)
     .option("startingOffsets", "earliest")
-    .option("maxOffsetsPerTrigger", "20" if mode == "forever" else "1000")
+    .option("maxOffsetsPerTrigger", "10" if mode == "forever" else "1000")
     .load()
 )
 writer = (
@@ -65,7 +65,8 @@ writer = (
     .option("checkpointLocation", checkpoint)
 )
 if mode == "forever":
-    query = writer.trigger(processingTime="100 milliseconds").start()
+    # Slow on purpose (10 rows every 500 ms): the test must find it mid-stream.
+    query = writer.trigger(processingTime="500 milliseconds").start()
     print("started", flush=True)
     query.awaitTermination()
 else:
@@ -107,7 +108,7 @@ def test_a_killed_driver_restarts_without_loss_or_duplicates(
     first = _driver(broker, tmp_path, "forever")
     try:
         deadline = time.monotonic() + 120
-        while sum(_count(broker, "kill9-dst").values()) < 100:  # a few batches out
+        while sum(_count(broker, "kill9-dst").values()) < 40:  # a few batches out
             assert time.monotonic() < deadline, "the first driver wrote nothing"
             assert first.poll() is None, "the first driver exited"
             time.sleep(0.1)
