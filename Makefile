@@ -38,6 +38,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_codec.py
 	$(PY) benchmarks/bench_store.py
 	$(PY) benchmarks/bench_broker.py
+	$(PY) benchmarks/bench_special.py
+	$(PY) benchmarks/bench_pop.py
+	$(PY) benchmarks/bench_spark.py
 
 soak: $(STAMP)
 	TIDEMQ_SOAK=1 $(VENV)/bin/pytest -W error -q -m "slow" tests/simulation tests/integration
