@@ -6,12 +6,19 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Final
 
-from tidemq.core.batch import decode_messages
+from tidemq.core.batch import MessageRecord, decode_messages
 from tidemq.core.errors import InvalidRequest
 from tidemq.core.filters import Sql92Filter, TagExpression, compile_sql92, parse_tag_expression
 from tidemq.core.record import parse_header
 
-__all__ = ["Filter", "compile_filter", "filter_mask", "matches", "summary_mask"]
+__all__ = [
+    "Filter",
+    "compile_filter",
+    "filter_mask",
+    "matches",
+    "matches_messages",
+    "summary_mask",
+]
 
 Filter = TagExpression | Sql92Filter
 
@@ -40,7 +47,13 @@ def matches(record: bytes, flt: Filter) -> list[bool] | None:
     if isinstance(flt, TagExpression) and flt.tags is None:
         return None
     header = parse_header(record)
-    messages = decode_messages(memoryview(record)[header.payload_start :])
+    return matches_messages(decode_messages(memoryview(record)[header.payload_start :]), flt)
+
+
+def matches_messages(messages: list[MessageRecord], flt: Filter) -> list[bool] | None:
+    """`matches` for messages decoded already."""
+    if isinstance(flt, TagExpression) and flt.tags is None:
+        return None
     if isinstance(flt, TagExpression):
         return [flt.matches(m.tag) for m in messages]
     return [

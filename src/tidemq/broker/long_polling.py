@@ -35,26 +35,7 @@ class LongPolling:
     async def wait(self, key: tuple[str, int], seen_version: int, timeout_s: float) -> bool:
         """Wait until `key` gets data newer than `seen_version`, or the timeout passes.
         True if there may be new data."""
-        if self._versions.get(key, 0) != seen_version:
-            return True
-        if self._closed or self._count >= self._max or timeout_s <= 0:
-            return False
-        event = asyncio.Event()
-        self._waiters[key].add(event)
-        self._count += 1
-        try:
-            async with asyncio.timeout(timeout_s):
-                await event.wait()
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            self._count -= 1
-            waiters = self._waiters.get(key)
-            if waiters is not None:
-                waiters.discard(event)
-                if not waiters:
-                    del self._waiters[key]
+        return await self.wait_any({key: seen_version}, timeout_s)
 
     async def wait_any(self, seen: dict[tuple[str, int], int], timeout_s: float) -> bool:
         """`wait` over several queues (a pop receive covers every subscribed queue): until

@@ -36,7 +36,7 @@ import msgspec
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.done_set import DoneSet
-from tidemq.broker.filters import compile_filter, summary_mask
+from tidemq.broker.filters import compile_filter, matches_messages, summary_mask
 from tidemq.broker.filters import matches as record_matches
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.store_gateway import StoreGateway
@@ -723,8 +723,13 @@ def _take_new(
         if result.status is not ReadStatus.FOUND:
             return records, max(next_offset, result.next_offset)
         for batch in result.batches:
-            matches = record_matches(batch.record, flt)
-            keys = _keys(batch.record) if fifo_table is not None else None
+            if fifo_table is None:
+                matches, keys = record_matches(batch.record, flt), None
+            else:  # decode once for both the keys and the filter
+                header = parse_header(batch.record)
+                decoded = decode_messages(memoryview(batch.record)[header.payload_start :])
+                matches = matches_messages(decoded, flt)
+                keys = [m.key.hex() if m.key else "" for m in decoded]
             for i in range(max(0, next_offset - batch.base_offset), batch.count):
                 if len(chosen) >= want:
                     return records, next_offset
@@ -744,15 +749,6 @@ def _take_new(
                     fifo_table.join_group(offset, group)  # busy from here on
         next_offset = max(next_offset, result.next_offset)
     return records, next_offset
-
-
-def _keys(record: bytes) -> list[str]:
-    """Each message's FIFO group: its key, in hex ("" for none: not ordered)."""
-    header = parse_header(record)
-    return [
-        m.key.hex() if m.key else ""
-        for m in decode_messages(memoryview(record)[header.payload_start :])
-    ]
 
 
 def _check_group(group: str) -> None:
