@@ -1,13 +1,10 @@
-"""`tidemq pipeline archive`: the Spark pipelines (extra `spark`), on Spark local mode by
-default (`--master local[*]`) or on a cluster with `--master`."""
+"""`tidemq pipeline archive`: topics -> Parquet, on Spark local mode by default
+(`--master local[*]`) or on a cluster with `--master`."""
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -21,43 +18,9 @@ from tidemq.cli.common import (
     info,
     say,
 )
+from tidemq.cli.pipeline_common import app, load, session
 
-__all__ = ["app"]
-
-app = typer.Typer(help="Spark pipelines (needs the `spark` extra).", no_args_is_help=True)
-
-
-def _load(module: str) -> Any:
-    """A `tidemq.spark` module, imported when a pipeline runs: pyspark is an extra, and
-    every other command must work without it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise CliError(
-            f"the pipelines need pyspark and pyarrow: pip install 'tidemq[spark]' ({exc})"
-        ) from None
-
-
-def _session(master: str, app_name: str) -> tuple[Any, bool]:
-    """The active SparkSession, or a new one (UTC, no UI); True when this created it."""
-    from pyspark.sql import SparkSession  # noqa: PLC0415 - pyspark on demand
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active, False
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session, True
+__all__ = ["archive"]
 
 
 @command(app, "archive")
@@ -88,9 +51,9 @@ def archive(
     address = check_bootstrap(bootstrap)
     if not topic:
         raise CliUsageError("give at least one --topic")
-    pipeline = _load("tidemq.spark.pipelines.archive")
-    errors = _load("pyspark.errors")
-    spark, created = _session(master, "tidemq-archive")
+    pipeline = load("tidemq.spark.pipelines.archive")
+    errors = load("pyspark.errors")
+    spark, created = session(master, "tidemq-archive")
     try:
         query = pipeline.run_archive(
             spark,

@@ -19,6 +19,7 @@ from tidemq.cli import (
     commands_server,
     commands_special,
     commands_topic,
+    pipeline_common,
 )
 from tidemq.core.version import __version__
 
@@ -57,7 +58,9 @@ app.add_typer(commands_cluster.app, name="cluster")
 app.add_typer(commands_special.timer_app, name="timer")
 app.add_typer(commands_special.txn_app, name="txn")
 app.add_typer(commands_dlq.app, name="dlq")
-app.add_typer(commands_pipeline.app, name="pipeline")
+# the pipeline commands register on pipeline_common.app when their modules are imported
+_ = commands_pipeline
+app.add_typer(pipeline_common.app, name="pipeline")
 
 if __name__ == "__main__":
     app()
