@@ -1,0 +1,143 @@
+"""`tidemq pipeline generate-events` and `tidemq pipeline analytics`: user-behaviour
+events -> windowed counts and sessions, in a results topic and in Parquet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tidemq.cli.common import (
+    DEFAULT_BOOTSTRAP,
+    Bootstrap,
+    CliError,
+    CliUsageError,
+    check_bootstrap,
+    command,
+    info,
+    say,
+)
+from tidemq.cli.pipeline_common import app, load, session
+
+__all__ = ["analytics", "generate_events"]
+
+_Seconds = typer.Option(min=1)
+
+
+@command(app, "generate-events")
+def generate_events(
+    *,
+    topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to send the events to.")],
+    count: Annotated[int, typer.Option("--count", "-n", min=0, help="How many events.")] = 10_000,
+    users: Annotated[int, typer.Option("--users", min=1, help="Distinct users.")] = 1000,
+    items: Annotated[int, typer.Option("--items", min=1, help="Distinct items.")] = 5000,
+    seed: Annotated[int, typer.Option("--seed", help="Random seed (same seed, same events).")] = 0,
+    start_ms: Annotated[
+        int | None,
+        typer.Option("--start-ms", help="Event time of the first session (default: now - 1 h)."),
+    ] = None,
+    queues: Annotated[
+        int, typer.Option("--queues", min=1, help="Queues of the topic when it is created.")
+    ] = 4,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+) -> None:
+    """Send generated user-behaviour events (JSON: user_id, item_id, behavior, ts)."""
+    import time  # noqa: PLC0415 - only here
+
+    from tidemq.spark.pipelines import events  # noqa: PLC0415 - no pyspark needed
+
+    address = check_bootstrap(bootstrap)
+    start = int(time.time() * 1000) - 3_600_000 if start_ms is None else start_ms
+    try:
+        generated = events.generate_events(
+            count, users=users, items=items, seed=seed, start_ms=start
+        )
+    except ValueError as exc:
+        raise CliUsageError(str(exc)) from None
+    sent = events.produce_events(address, topic, generated, queues=queues)
+    say(f"sent {sent} event(s) to {topic}")
+
+
+@command(app, "analytics")
+def analytics(
+    *,
+    topic: Annotated[
+        list[str], typer.Option("--topic", "-t", help="Topic of events (repeat for more).")
+    ],
+    output: Annotated[Path, typer.Option("--output", help="Root directory of the Parquet files.")],
+    checkpoint: Annotated[
+        Path, typer.Option("--checkpoint", help="Spark checkpoint directory (reuse to resume).")
+    ],
+    results_topic: Annotated[
+        str, typer.Option("--results-topic", help="Topic for the results ('' for none).")
+    ] = "analytics-results",
+    name: Annotated[
+        str, typer.Option("--name", help="Pipeline name: sink ids are <name>-<kind>.")
+    ] = "analytics",
+    tumbling: Annotated[int, typer.Option("--tumbling", min=1, help="Tumbling window, s.")] = 60,
+    sliding: Annotated[int, typer.Option("--sliding", min=1, help="Sliding window, s.")] = 600,
+    slide: Annotated[
+        int, typer.Option("--slide", min=1, help="Slide of the sliding window, s.")
+    ] = 60,
+    session_gap: Annotated[int, typer.Option("--session-gap", min=1, help="Session gap, s.")] = 300,
+    watermark: Annotated[
+        int, typer.Option("--watermark", min=1, help="Watermark delay behind the latest event, s.")
+    ] = 120,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    master: Annotated[str, typer.Option("--master", help="Spark master URL.")] = "local[*]",
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once/--continuous",
+            help="Process what the topics hold now and exit (AvailableNow), or keep running.",
+        ),
+    ] = True,
+    max_offsets_per_trigger: Annotated[
+        int | None,
+        typer.Option("--max-offsets-per-trigger", min=1, help="Messages per micro-batch at most."),
+    ] = None,
+) -> None:
+    """Windowed counts per behavior and item, and sessions per user, exactly once."""
+    address = check_bootstrap(bootstrap)
+    if not topic:
+        raise CliUsageError("give at least one --topic")
+    pipeline = load("tidemq.spark.pipelines.analytics")
+    errors = load("pyspark.errors")
+    try:
+        config = pipeline.AnalyticsConfig(tumbling, sliding, slide, session_gap, watermark)
+    except ValueError as exc:
+        raise CliUsageError(str(exc)) from None
+    spark, created = session(master, "tidemq-analytics")
+    try:
+        run = pipeline.run_analytics(
+            spark,
+            bootstrap=address,
+            topics=topic,
+            output=output,
+            checkpoint=checkpoint,
+            results_topic=results_topic or None,
+            name=name,
+            config=config,
+            trigger="available_now" if once else "continuous",
+            max_offsets_per_trigger=max_offsets_per_trigger,
+        )
+        if not once:
+            info(f"analytics over {', '.join(topic)} to {output}; Ctrl-C to stop")
+            try:
+                run.await_termination()
+            except KeyboardInterrupt:
+                run.stop()
+        rows = run.rows()
+        say(
+            f"processed {rows['session']} event(s) ({rows['rejected']} read by the rejects "
+            f"query); results in {output}"
+            + (f" and topic {results_topic}" if results_topic else "")
+        )
+    except ValueError as exc:
+        raise CliUsageError(str(exc)) from None
+    except errors.PySparkException as exc:
+        raise CliError(f"the analytics queries failed: {exc}") from None
+    finally:
+        if created:
+            spark.stop()

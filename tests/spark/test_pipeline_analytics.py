@@ -1,0 +1,194 @@
+"""The analytics pipeline end to end on generated events: every finished window and
+session equals a pure-Python reference, in Parquet and in the results topic, exactly once
+across a resumed run; invalid events land in `rejected`."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.dataset as ds
+import pytest
+from pyspark.sql import SparkSession
+from typer.testing import CliRunner
+
+from tidemq import Admin, Producer
+from tidemq.cli.main import app
+from tidemq.spark.pipelines.analytics import AnalyticsConfig, AnalyticsRun, run_analytics
+from tidemq.spark.pipelines.events import (
+    Event,
+    generate_events,
+    produce_events,
+    reference_sessions,
+    reference_windows,
+)
+
+if TYPE_CHECKING:
+    from tests.spark.conftest import Consume, Options
+
+pytestmark = pytest.mark.spark
+
+CONFIG = AnalyticsConfig(
+    tumbling_s=60, sliding_s=300, slide_s=60, session_gap_s=60, watermark_s=120
+)
+INVALID = [b"not json", b'{"user_id": 1, "item_id": 2, "behavior": "steal", "ts": 5}', b"[1]"]
+
+
+def _events() -> list[Event]:
+    # The watermark delay (120 s) covers the disorder (10 s) plus how far one queue gets
+    # ahead of another in a micro-batch, so no event is late (checked in _check).
+    return generate_events(
+        3000, users=200, items=40, seed=7, idle_s=120, session_pause_s=20, disorder_s=10
+    )
+
+
+def _watermark_ms(run: AnalyticsRun, kind: str) -> int:
+    """The watermark the query's last micro-batch used: windows ending at or before it
+    were emitted."""
+    text = run.queries[kind].lastProgress["eventTime"]["watermark"]  # type: ignore[index]
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def _ms(value: Any) -> int:
+    return int(value.timestamp() * 1000)
+
+
+def _parquet(root: Path, kind: str) -> list[tuple[Any, ...]]:
+    table = ds.dataset(root / kind, format="parquet", partitioning="hive").to_table()
+    rows = table.drop_columns(["dt"]).to_pylist()
+    if kind == "session":
+        return sorted(
+            (
+                r["user_id"],
+                _ms(r["session_start"]),
+                _ms(r["session_end"]),
+                r["events"],
+                r["pv"],
+                r["fav"],
+                r["cart"],
+                r["buy"],
+            )
+            for r in rows
+        )
+    return sorted(
+        (_ms(r["window_start"]), _ms(r["window_end"]), r["behavior"], r["item_id"], r["count"])
+        for r in rows
+    )
+
+
+def _topic_rows(admin: Admin, consume: Consume, topic: str) -> Counter[tuple[Any, ...]]:
+    info = admin.describe_topic(topic)
+    ranges = {(topic, q.queue): (q.min_offset, q.max_offset) for q in info.queue_info}
+    out: Counter[tuple[Any, ...]] = Counter()
+    for m in consume(ranges):
+        doc = json.loads(m.value or b"")
+        assert m.tag == doc["kind"]
+        if doc["kind"] == "session":
+            assert m.key == str(doc["user_id"]).encode()
+            fields = ["user_id", "session_start", "session_end", "events", "pv", "fav"]
+            fields += ["cart", "buy"]
+        else:
+            assert m.key == str(doc["item_id"]).encode()
+            fields = ["window_start", "window_end", "behavior", "item_id", "count"]
+        out[(doc["kind"], *(doc[f] for f in fields))] += 1
+    return out
+
+
+def _check(
+    run: AnalyticsRun, events: list[Event], output: Path, admin: Admin, consume: Consume, topic: str
+) -> int:
+    """Parquet equals the reference up to each query's watermark, and the topic holds the
+    same rows once each; returns the number of result rows."""
+    expected_topic: Counter[tuple[Any, ...]] = Counter()
+    for kind in ("tumbling", "sliding", "session"):
+        progress = run.queries[kind].recentProgress
+        assert sum(p["stateOperators"][0]["numRowsDroppedByWatermark"] for p in progress) == 0
+        w = _watermark_ms(run, kind)
+        if kind == "session":
+            ref: list[tuple[Any, ...]] = [
+                (s.user_id, s.start_ms, s.end_ms, s.events, s.pv, s.fav, s.cart, s.buy)
+                for s in reference_sessions(events, CONFIG.session_gap_s * 1000)
+                if s.end_ms <= w
+            ]
+        else:
+            slide = CONFIG.tumbling_s if kind == "tumbling" else CONFIG.slide_s
+            size = CONFIG.tumbling_s if kind == "tumbling" else CONFIG.sliding_s
+            ref = [
+                (r.start_ms, r.end_ms, r.behavior, r.item_id, r.count)
+                for r in reference_windows(events, size * 1000, slide * 1000)
+                if r.end_ms <= w
+            ]
+        assert ref, kind  # the watermark moved past some windows: the check is not empty
+        assert _parquet(output, kind) == sorted(ref), kind
+        expected_topic.update((kind, *r) for r in ref)
+    assert _topic_rows(admin, consume, topic) == expected_topic
+    return sum(expected_topic.values())
+
+
+def test_analytics_end_to_end_and_resume(
+    spark: SparkSession,
+    admin: Admin,
+    producer: Producer,
+    options: Options,
+    consume: Consume,
+    topic_name: str,
+    tmp_path: Path,
+) -> None:
+    bootstrap = options()["bootstrap"]
+    events = _events()
+    first, second = events[:2000], events[2000:]
+    produce_events(bootstrap, topic_name, first, queues=3)
+    bad = [producer.send(topic_name, value, queue=1) for value in INVALID]
+    output, checkpoint, results = tmp_path / "out", tmp_path / "checkpoint", topic_name + "-out"
+
+    def run() -> AnalyticsRun:
+        return run_analytics(
+            spark,
+            bootstrap=bootstrap,
+            topics=[topic_name],
+            output=output,
+            checkpoint=checkpoint,
+            results_topic=results,
+            name=topic_name,
+            config=CONFIG,
+            max_offsets_per_trigger=1002,  # 2 batches, then 1
+        )
+
+    done = run()
+    assert done.rows() == dict.fromkeys(("tumbling", "sliding", "session", "rejected"), 2003)
+    rows_first = _check(done, first, output, admin, consume, results)
+
+    # Rejected: exactly the invalid messages, with their offsets.
+    rejected = ds.dataset(output / "rejected", format="parquet", partitioning="hive").to_table()
+    assert sorted(
+        zip(rejected["partition"].to_pylist(), rejected["offset"].to_pylist(), strict=True)
+    ) == [(r.queue, r.offset) for r in bad]
+
+    # Resume with more events: the results grow, nothing is written twice.
+    produce_events(bootstrap, topic_name, second)
+    again = run()
+    assert sum(again.rows().values()) == 4 * len(second)
+    assert _check(again, events, output, admin, consume, results) > rows_first
+    assert not [p for p in output.rglob(".*") if p.is_file()]  # no temporary file left
+
+
+def test_generate_events_and_analytics_cli(
+    spark: SparkSession, options: Options, topic_name: str, tmp_path: Path
+) -> None:
+    bootstrap = options()["bootstrap"]
+    runner = CliRunner()
+    gen = ["pipeline", "generate-events", "--bootstrap", bootstrap, "--topic", topic_name]
+    result = runner.invoke(app, [*gen, "--count", "300", "--users", "20", "--queues", "2"])
+    assert result.exit_code == 0, result.output
+    assert "sent 300 event(s)" in result.output
+    args = ["pipeline", "analytics", "--bootstrap", bootstrap, "--topic", topic_name]
+    args += ["--output", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "cp")]
+    args += ["--results-topic", topic_name + "-out", "--tumbling", "60", "--watermark", "30"]
+    args += ["--max-offsets-per-trigger", "150"]  # two batches: the first moves the watermark
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "processed 300 event(s)" in result.output
+    assert list((tmp_path / "out" / "tumbling").rglob("*.parquet"))

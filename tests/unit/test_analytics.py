@@ -1,0 +1,180 @@
+"""The analytics pipeline's pure parts (no JVM): the event format, the generator, the
+reference aggregations, and the outputs of one micro-batch."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tidemq.spark.pipelines.analytics import AnalyticsConfig, result_messages, write_results
+from tidemq.spark.pipelines.events import (
+    BEHAVIORS,
+    Event,
+    SessionRow,
+    WindowRow,
+    generate_events,
+    parse_event,
+    reference_sessions,
+    reference_windows,
+)
+
+
+def test_event_round_trip_and_extra_fields() -> None:
+    e = Event(7, 1007, "cart", 1_763_820_000_123)
+    assert parse_event(e.to_json()) == e
+    assert parse_event('{"user_id":1,"item_id":2,"behavior":"pv","ts":3,"x":[1]}') == Event(
+        1, 2, "pv", 3
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (None, "tombstone"),
+        (b"\xff", "not JSON"),
+        (b"{", "not JSON"),
+        (b"[1, 2]", "JSON object, got list"),
+        (b'{"user_id":1,"item_id":2,"behavior":"steal","ts":3}', "'behavior' must be one of"),
+        (b'{"user_id":1,"item_id":2,"ts":3}', "'behavior' must be one of"),
+        (b'{"user_id":"1","item_id":2,"behavior":"pv","ts":3}', "'user_id' must be an integer"),
+        (b'{"user_id":1,"item_id":true,"behavior":"pv","ts":3}', "'item_id' must be an integer"),
+        (b'{"user_id":1,"item_id":2,"behavior":"pv","ts":1.5}', "'ts' must be an integer"),
+        (b'{"user_id":1,"item_id":2,"behavior":"pv"}', "'ts' must be an integer"),
+        (b'{"user_id":1,"item_id":2,"behavior":"pv","ts":%d}' % 2**63, "64-bit range"),
+    ],
+)
+def test_parse_event_names_the_problem(value: bytes | None, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_event(value)
+
+
+def test_generator_is_deterministic_and_bounded_in_disorder() -> None:
+    a = generate_events(2000, users=50, items=30, seed=3, disorder_s=5)
+    assert a == generate_events(2000, users=50, items=30, seed=3, disorder_s=5)
+    assert a != generate_events(2000, users=50, items=30, seed=4, disorder_s=5)
+    assert len(a) == 2000
+    assert {e.behavior for e in a} == set(BEHAVIORS)
+    assert all(1 <= e.user_id <= 50 and 1 <= e.item_id <= 30 for e in a)
+    # delivery order: an event is never more than the disorder older than one before it
+    latest = 0
+    for e in a:
+        assert e.ts > latest - 5_000
+        latest = max(latest, e.ts)
+    views = Counter(e.behavior for e in a)["pv"]
+    assert views > 0.7 * len(a)  # views dominate, as in the Taobao data set
+
+
+def test_generator_sessions_follow_the_pauses() -> None:
+    events = generate_events(3000, users=40, seed=1, session_pause_s=20, idle_s=120)
+    # with a gap between the in-session pause and the idle time, sessions are exactly
+    # the generator's: 5 events on average
+    sessions = reference_sessions(events, 60_000)
+    assert sum(s.events for s in sessions) == 3000
+    assert 3 < 3000 / len(sessions) < 7
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"users": 0}, {"items": 0}, {"session_pause_s": 0}, {"idle_s": 1, "session_pause_s": 2}],
+)
+def test_generator_refuses_bad_parameters(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="must"):
+        generate_events(1, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="count"):
+        generate_events(-1)
+
+
+def test_reference_windows_tumbling_and_sliding() -> None:
+    events = [Event(1, 5, "pv", 0), Event(2, 5, "pv", 59_999), Event(1, 5, "buy", 60_000)]
+    assert reference_windows(events, 60_000) == [
+        WindowRow(0, 60_000, "pv", 5, 2),
+        WindowRow(60_000, 120_000, "buy", 5, 1),
+    ]
+    sliding = reference_windows([Event(1, 5, "pv", 65_000)], 180_000, 60_000)
+    assert [(w.start_ms, w.end_ms) for w in sliding] == [
+        (-60_000, 120_000),
+        (0, 180_000),
+        (60_000, 240_000),
+    ]
+    with pytest.raises(ValueError, match="multiple"):
+        reference_windows(events, 90_000, 60_000)
+
+
+def test_reference_sessions_merge_overlapping_spans() -> None:
+    events = [
+        Event(1, 1, "pv", 0),
+        Event(1, 2, "cart", 9_999),  # within the gap of the first: same session
+        Event(1, 3, "buy", 19_999),  # exactly at the end: Spark still merges
+        Event(1, 4, "pv", 30_000),  # after the end: a new session
+        Event(2, 1, "fav", 5),
+    ]
+    assert reference_sessions(events, 10_000) == [
+        SessionRow(1, 0, 29_999, 3, 1, 0, 1, 1),
+        SessionRow(1, 30_000, 40_000, 1, 1, 0, 0, 0),
+        SessionRow(2, 5, 10_005, 1, 0, 1, 0, 0),
+    ]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"tumbling_s": 0}, {"watermark_s": 10**9}, {"sliding_s": 90, "slide_s": 60}, {"slide_s": 1.5}],
+)
+def test_config_refuses_bad_durations(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="must"):
+        AnalyticsConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def _windows_table() -> pa.Table:
+    t = pa.timestamp("us", tz="UTC")
+    day1 = datetime(2026, 11, 21, 23, 59, tzinfo=UTC)
+    day2 = datetime(2026, 11, 22, 0, 0, tzinfo=UTC)
+    nxt = datetime(2026, 11, 22, 0, 1, tzinfo=UTC)
+    return pa.table(
+        {
+            "window_start": pa.array([day2, day1, day2], t),
+            "window_end": pa.array([nxt, day2, nxt], t),
+            "behavior": ["pv", "buy", "cart"],
+            "item_id": pa.array([9, 3, 9], pa.int64()),
+            "count": pa.array([4, 1, 2], pa.int64()),
+        }
+    )
+
+
+def test_write_results_one_file_per_day_and_identical_on_replay(tmp_path: Path) -> None:
+    table = _windows_table()
+    files = write_results(table, tmp_path, "tumbling", 7)
+    assert [p.relative_to(tmp_path).as_posix() for p in files] == [
+        "tumbling/dt=2026-11-21/part-00000007.parquet",
+        "tumbling/dt=2026-11-22/part-00000007.parquet",
+    ]
+    first = {p: p.read_bytes() for p in files}
+    assert pq.read_table(files[1])["behavior"].to_pylist() == ["cart", "pv"]  # sorted
+    # a replay of the batch, rows in another order, writes the same bytes
+    assert write_results(table.take([2, 0, 1]), tmp_path, "tumbling", 7) == files
+    assert {p: p.read_bytes() for p in files} == first
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
+        ["tumbling", "dt=2026-11-21", "dt=2026-11-22", *[p.name for p in files]]
+    )
+    assert write_results(table.slice(0, 0), tmp_path, "tumbling", 8) == []
+
+
+def test_result_messages_are_json_with_millisecond_times() -> None:
+    messages = result_messages(_windows_table(), "sliding")
+    docs = [json.loads(v) for _, v in messages]
+    assert [k for k, _ in messages] == [b"3", b"9", b"9"]
+    assert docs[0] == {
+        "kind": "sliding",
+        "window_start": 1_795_305_540_000,
+        "window_end": 1_795_305_600_000,
+        "behavior": "buy",
+        "item_id": 3,
+        "count": 1,
+    }
+    with pytest.raises(ValueError, match="rejected"):
+        result_messages(_windows_table(), "rejected")
