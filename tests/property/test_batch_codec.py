@@ -117,26 +117,36 @@ def test_envelope_describes_the_batch(messages: list[MessageRecord], codec: Code
 
 @PROFILE
 @given(
-    st.lists(blobs, min_size=1, max_size=24),
+    st.lists(st.none() | blobs, min_size=1, max_size=24),
     st.none() | st.lists(st.none() | blobs, min_size=24, max_size=24),
+    st.none() | st.lists(st.none() | st.sampled_from(["a", "\u00e9t\u00e9", ""]), min_size=24),
     st.none() | st.dictionaries(texts, blobs, max_size=3),
     st.integers(I64_MIN, I64_MAX),
     codecs,
 )
-def test_encode_values_is_encode_batch(
-    values: list[bytes],
+def test_encode_values_is_encode_batch(  # noqa: PLR0917 - one argument per strategy
+    values: list[bytes | None],
     keys: list[bytes | None] | None,
+    tags: list[str | None] | None,
     headers: dict[str, bytes] | None,
     timestamp_ms: int,
     codec: Codec,
 ) -> None:
     keys = None if keys is None else keys[: len(values)]
+    tags = None if tags is None else tags[: len(values)]
     payload = encode_values(
-        values, timestamp_ms=timestamp_ms, keys=keys, headers=headers, codec=codec
+        values, timestamp_ms=timestamp_ms, keys=keys, tags=tags, headers=headers, codec=codec
     )
     header = tuple(headers.items()) if headers else ()
     records = [
-        MessageRecord(v, None if keys is None else keys[i], None, (), header, timestamp_ms)
+        MessageRecord(
+            v,
+            None if keys is None else keys[i],
+            None if tags is None else tags[i],
+            (),
+            header,
+            timestamp_ms,
+        )
         for i, v in enumerate(values)
     ]
     assert payload == encode_batch(records, codec=codec)

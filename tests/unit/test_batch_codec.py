@@ -194,7 +194,7 @@ def test_encode_values_equals_encode_batch() -> None:
 
 
 def test_encode_values_accepts_tombstones() -> None:
-    payload = encode_values([b"a", None], timestamp_ms=TS)  # type: ignore[list-item]
+    payload = encode_values([b"a", None], timestamp_ms=TS)
     assert [m.value for m in decode_messages(payload)] == [b"a", None]
 
 

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.core import limits
-from tidemq.core.batch import Codec, MessageRecord, encode_batch
+from tidemq.core.batch import Codec, MessageRecord, encode_batch, encode_values
 from tidemq.core.errors import (
     AlreadyDelivered,
     BatchTooLarge,
@@ -39,7 +39,7 @@ from tidemq.core.errors import (
     TidemqError,
     UnknownMessage,
 )
-from tidemq.core.message import Receipt
+from tidemq.core.message import BatchReceipts, Receipt
 from tidemq.protocol.commands import (
     CancelDelayedRequest,
     CancelDelayedResponse,
@@ -65,7 +65,7 @@ class _Batch:
     payload: bytes
     count: int
     futures: list[asyncio.Future[Receipt]] | None  # one per message; None for send_batch
-    whole: asyncio.Future[list[Receipt]] | None  # send_batch's single future
+    whole: asyncio.Future[Sequence[Receipt]] | None  # send_batch's single future
     deadline: float
     stamp: tuple[str, int, int, int] | None = None  # (address, producer id, epoch, sequence)
 
@@ -78,9 +78,7 @@ class _Batch:
                 if not fut.done():
                     fut.set_result(receipt)
             return
-        receipts = [
-            Receipt(self.topic, self.queue, offset) for offset in range(base, base + self.count)
-        ]
+        receipts = BatchReceipts(self.topic, self.queue, base, self.count)
         if self.whole is not None and not self.whole.done():
             self.whole.set_result(receipts)
         for fut, receipt in zip(self.futures or (), receipts, strict=False):
@@ -256,10 +254,13 @@ class AsyncProducer:
         timestamp: datetime | float | None = None,
         delay: Delay = None,
         deliver_at: DeliverAt = None,
-    ) -> list[Receipt]:
+    ) -> Sequence[Receipt]:
         """Send `values` as one end-to-end batch (one record, one index entry) to one queue:
         the explicit `queue`, else the first key's queue, else round robin. With `delay` or
-        `deliver_at` the batch is scheduled, delivered, and cancellable as one unit."""
+        `deliver_at` the batch is scheduled, delivered, and cancellable as one unit.
+
+        The receipts are a read-only sequence (`BatchReceipts`, equal to the list of the
+        same receipts) that builds each receipt when it is read."""
         if delay is not None or deliver_at is not None:
             due = deliver_at_ms(delay, deliver_at)
             records = _batch_records(values, keys, tags, headers, timestamp)
@@ -282,15 +283,25 @@ class AsyncProducer:
         headers: Mapping[str, bytes] | None = None,
         queue: int | None = None,
         timestamp: datetime | float | None = None,
-    ) -> asyncio.Future[list[Receipt]]:
+    ) -> asyncio.Future[Sequence[Receipt]]:
         self._check_open()
         n = len(values)
-        records = _batch_records(values, keys, tags, headers, timestamp)
+        if (keys is not None and len(keys) != n) or (tags is not None and len(tags) != n):
+            raise ValueError("keys and tags must have one entry per value")
         first_key = keys[0] if keys else None
         q = await self._queue_for(topic, first_key, queue)
         self._seal(topic, q)  # whatever was accumulated for this queue goes first
-        payload = encode_batch(records, codec=self._codec, max_batch_bytes=self._max_request_bytes)
-        future: asyncio.Future[list[Receipt]] = asyncio.get_running_loop().create_future()
+        # Columns straight from the lists: no record object per message (issue #4).
+        payload = encode_values(
+            values,
+            timestamp_ms=_timestamp_ms(timestamp),
+            keys=keys,
+            tags=tags,
+            headers=headers,
+            codec=self._codec,
+            max_batch_bytes=self._max_request_bytes,
+        )
+        future: asyncio.Future[Sequence[Receipt]] = asyncio.get_running_loop().create_future()
         self._sender(topic, q).add(
             _Batch(topic, q, payload, n, None, future, time.monotonic() + self._delivery_timeout_s)
         )

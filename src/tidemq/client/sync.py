@@ -120,7 +120,7 @@ class Producer:
         timestamp: datetime | float | None = None,
         delay: Delay = None,
         deliver_at: DeliverAt = None,
-    ) -> list[Receipt]:
+    ) -> Sequence[Receipt]:
         """Send `values` as one end-to-end batch (one record, one index entry)."""
         return self.send_batch_async(
             topic, values, keys=keys, tags=tags, headers=headers, queue=queue,
@@ -139,7 +139,7 @@ class Producer:
         timestamp: datetime | float | None = None,
         delay: Delay = None,
         deliver_at: DeliverAt = None,
-    ) -> concurrent.futures.Future[list[Receipt]]:
+    ) -> concurrent.futures.Future[Sequence[Receipt]]:
         return submit(
             self._p.send_batch(
                 topic, values, keys=keys, tags=tags, headers=headers, queue=queue,

@@ -431,43 +431,55 @@ def encode_batch(
 
 
 def encode_values(
-    values: Sequence[bytes],
+    values: Sequence[bytes | None],
     *,
     timestamp_ms: int,
     keys: Sequence[bytes | None] | None = None,
+    tags: Sequence[str | None] | None = None,
     headers: Mapping[str, bytes] | None = None,
     codec: Codec = Codec.NONE,
+    max_batch_bytes: int = limits.MAX_BATCH_BYTES,
 ) -> bytes:
-    """Fast path for the common case: values sharing one timestamp, no tags, optional keys
-    (one per value, None for none) and the same headers on every message.
+    """Fast path for the common case, the producer's `send_batch`: values sharing one
+    timestamp and the same headers, optional keys and tags (one per value, None for none),
+    no business keys. Builds the columns straight from the lists, with no object per
+    message.
 
     Gives byte for byte what `encode_batch` gives for the equivalent records, and raises
-    what it raises (also InvalidBatch when `keys` and `values` differ in length). A None
-    value (tombstone) is accepted, through `encode_batch`.
+    what it raises (also InvalidBatch when `keys` or `tags` and `values` differ in
+    length). A None value (tombstone) is accepted, through `encode_batch`.
     """
     count = len(values)
     if keys is not None and len(keys) != count:
         raise InvalidBatch(f"{len(keys)} keys given for {count} values")
+    if tags is not None and len(tags) != count:
+        raise InvalidBatch(f"{len(tags)} tags given for {count} values")
     header_items = tuple(headers.items()) if headers else ()
     _check_count(count)
     _check_timestamps(timestamp_ms, timestamp_ms)
     try:
-        value_data = b"".join(values)
+        value_data = b"".join(values)  # type: ignore[arg-type] # a None: TypeError below
     except TypeError:
         if None not in values:
             raise
         key_list = [None] * count if keys is None else keys
+        tag_list = [None] * count if tags is None else tags
         return encode_batch(
             [
-                MessageRecord(v, k, None, (), header_items, timestamp_ms)
-                for v, k in zip(values, key_list, strict=True)
+                MessageRecord(v, k, t, (), header_items, timestamp_ms)
+                for v, k, t in zip(values, key_list, tag_list, strict=True)
             ],
             codec=codec,
+            max_batch_bytes=max_batch_bytes,
         )
     if keys is None:
         key_flag, key_sections = 1, _all_null(count)
     else:
         key_flag, key_sections = _nullable_sections(keys, "key")
+    if tags is None:
+        tag_flag, tag_sections, summary = 1, _all_null(count), 0
+    else:
+        tag_flag, tag_sections, summary = _tag_sections(tags)
     if header_items:
         header_sections = _repeated_header_sections(header_items, count)
     else:
@@ -476,16 +488,16 @@ def encode_values(
         [
             bytes(4 * count),  # every timestamp delta is zero
             *key_sections,
-            *_data_sections(value_data, values, "value"),
-            *_all_null(count),  # tags
+            *_data_sections(value_data, values, "value"),  # type: ignore[arg-type] # no None here
+            *tag_sections,
             *_empty_lists(count),  # keys
             *header_sections,
         ],
         count=count,
-        flags=key_flag << _COL_KEY | 1 << _COL_TAG,
+        flags=key_flag << _COL_KEY | tag_flag << _COL_TAG,
         codec=codec,
-        max_batch_bytes=limits.MAX_BATCH_BYTES,
-        tag_summary=0,
+        max_batch_bytes=max_batch_bytes,
+        tag_summary=summary,
         base_ts=timestamp_ms,
         max_ts=timestamp_ms,
     )
