@@ -444,7 +444,12 @@ async def tq_prefill(address: str, topic: str, size: int, total: int) -> None:
             await fut
 
 
-async def tq_consume(address: str, topic: str, total: int, seconds: float) -> float:
+async def tq_consume(
+    address: str, topic: str, total: int, seconds: float, *, columnar: bool = False
+) -> float:
+    """msg/s reading one queue from its start: `poll` (a Message per message) or, with
+    `columnar`, `poll_batches` (numpy offsets and memoryview data over the received
+    bytes, as a bulk reader hands them to Arrow or numpy; no object per message)."""
     consumer = StreamConsumer(address, start="earliest")
     try:
         consumer.assign([(topic, 0)])
@@ -453,6 +458,12 @@ async def tq_consume(address: str, topic: str, total: int, seconds: float) -> fl
         t0 = time.perf_counter()
         deadline = t0 + seconds
         while n < total and time.perf_counter() < deadline:
+            if columnar:
+                batches = await consumer.poll_batches(1000)
+                if not batches:
+                    break
+                n += sum(len(b) for b in batches)
+                continue
             batch = await consumer.poll(1000)
             if not batch:
                 break
@@ -991,6 +1002,12 @@ async def consume_workload(env: Env) -> list[Series]:
             (
                 Series(W4, CONSUME_SIZE, f"tidemq StreamConsumer ({server.name})", True),
                 functools.partial(tq_consume, server.address, topic, total, seconds),
+            )
+        )
+        cell.append(
+            (
+                Series(W4, CONSUME_SIZE, f"tidemq poll_batches ({server.name})", True),
+                functools.partial(tq_consume, server.address, topic, total, seconds, columnar=True),
             )
         )
         if rs is not None:

@@ -29,17 +29,19 @@ from tidemq.core.errors import (
     UnknownMessage,
     UnknownTransaction,
 )
-from tidemq.core.message import Message, Receipt
+from tidemq.core.message import BatchReceipts, Message, MessageBatch, Receipt
 from tidemq.core.version import __version__
 
 __all__ = [
     "Admin",
     "AlreadyDelivered",
+    "BatchReceipts",
     "BroadcastConsumer",
     "DelayTooLong",
     "GroupConsumer",
     "HandlerTimeout",
     "Message",
+    "MessageBatch",
     "MessageTypeMismatch",
     "Producer",
     "PushConsumer",

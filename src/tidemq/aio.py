@@ -15,14 +15,16 @@ from tidemq.client.stream_consumer import AsyncStreamConsumer as StreamConsumer
 from tidemq.client.transaction import AsyncTransaction as Transaction
 from tidemq.client.transaction import AsyncTransactionProducer as TransactionProducer
 from tidemq.client.transaction import TransactionCheck
-from tidemq.core.message import Message, Receipt
+from tidemq.core.message import BatchReceipts, Message, MessageBatch, Receipt
 
 __all__ = [
     "Admin",
+    "BatchReceipts",
     "BroadcastConsumer",
     "GroupConsumer",
     "HandlerTimeout",
     "Message",
+    "MessageBatch",
     "Producer",
     "PushConsumer",
     "Receipt",

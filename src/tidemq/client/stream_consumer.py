@@ -9,15 +9,24 @@ flight discards that fetch's answer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
 
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.core.batch import tag_bit
 from tidemq.core.errors import OffsetOutOfRange, TidemqError
 from tidemq.core.filters import Sql92, subscription
-from tidemq.core.message import Message, messages_from_records
+from tidemq.core.message import (
+    Message,
+    MessageBatch,
+    batches_from_records,
+    messages_from_records,
+)
 from tidemq.protocol.commands import (
     FetchRequest,
     FetchResponse,
@@ -27,6 +36,9 @@ from tidemq.protocol.commands import (
 __all__ = ["AsyncStreamConsumer", "TopicQueue"]
 
 TopicQueue = tuple[str, int]
+T = TypeVar("T")
+#: Turns one fetch answer into what a poll returns (messages or batches).
+_Decode = Callable[[TopicQueue, int, FetchResponse, bytes], list[T]]
 _RESETS = ("earliest", "latest", "none")
 
 
@@ -161,6 +173,16 @@ class AsyncStreamConsumer:
 
     async def poll(self, timeout_ms: int = 1000) -> list[Message]:
         """Messages from any assigned queue, waiting up to `timeout_ms` for the first."""
+        return await self._poll(timeout_ms, self._messages)
+
+    async def poll_batches(self, timeout_ms: int = 1000) -> list[MessageBatch]:
+        """What `poll` returns, column by column: one `MessageBatch` per stored batch,
+        with no Python object per message (numpy offsets and memoryview slices into the
+        received bytes). For bulk readers: counting, copying values into Arrow, pandas or
+        numpy. Positions advance exactly as with `poll`."""
+        return await self._poll(timeout_ms, self._batches)
+
+    async def _poll(self, timeout_ms: int, decode: _Decode[T]) -> list[T]:
         if self._closed:
             raise RuntimeError("the consumer is closed")
         deadline = time.monotonic() + timeout_ms / 1000
@@ -179,12 +201,14 @@ class AsyncStreamConsumer:
                 timeout=max(0.0, remaining),
                 return_when=asyncio.FIRST_COMPLETED,
             )
-            messages = await self._collect(done)
-            if messages or time.monotonic() >= deadline:
-                return messages
+            items = self._collect(done, decode)
+            if items or time.monotonic() >= deadline:
+                return items
 
-    async def _collect(self, done: set[asyncio.Task[tuple[FetchResponse, bytes]]]) -> list[Message]:
-        out: list[Message] = []
+    def _collect(
+        self, done: set[asyncio.Task[tuple[FetchResponse, bytes]]], decode: _Decode[T]
+    ) -> list[T]:
+        out: list[T] = []
         for tq, fetch in list(self._fetches.items()):
             if fetch.task not in done:
                 continue
@@ -198,31 +222,53 @@ class AsyncStreamConsumer:
                 if not exc.retriable:
                     raise
                 continue
-            out.extend(await self._apply(tq, fetch.position, response, body))
+            if self._out_of_range(tq, fetch.position, response):
+                continue
+            out.extend(decode(tq, fetch.position, response, body))
+            self._positions[tq] = max(response.next_offset, fetch.position)
         return out
 
-    async def _apply(
+    def _out_of_range(self, tq: TopicQueue, position: int, response: FetchResponse) -> bool:
+        """Handle an out-of-range answer (reset per `start`, or raise); True if it was."""
+        if response.status != "offset_out_of_range":
+            return False
+        if self._start == "none":
+            raise OffsetOutOfRange(
+                f"offset {position} of {tq[0]}/{tq[1]} is outside "
+                f"[{response.min_offset}, {response.max_offset})"
+            )
+        target = response.min_offset if self._start == "earliest" else response.max_offset
+        # Below the retained range: skip to its start, whatever `start` says.
+        if position < response.min_offset:
+            target = response.min_offset
+        self._positions[tq] = target
+        return True
+
+    def _messages(
         self, tq: TopicQueue, position: int, response: FetchResponse, body: bytes
     ) -> list[Message]:
-        if response.status == "offset_out_of_range":
-            if self._start == "none":
-                raise OffsetOutOfRange(
-                    f"offset {position} of {tq[0]}/{tq[1]} is outside "
-                    f"[{response.min_offset}, {response.max_offset})"
-                )
-            target = response.min_offset if self._start == "earliest" else response.max_offset
-            # Below the retained range: skip to its start, whatever `start` says.
-            if position < response.min_offset:
-                target = response.min_offset
-            self._positions[tq] = target
-            return []
         messages = messages_from_records(
             tq[0], tq[1], body, response.record_sizes, position, masks=response.masks
         )
         if self._tags is not None:
             messages = [m for m in messages if m.tag in self._tags]
-        self._positions[tq] = max(response.next_offset, position)
         return messages
+
+    def _batches(
+        self, tq: TopicQueue, position: int, response: FetchResponse, body: bytes
+    ) -> list[MessageBatch]:
+        batches = batches_from_records(
+            tq[0], tq[1], body, response.record_sizes, position, masks=response.masks
+        )
+        if self._tags is None:
+            return batches
+        out = []
+        for b in batches:  # the exact tag check behind the broker's summary bits
+            tags = b.tags()
+            keep = [i for i, tag in zip(b.indices.tolist(), tags, strict=True) if tag in self._tags]
+            if keep:
+                out.append(dataclasses.replace(b, indices=np.array(keep, dtype=np.int64)))
+        return out
 
     async def __aiter__(self) -> AsyncIterator[Message]:
         while not self._closed:

@@ -28,7 +28,7 @@ from tidemq.client.transaction import (
     TxnRef,
 )
 from tidemq.core.errors import TidemqError
-from tidemq.core.message import Message, Receipt
+from tidemq.core.message import Message, MessageBatch, Receipt
 from tidemq.protocol.commands import (
     BrokerStatus,
     CancelDelayedResponse,
@@ -332,6 +332,10 @@ class StreamConsumer:
 
     def poll(self, timeout_ms: int = 1000) -> list[Message]:
         return run(self._c.poll(timeout_ms))
+
+    def poll_batches(self, timeout_ms: int = 1000) -> list[MessageBatch]:
+        """`poll`, column by column (see `tidemq.aio.StreamConsumer.poll_batches`)."""
+        return run(self._c.poll_batches(timeout_ms))
 
     def __iter__(self) -> Iterator[Message]:
         while True:

@@ -73,6 +73,7 @@ __all__ = [
     "Envelope",
     "ListColumn",
     "MessageRecord",
+    "columns_to_records",
     "decode_columns",
     "decode_messages",
     "encode_batch",
@@ -842,7 +843,11 @@ def decode_messages(payload: bytes | memoryview, *, verify_crc: bool = True) -> 
 
     Raises what `decode_columns` raises, and InvalidBatch for a string that is not UTF-8.
     """
-    cols = decode_columns(payload, verify_crc=verify_crc)
+    return columns_to_records(decode_columns(payload, verify_crc=verify_crc))
+
+
+def columns_to_records(cols: BatchColumns) -> list[MessageRecord]:
+    """The MessageRecords of decoded columns (InvalidBatch for a string not UTF-8)."""
     headers = cols.headers
     assert headers.values is not None
     pairs: Sequence[tuple[str | None, bytes | None]] = ()

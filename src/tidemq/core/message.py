@@ -10,8 +10,16 @@ from datetime import UTC, datetime
 from typing import NamedTuple, overload
 
 import crc32c
+import numpy as np
+import numpy.typing as npt
 
-from tidemq.core.batch import decode_messages
+from tidemq.core.batch import (
+    BatchColumns,
+    BinaryColumn,
+    columns_to_records,
+    decode_columns,
+    decode_messages,
+)
 from tidemq.core.errors import CorruptRecordError
 from tidemq.core.properties import decode_properties
 from tidemq.core.record import HEADER, RecordFlags, parse_header
@@ -19,6 +27,7 @@ from tidemq.core.record import HEADER, RecordFlags, parse_header
 __all__ = [
     "BatchReceipts",
     "Message",
+    "MessageBatch",
     "Receipt",
     "iter_records",
     "message_id",
@@ -168,7 +177,7 @@ class Message:
         return message_id(self.topic, self.queue, self.offset)
 
 
-def iter_records(body: bytes, sizes: list[int]) -> Iterator[memoryview]:
+def iter_records(body: bytes | memoryview, sizes: list[int]) -> Iterator[memoryview]:
     """Split a fetch response body into its records."""
     view = memoryview(body)
     pos = 0
@@ -177,6 +186,113 @@ def iter_records(body: bytes, sizes: list[int]) -> Iterator[memoryview]:
             raise CorruptRecordError("fetch response record sizes do not match its body")
         yield view[pos : pos + size]
         pos += size
+
+
+@dataclass(frozen=True, slots=True)
+class MessageBatch:
+    """The messages of one fetched batch, column by column: what
+    `StreamConsumer.poll_batches` gives instead of one `Message` per message.
+
+    `columns` is the whole stored batch (`tidemq.core.batch.BatchColumns`, Arrow layouts
+    over the received bytes: numpy offsets and memoryview data, no copy); `indices` are
+    the positions in it that this poll delivers (those at or after the read position
+    that passed the subscription's filter), in order. Message `indices[j]` is at offset
+    `base_offset + indices[j]`."""
+
+    topic: str
+    queue: int
+    base_offset: int
+    columns: BatchColumns
+    indices: npt.NDArray[np.int64]
+    #: For delayed and transactional messages: where the first message was first stored
+    #: (the others follow it), and the time a delayed batch was scheduled for.
+    origin: tuple[str, int, int] | None = None
+    deliver_at_ms: int = 0
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @property
+    def offsets(self) -> npt.NDArray[np.int64]:
+        return self.indices + self.base_offset
+
+    def values(self) -> list[bytes | None]:
+        """The delivered values as bytes (None for a tombstone): one slice each."""
+        return _slices(self.columns.value, self.indices)
+
+    def keys(self) -> list[bytes | None]:
+        """The delivered keys (None: no key)."""
+        return _slices(self.columns.key, self.indices)
+
+    def tags(self) -> list[str | None]:
+        """The delivered tags (None: no tag)."""
+        return [None if t is None else t.decode() for t in _slices(self.columns.tag, self.indices)]
+
+    def messages(self) -> list[Message]:
+        """The same messages as `Message` objects, as `poll` gives them."""
+        decoded = columns_to_records(self.columns)
+        origin = self.origin
+        return [
+            Message(
+                self.topic,
+                self.queue,
+                self.base_offset + i,
+                decoded[i].value,
+                decoded[i].key,
+                decoded[i].tag,
+                decoded[i].keys,
+                dict(decoded[i].headers),
+                decoded[i].timestamp_ms,
+                None if origin is None else (origin[0], origin[1], origin[2] + i),
+                self.deliver_at_ms,
+            )
+            for i in self.indices.tolist()
+        ]
+
+
+def _slices(column: BinaryColumn, indices: npt.NDArray[np.int64]) -> list[bytes | None]:
+    data, bounds = column.data, column.offsets.tolist()
+    validity = column.validity
+    if validity is None:
+        return [bytes(data[bounds[i] : bounds[i + 1]]) for i in indices.tolist()]
+    present = validity.tolist()
+    return [
+        bytes(data[bounds[i] : bounds[i + 1]]) if present[i] else None for i in indices.tolist()
+    ]
+
+
+def batches_from_records(
+    topic: str,
+    queue: int,
+    body: bytes,
+    sizes: list[int],
+    from_offset: int,
+    *,
+    masks: list[bytes] | None = None,
+) -> list[MessageBatch]:
+    """`messages_from_records`, column by column: one MessageBatch per fetched record,
+    without a Python object per message (batches with nothing to deliver are left out)."""
+    out: list[MessageBatch] = []
+    view = memoryview(body)
+    for n, record in enumerate(iter_records(view, sizes)):
+        header = parse_header(record)
+        if header.size != len(record):
+            raise CorruptRecordError("record size does not match its header")
+        columns = decode_columns(record[header.payload_start :])
+        base = header.base_offset
+        indices = np.arange(max(0, from_offset - base), columns.count, dtype=np.int64)
+        mask = masks[n] if masks else b""
+        if mask:  # a filtered fetch: bit i set when message i matched on the broker
+            bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
+            indices = indices[bits[indices].astype(bool)]
+        if not len(indices):
+            continue
+        origin, due = None, 0
+        if header.flags & _MOVED:
+            props = decode_properties(record[HEADER.size : header.payload_start])
+            origin, due = props.origin, props.due
+        out.append(MessageBatch(topic, queue, base, columns, indices, origin, due))
+    return out
 
 
 def messages_from_records(
