@@ -269,3 +269,78 @@ def test_fifo_groups_are_delivered_in_order_one_at_a_time(
         loop.run(after())
     finally:
         loop.run(restarted.stop())
+
+
+def test_fifo_suspend_holds_the_group_until_resumed(loop: Loop, start_broker: StartBroker) -> None:
+    env = start_broker(service_checkpoint_interval_ms=100)
+
+    async def before() -> str:
+        async with aio.Admin(env.address) as admin:
+            await admin.create_topic("fifo", 1, message_type="FIFO")
+        async with aio.Producer(env.address) as producer:
+            for i in range(3):
+                for g in (b"g1", b"g2"):
+                    await producer.send("fifo", g + b"-%d" % i, key=g, queue=0)
+        c = _consumer(
+            env.address, subscriptions={"fifo": "*"}, max_attempts=2, on_exhausted="suspend"
+        )
+        for attempt in (1, 2):  # g1-0 fails twice; g2 goes on meanwhile
+            batch = await c.receive(10)
+            by = {m.key: m for m in batch}
+            assert by[b"g1"].value == b"g1-0"
+            assert by[b"g1"].delivery_attempt == attempt
+            await by[b"g1"].nack(reason=f"bad row {attempt}")
+            await by[b"g2"].ack()
+        # g1-0 is suspended: neither it nor the rest of g1 comes, g2 finishes.
+        rest = await _drain(c)
+        assert [m.value for m in rest] == [b"g2-2"]
+        async with aio.Admin(env.address) as admin:
+            (status,) = await admin.pop_status("workers")
+        assert status.topic == "fifo"
+        (suspended,) = status.suspended
+        assert (suspended.offset, suspended.attempts, suspended.error) == (0, 2, "bad row 2")
+        assert status.dead_lettered == 0
+        await c.close()
+        return suspended.message_id
+
+    message_id = loop.run(before())
+    loop.run(env.broker.stop())  # suspension survives a restart
+    restarted = Broker(env.broker.config, embedded_nameserver=True)
+    address = loop.run(restarted.start())
+
+    async def after() -> None:
+        c = _consumer(address, subscriptions={"fifo": "*"}, max_attempts=2, on_exhausted="suspend")
+        assert await c.receive(10) == []  # still suspended
+        async with aio.Admin(address) as admin:
+            (status,) = await admin.pop_status("workers")
+            assert [s.message_id for s in status.suspended] == [message_id]
+            with pytest.raises(ValueError, match="action"):
+                await admin.resume("workers", message_id, action="skip")
+            with pytest.raises(InvalidRequest, match="no suspended message"):
+                await admin.resume("other-group", message_id)
+            done = await admin.resume("workers", message_id)  # retry, attempts from zero
+            assert (done.topic, done.queue, done.offset) == ("fifo", 0, 0)
+            with pytest.raises(InvalidRequest, match="no suspended message"):
+                await admin.resume("workers", message_id)  # not suspended any more
+            (again,) = await c.receive(10)
+            assert (again.value, again.delivery_attempt) == (b"g1-0", 1)
+            await again.nack(reason="still bad")
+            (again,) = await c.receive(10)
+            await again.nack(reason="still bad")
+            assert await c.receive(10) == []  # suspended a second time
+            await admin.resume("workers", message_id, action="dead-letter")
+            rest = await _drain(c)  # g1 moves on without g1-0
+            assert [m.value for m in rest] == [b"g1-1", b"g1-2"]
+            (status,) = await admin.pop_status("workers")
+            assert (status.dead_lettered, status.suspended) == (1, [])
+        await c.close()
+
+    try:
+        loop.run(after())
+    finally:
+        loop.run(restarted.stop())
+
+
+def test_on_exhausted_is_checked(loop: Loop, broker: BrokerEnv) -> None:
+    with pytest.raises(ValueError, match="on_exhausted"):
+        _consumer(broker.address, on_exhausted="drop")

@@ -44,6 +44,8 @@ class _Msg:
     handle: str = ""
     done: bool = False
     dead: bool = False
+    suspended: bool = False
+    message_id: str = ""
 
 
 class PopMachine(RuleBasedStateMachine):
@@ -62,6 +64,7 @@ class PopMachine(RuleBasedStateMachine):
         self.msgs: dict[bytes, _Msg] = {}
         self.handles: list[AsyncReceivedMessage] = []
         self.fifo = False
+        self.suspend = False
 
     def _run(self, coro: Any) -> Any:
         async def bounded() -> Any:
@@ -76,7 +79,12 @@ class PopMachine(RuleBasedStateMachine):
         # Restarts reuse the port: handles received before a restart name this address.
         self.config = replace(self.config, port=int(address.rsplit(":", 1)[1]))
         self.consumer = AsyncSimpleConsumer(
-            address, "g", {"t": "*"}, await_duration=0.0, max_attempts=MAX_ATTEMPTS
+            address,
+            "g",
+            {"t": "*"},
+            await_duration=0.0,
+            max_attempts=MAX_ATTEMPTS,
+            on_exhausted="suspend" if self.suspend else "dead-letter",
         )
 
     def _stop(self) -> None:
@@ -87,10 +95,11 @@ class PopMachine(RuleBasedStateMachine):
 
     @initialize(
         fifo=st.booleans(),
+        suspend=st.booleans(),
         groups=st.lists(st.sampled_from([b"a", b"b", b"c"]), min_size=1, max_size=10),
     )
-    def setup(self, fifo: bool, groups: list[bytes]) -> None:
-        self.fifo = fifo
+    def setup(self, fifo: bool, suspend: bool, groups: list[bytes]) -> None:
+        self.fifo, self.suspend = fifo, suspend
         self._start()
         assert self.broker is not None
 
@@ -122,18 +131,26 @@ class PopMachine(RuleBasedStateMachine):
                 continue
             first_of_group = m.group not in busy
             if self.fifo:
-                busy.add(m.group)
+                busy.add(m.group)  # a suspended message holds its group too
                 if not first_of_group:
                     continue
+            if m.suspended:
+                continue
             if m.deadline <= now and not (m.leased and m.deadline > now):
                 out.append(value)
         return out
 
     def _expire_dead(self) -> None:
-        """The broker dead-letters, at a receive, expired messages out of attempts."""
+        """The broker dead-letters (or suspends), at a receive, expired messages out of
+        attempts; a suspended message's handles are stale."""
         now = self.clock.now_ms()
         for m in self.msgs.values():
-            if not m.done and m.attempts >= MAX_ATTEMPTS and m.deadline <= now:
+            if m.done or m.suspended or m.attempts < MAX_ATTEMPTS or m.deadline > now:
+                continue
+            m.leased, m.handle = False, ""
+            if self.suspend:
+                m.suspended = True
+            else:
                 m.done = m.dead = True
 
     # ------------------------------------------------------------------ rules
@@ -156,6 +173,7 @@ class PopMachine(RuleBasedStateMachine):
             model.attempts += 1
             assert m.delivery_attempt == model.attempts
             model.leased, model.deadline, model.handle = True, now + INVISIBLE_MS, m.handle
+            model.message_id = m.message_id
             self.handles.append(m)
 
     def _settle(self, msg: AsyncReceivedMessage, call: Any) -> bool:
@@ -219,6 +237,37 @@ class PopMachine(RuleBasedStateMachine):
         for m in self.msgs.values():
             if m.leased and m.deadline <= now:
                 m.leased = False  # the lease ran out: deliverable again, handle kept
+
+    @precondition(lambda self: any(m.message_id for m in self.msgs.values()))
+    @rule(data=st.data(), dead_letter=st.booleans())
+    def resume(self, data: st.DataObject, dead_letter: bool) -> None:
+        """An operator resumes a message: accepted exactly when the model has it suspended,
+        and the broker's list of suspended messages is the model's."""
+        assert self.broker is not None
+        value = data.draw(st.sampled_from([v for v, m in self.msgs.items() if m.message_id]))
+        model = self.msgs[value]
+
+        async def call() -> list[str]:
+            async with aio.Admin(self.broker.address) as admin:  # type: ignore[union-attr]
+                listed = [s.message_id for q in await admin.pop_status("g") for s in q.suspended]
+                try:
+                    await admin.resume(
+                        "g", model.message_id, action="dead-letter" if dead_letter else "retry"
+                    )
+                except InvalidRequest:
+                    assert not model.suspended, f"refused to resume suspended {value!r}"
+                    return listed
+                assert model.suspended, f"resumed {value!r}, which is not suspended"
+                return listed
+
+        listed = self._run(call())
+        assert sorted(listed) == sorted(m.message_id for m in self.msgs.values() if m.suspended)
+        if model.suspended:
+            model.suspended = False
+            if dead_letter:
+                model.done = model.dead = True
+            else:
+                model.attempts, model.deadline = 0, 0
 
     @rule()
     def restart(self) -> None:

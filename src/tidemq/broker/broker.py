@@ -393,6 +393,9 @@ class Broker:
             ),
             RequestCode.POP_NACK: plain(self._pop_nack),
             RequestCode.POP_STATUS: plain(lambda r: _pop_status(self._pop.status(r.group))),
+            RequestCode.POP_RESUME: plain(
+                lambda r: self._pop.resume(r.group, r.message_id, r.action)
+            ),
         }
 
     async def _pop_nack(self, req: PopNackRequest) -> Empty:

@@ -7,7 +7,10 @@ Per (group, topic, queue) the broker keeps a lease table (`_PopQueue`):
   the group's filter); everything below its low watermark is finished;
 * `leases`: offset -> (deadline, attempt, epoch). A leased message is invisible to the
   group's other consumers until its deadline; after it, the next receive delivers it
-  again with attempt + 1. After `max_attempts` deliveries it goes to `%DLQ%<group>`.
+  again with attempt + 1. After `max_attempts` deliveries it goes to `%DLQ%<group>`,
+  or, when the receive asks for it (`on_exhausted="suspend"`), stays suspended with the
+  broker (on a FIFO topic, with its message group waiting behind it) until an operator
+  resumes it (`resume`: retry with a fresh count, or dead-letter it now).
 
 A lease's handle names (topic, queue, offset, epoch); epochs come from one counter of the
 broker and are never reused, so a handle of an earlier lease (stale: the message was
@@ -45,7 +48,7 @@ from tidemq.core.batch import MessageRecord, decode_messages, encode_batch
 from tidemq.core.clock import Clock
 from tidemq.core.errors import InvalidRequest, TidemqError
 from tidemq.core.filters import Sql92Filter, TagExpression
-from tidemq.core.message import message_id
+from tidemq.core.message import message_id, parse_message_id, topic_hash
 from tidemq.core.properties import POP_TOPIC
 from tidemq.core.record import RecordFlags, parse_header
 from tidemq.protocol.commands import (
@@ -56,7 +59,9 @@ from tidemq.protocol.commands import (
     PopReceiveRequest,
     PopReceiveResponse,
     PopRecord,
+    PopResumeResponse,
     PopSubscription,
+    PopSuspended,
 )
 from tidemq.store.message_store import MessageStore, ReadStatus
 
@@ -68,6 +73,11 @@ log = logging.getLogger(__name__)
 _READ_BYTES: Final = 1 << 20
 #: The deadline of a FIFO message waiting behind an earlier one of its message group.
 _HELD: Final = 1 << 62
+#: The deadline of a suspended message (attempts used up, waiting for `resume`). Both
+#: are never due: a lease with a deadline >= _HELD is parked, not in the expiry heap.
+_SUSPENDED: Final = _HELD + 1
+EXHAUSTED_ACTIONS: Final = ("dead-letter", "suspend")
+RESUME_ACTIONS: Final = ("retry", "dead-letter")
 #: FIFO messages one receive may read past and hold back (behind their group's first).
 _MAX_HELD_PER_RECEIVE: Final = 10_000
 _GROUP_MAX_CHARS: Final = 255
@@ -85,7 +95,11 @@ class _PopOp(msgspec.Struct, array_like=True, omit_defaults=True):
     * ``ack`` / ``dlq``: `offsets` (with their `epochs`) finished;
     * ``change``: `offsets[0]` gets `epochs[0]` and `deadline`;
     * ``nack``: `offsets[0]` available again at `deadline`, with `attempts[0]` deliveries
-      counted (a release does not count its delivery).
+      counted (a release does not count its delivery);
+    * ``suspend``: `offsets` used up their attempts and wait for an operator, with new
+      `epochs` (so no handle of theirs is current);
+    * ``resume``: suspended `offsets[0]` is deliverable now, with epoch `epochs[0]` and
+      its attempts counted from zero again.
     """
 
     kind: str
@@ -134,7 +148,7 @@ class _PopQueue:
 
     def set_lease(self, offset: int, lease: _Lease) -> None:
         self.leases[offset] = lease
-        if lease.deadline != _HELD:
+        if lease.deadline < _HELD:
             heapq.heappush(self.expiry, (lease.deadline, offset, lease.epoch))
 
     def join_group(self, offset: int, group: str) -> None:
@@ -171,6 +185,8 @@ class _SavedQueue(msgspec.Struct, array_like=True):
     leases: list[tuple[int, int, int, int]]  # offset, deadline, attempt, epoch
     dead: int
     fifo: list[tuple[str, list[int]]] = []
+    #: The last failure reason of leases that have one (shown for suspended messages).
+    errors: list[tuple[int, str]] = []
 
 
 class _SavedState(msgspec.Struct):
@@ -231,6 +247,9 @@ class PopService:
                 for g, offsets in q.fifo:
                     for offset in offsets:
                         table.join_group(offset, g)
+                for offset, error in q.errors:
+                    if offset in table.leases:
+                        table.leases[offset].error = error
                 self._tables[(q.group, q.topic, q.queue)] = table
         replayed = 0
         for rec in read_internal(store, POP_TOPIC, op_offset):
@@ -255,6 +274,7 @@ class PopService:
                 [(o, ls.deadline, ls.attempt, ls.epoch) for o, ls in t.leases.items()],
                 t.dead,
                 [(g, list(offsets)) for g, offsets in t.fifo_groups.items()],
+                [(o, ls.error) for o, ls in t.leases.items() if ls.error],
             )
             for (group, topic, queue), t in self._tables.items()
         ]
@@ -310,6 +330,11 @@ class PopService:
             )
         if not 1 <= req.max_attempts <= cfg.pop_max_attempts_limit:
             raise InvalidRequest(f"max_attempts must be 1..{cfg.pop_max_attempts_limit}")
+        if req.on_exhausted not in EXHAUSTED_ACTIONS:
+            raise InvalidRequest(
+                f"on_exhausted must be one of {', '.join(EXHAUSTED_ACTIONS)}, "
+                f"got {req.on_exhausted!r}"
+            )
         if not 0 <= req.max_wait_ms <= cfg.max_fetch_wait_ms:
             raise InvalidRequest(f"max_wait_ms must be 0..{cfg.max_fetch_wait_ms}")
         if not req.subscriptions:
@@ -397,15 +422,18 @@ class PopService:
         store = self._gateway.store
         table = self._table(req.group, topic, queue)
         now = self._clock.now_ms()
-        chosen, to_dlq = _take_due(table, want, req.max_attempts, now)
-        if to_dlq:
-            # Dead-letter first (it may free the next message of a FIFO group), with the
-            # entries taken so far back in the heap while it waits on the disk.
+        chosen, exhausted = _take_due(table, want, req.max_attempts, now)
+        if exhausted:
+            # Dead-letter (or suspend) first (a dead letter may free the next message of a
+            # FIFO group), with the entries taken so far back in the heap meanwhile.
             _push_back(table, [o for o, _ in chosen])
             try:
-                await self._dead_letter(req.group, topic, queue, table, to_dlq)
+                if req.on_exhausted == "suspend":
+                    await self._suspend(req.group, topic, queue, exhausted)
+                else:
+                    await self._dead_letter(req.group, topic, queue, table, exhausted)
             except BaseException:
-                _push_back(table, to_dlq)
+                _push_back(table, exhausted)
                 raise
             chosen, later = _take_due(table, want, req.max_attempts, now)
             _push_back(table, later)  # dead-lettered by the next receive
@@ -497,6 +525,48 @@ class PopService:
         if error is not None:
             raise error
 
+    async def _suspend(self, group: str, topic: str, queue: int, offsets: list[int]) -> None:
+        # Fresh epochs: the consumer's handles are stale from here on, so only `resume`
+        # (an operator's decision) brings a suspended message back.
+        epochs = [self._next_epoch() for _ in offsets]
+        op = _PopOp("suspend", group, topic, queue, offsets, epochs)
+        self._apply(op)
+        await self._log(op)
+        log.warning(
+            "suspended %d message(s) of %s/%d for group %s after their last attempt",
+            len(offsets),
+            topic,
+            queue,
+            group,
+        )
+
+    async def resume(self, group: str, message_id_text: str, action: str) -> PopResumeResponse:
+        """Resume a suspended message: deliver it again with a fresh count of attempts
+        ("retry"), or move it to the dead-letter topic now ("dead-letter")."""
+        if action not in RESUME_ACTIONS:
+            raise InvalidRequest(
+                f"action must be one of {', '.join(RESUME_ACTIONS)}, got {action!r}"
+            )
+        try:
+            wanted_hash, queue, offset = parse_message_id(message_id_text)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        for (g, topic, q), table in self._tables.items():
+            if g != group or q != queue or topic_hash(topic) != wanted_hash:
+                continue
+            lease = table.leases.get(offset)
+            if lease is None or lease.deadline != _SUSPENDED:
+                continue
+            if action == "retry":
+                op = _PopOp("resume", group, topic, queue, [offset], [self._next_epoch()])
+                self._apply(op)
+                await self._log(op)
+            else:
+                await self._dead_letter(group, topic, queue, table, [offset])
+            self._polling.notify({(topic, queue)})
+            return PopResumeResponse(topic=topic, queue=queue, offset=offset, action=action)
+        raise InvalidRequest(f"no suspended message {message_id_text} for group {group!r}")
+
     # ------------------------------------------------------------------ ack, change, nack
 
     def _lease_for(self, group: str, handle: str) -> tuple[_PopQueue, str, int, int, int, _Lease]:
@@ -584,8 +654,18 @@ class PopService:
                 queue=queue,
                 acked_below=t.done.low,
                 next_offset=t.next_offset,
-                in_flight=sum(1 for ls in t.leases.values() if ls.deadline != _HELD),
+                in_flight=sum(1 for ls in t.leases.values() if ls.deadline < _HELD),
                 dead_lettered=t.dead,
+                suspended=[
+                    PopSuspended(
+                        offset=o,
+                        message_id=message_id(topic, queue, o),
+                        attempts=ls.attempt,
+                        error=ls.error,
+                    )
+                    for o, ls in sorted(t.leases.items())
+                    if ls.deadline == _SUSPENDED
+                ],
             )
             for (g, topic, queue), t in sorted(self._tables.items())
             if g == group
@@ -642,12 +722,30 @@ def _apply_nack(table: _PopQueue, op: _PopOp) -> None:
         heapq.heappush(table.expiry, (op.deadline, op.offsets[0], lease.epoch))
 
 
+def _apply_suspend(table: _PopQueue, op: _PopOp) -> None:
+    for i, offset in enumerate(op.offsets):
+        lease = table.leases.get(offset)
+        if lease is not None:
+            lease.deadline = _SUSPENDED
+            if op.epochs:
+                lease.epoch = op.epochs[i]
+
+
+def _apply_resume(table: _PopQueue, op: _PopOp) -> None:
+    lease = table.leases.get(op.offsets[0])
+    if lease is not None and lease.deadline == _SUSPENDED:
+        lease.deadline, lease.attempt, lease.epoch = 0, 0, op.epochs[0]
+        heapq.heappush(table.expiry, (0, op.offsets[0], lease.epoch))
+
+
 _APPLY: Final[dict[str, Callable[[_PopQueue, _PopOp], None]]] = {
     "lease": _apply_lease,
     "ack": _apply_ack,
     "dlq": _apply_dlq,
     "change": _apply_change,
     "nack": _apply_nack,
+    "suspend": _apply_suspend,
+    "resume": _apply_resume,
 }
 
 
@@ -655,7 +753,7 @@ def _push_back(table: _PopQueue, offsets: list[int]) -> None:
     """Put taken-but-unused leases back into the expiry heap."""
     for offset in offsets:
         lease = table.leases.get(offset)
-        if lease is not None and lease.deadline != _HELD:
+        if lease is not None and lease.deadline < _HELD:
             heapq.heappush(table.expiry, (lease.deadline, offset, lease.epoch))
 
 
@@ -663,7 +761,7 @@ def _take_due(
     table: _PopQueue, want: int, max_attempts: int, now: int
 ) -> tuple[list[tuple[int, int]], list[int]]:
     """Leases that ran out, to deliver again: (offset, attempt) pairs, and the offsets
-    whose attempts are used up (for the dead-letter topic)."""
+    whose attempts are used up (for the dead-letter topic, or to suspend)."""
     chosen: list[tuple[int, int]] = []
     to_dlq: list[int] = []
     seen: set[int] = set()

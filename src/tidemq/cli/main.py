@@ -17,6 +17,7 @@ from tidemq.cli import (
     commands_group,
     commands_pipeline,
     commands_pipeline_analytics,
+    commands_pop,
     commands_server,
     commands_special,
     commands_topic,
@@ -59,6 +60,7 @@ app.add_typer(commands_cluster.app, name="cluster")
 app.add_typer(commands_special.timer_app, name="timer")
 app.add_typer(commands_special.txn_app, name="txn")
 app.add_typer(commands_dlq.app, name="dlq")
+app.add_typer(commands_pop.app, name="pop")
 # the pipeline commands register on pipeline_common.app when their modules are imported
 _ = (commands_pipeline, commands_pipeline_analytics)
 app.add_typer(pipeline_common.app, name="pipeline")

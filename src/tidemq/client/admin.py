@@ -23,7 +23,13 @@ from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer import AsyncProducer
 from tidemq.client.stream_consumer import AsyncStreamConsumer
 from tidemq.core import limits
-from tidemq.core.errors import BrokerNotAvailable, ConfigError, TidemqError, TopicNotFound
+from tidemq.core.errors import (
+    BrokerNotAvailable,
+    ConfigError,
+    InvalidRequest,
+    TidemqError,
+    TopicNotFound,
+)
 from tidemq.core.message import Message
 from tidemq.core.offsets import check_reset_target, reset_target
 from tidemq.protocol.commands import (
@@ -46,6 +52,11 @@ from tidemq.protocol.commands import (
     ListGroupsResponse,
     ListTopicsRequest,
     ListTopicsResponse,
+    PopQueueStatus,
+    PopResumeRequest,
+    PopResumeResponse,
+    PopStatusRequest,
+    PopStatusResponse,
     QueueOffset,
     ResetOffsetsRequest,
     ResetOffsetsResponse,
@@ -435,6 +446,35 @@ class AsyncAdmin:
             total.rolled_back += s.rolled_back
         assert total is not None
         return total
+
+    async def pop_status(self, group: str) -> list[PopQueueStatus]:
+        """Per queue of every broker, the pop consumption of `group`: acknowledged below,
+        next offset, messages in flight, dead-lettered, and suspended messages."""
+        out: list[PopQueueStatus] = []
+        for address in await self._brokers():
+            s = await self._cluster.call(address, PopStatusRequest(group=group), PopStatusResponse)
+            out.extend(s.queues)
+        return sorted(out, key=lambda q: (q.topic, q.queue))
+
+    async def resume(
+        self, group: str, message_id: str, *, action: str = "retry"
+    ) -> PopResumeResponse:
+        """Resume a message that `group` suspended after its last attempt: "retry"
+        delivers it again with a fresh count of attempts, "dead-letter" moves it to
+        `%DLQ%<group>` now. Either way its FIFO message group moves on after it."""
+        if action not in ("retry", "dead-letter"):
+            raise ValueError(f"action must be 'retry' or 'dead-letter', got {action!r}")
+        last: InvalidRequest | None = None
+        for address in await self._brokers():
+            try:
+                return await self._cluster.call(
+                    address,
+                    PopResumeRequest(group=group, message_id=message_id, action=action),
+                    PopResumeResponse,
+                )
+            except InvalidRequest as exc:  # not on this broker
+                last = exc
+        raise last or InvalidRequest(f"no broker holds a suspended message {message_id}")
 
     async def close(self) -> None:
         await self._cluster.close()

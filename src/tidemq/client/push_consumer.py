@@ -246,6 +246,7 @@ class AsyncPushConsumer:
         *,
         max_concurrency: int = 16,
         max_attempts: int = 16,
+        on_exhausted: str = "dead-letter",
         retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
         invisible_duration: float = 60.0,
         handler_timeout: float | None = None,
@@ -254,11 +255,12 @@ class AsyncPushConsumer:
     ) -> None:
         """`subscriptions`: {topic: filter} (a tag expression or `Sql92(...)`).
         `max_concurrency`: handlers running at once, at most. `max_attempts`: deliveries
-        before the dead-letter topic. `invisible_duration`: each lease's length (seconds,
-        1 s to 12 h), extended while a handler runs longer. `handler_timeout`: seconds a
-        handler may run before it counts as failed (None: no limit). `await_duration`:
-        how long one receive waits on the broker for messages; `close` waits for the
-        receive in flight, so this bounds how long closing takes."""
+        before the dead-letter topic, or before the message is suspended with
+        `on_exhausted="suspend"` (see `SimpleConsumer`). `invisible_duration`: each
+        lease's length (seconds, 1 s to 12 h), extended while a handler runs longer.
+        `handler_timeout`: seconds a handler may run before it counts as failed (None: no
+        limit). `await_duration`: how long one receive waits on the broker for messages;
+        `close` waits for the receive in flight, so this bounds how long closing takes."""
         if handler is None or not callable(handler):
             raise TypeError("a PushConsumer needs a handler: a function of one message")
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
@@ -295,6 +297,7 @@ class AsyncPushConsumer:
             subscriptions,
             invisible_duration=invisible_duration,
             max_attempts=max_attempts,
+            on_exhausted=on_exhausted,
             await_duration=await_duration,
             client_config=client_config,
         )
@@ -303,6 +306,7 @@ class AsyncPushConsumer:
         self._async_handler = _is_async(handler)
         self._max = max_concurrency
         self._max_attempts = max_attempts
+        self._on_exhausted = on_exhausted
         self._retry = retry_policy
         self._invisible_s = float(invisible_duration)
         self._timeout_s = None if handler_timeout is None else float(handler_timeout)
@@ -503,7 +507,7 @@ class AsyncPushConsumer:
                 msg.message_id,
                 attempt,
                 self._max_attempts,
-                " -> dead letter" if last else f", retry in {delay:g} s",
+                f" -> {self._on_exhausted}" if last else f", retry in {delay:g} s",
                 _reason(error),
             )
             await msg.nack(delay=delay, reason=_reason(error))

@@ -41,6 +41,8 @@ __all__ = ["AsyncReceivedMessage", "AsyncSimpleConsumer", "Sql92"]
 #: Limits of a receive, checked here for a clear error (the broker checks them too).
 MIN_INVISIBLE_S = 1.0
 MAX_INVISIBLE_S = 12 * 3600.0
+#: What the broker may do with a message whose attempts are used up.
+ON_EXHAUSTED = ("dead-letter", "suspend")
 #: Acks coalesced into one request at most (the broker answers each one).
 _ACKS_PER_REQUEST = 1024
 
@@ -98,11 +100,15 @@ class AsyncSimpleConsumer:
         *,
         invisible_duration: float = 60.0,
         max_attempts: int = 16,
+        on_exhausted: str = "dead-letter",
         await_duration: float = 5.0,
         client_config: ClientConfig | None = None,
     ) -> None:
         """`await_duration`: how long `receive` waits on the broker for messages (long
-        polling) before it returns an empty list."""
+        polling) before it returns an empty list. `on_exhausted`: what the broker does
+        with a message after `max_attempts` deliveries: "dead-letter" (move it to
+        `%DLQ%<group>`) or "suspend" (keep it, and on a FIFO topic its message group,
+        until an operator resumes it: `Admin.resume`)."""
         if not group:
             raise ValueError("a SimpleConsumer needs a group")
         if not subscriptions:
@@ -115,6 +121,11 @@ class AsyncSimpleConsumer:
         if not 1 <= max_attempts <= 1000:
             raise ValueError("max_attempts must be 1..1000")
         self._max_attempts = max_attempts
+        if on_exhausted not in ON_EXHAUSTED:
+            raise ValueError(
+                f"on_exhausted must be one of {', '.join(ON_EXHAUSTED)}, got {on_exhausted!r}"
+            )
+        self._on_exhausted = on_exhausted
         self._wait_ms = _ms(await_duration, "await_duration", 0.0, 30.0)
         self._cluster = ClusterClient(bootstrap, client_config)
         self._rr = 0
@@ -176,6 +187,7 @@ class AsyncSimpleConsumer:
             invisible_ms=invisible_ms,
             max_wait_ms=wait_ms,
             max_attempts=self._max_attempts,
+            on_exhausted=self._on_exhausted,
         )
         timeout = self._cluster.config.request_timeout_ms + wait_ms
         try:

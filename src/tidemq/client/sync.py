@@ -33,6 +33,8 @@ from tidemq.protocol.commands import (
     BrokerStatus,
     CancelDelayedResponse,
     DescribeGroupResponse,
+    PopQueueStatus,
+    PopResumeResponse,
     QueueOffset,
     StatusResponse,
     TimerStatusResponse,
@@ -457,6 +459,12 @@ class Admin:
     def timer_status(self, topic: str = "") -> TimerStatusResponse:
         return run(self._a.timer_status(topic))
 
+    def pop_status(self, group: str) -> list[PopQueueStatus]:
+        return run(self._a.pop_status(group))
+
+    def resume(self, group: str, message_id: str, *, action: str = "retry") -> PopResumeResponse:
+        return run(self._a.resume(group, message_id, action=action))
+
     def transaction_status(self) -> TxnStatusResponse:
         return run(self._a.transaction_status())
 
@@ -535,6 +543,7 @@ class SimpleConsumer:
         *,
         invisible_duration: float = 60.0,
         max_attempts: int = 16,
+        on_exhausted: str = "dead-letter",
         await_duration: float = 5.0,
         client_config: ClientConfig | None = None,
     ) -> None:
@@ -542,7 +551,8 @@ class SimpleConsumer:
             _make(
                 AsyncSimpleConsumer, bootstrap, group, subscriptions,
                 invisible_duration=invisible_duration, max_attempts=max_attempts,
-                await_duration=await_duration, client_config=client_config,
+                on_exhausted=on_exhausted, await_duration=await_duration,
+                client_config=client_config,
             )
         )  # fmt: skip
 
@@ -598,6 +608,7 @@ class PushConsumer:
         *,
         max_concurrency: int = 16,
         max_attempts: int = 16,
+        on_exhausted: str = "dead-letter",
         retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
         invisible_duration: float = 60.0,
         handler_timeout: float | None = None,
@@ -620,9 +631,9 @@ class PushConsumer:
             _make(
                 AsyncPushConsumer, bootstrap, group, subscriptions, on_worker_thread,
                 max_concurrency=max_concurrency, max_attempts=max_attempts,
-                retry_policy=retry_policy, invisible_duration=invisible_duration,
-                handler_timeout=handler_timeout, await_duration=await_duration,
-                client_config=client_config,
+                on_exhausted=on_exhausted, retry_policy=retry_policy,
+                invisible_duration=invisible_duration, handler_timeout=handler_timeout,
+                await_duration=await_duration, client_config=client_config,
             )
         )  # fmt: skip
 

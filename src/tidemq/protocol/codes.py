@@ -51,3 +51,4 @@ class RequestCode(IntEnum):
     POP_CHANGE_INVISIBLE = 62
     POP_NACK = 63
     POP_STATUS = 64
+    POP_RESUME = 65

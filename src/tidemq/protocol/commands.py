@@ -72,9 +72,12 @@ __all__ = [
     "PopReceiveRequest",
     "PopReceiveResponse",
     "PopRecord",
+    "PopResumeRequest",
+    "PopResumeResponse",
     "PopStatusRequest",
     "PopStatusResponse",
     "PopSubscription",
+    "PopSuspended",
     "PoppedMessage",
     "ProduceRequest",
     "ProduceResponse",
@@ -559,8 +562,11 @@ class PopReceiveRequest(_Msg):
     max_messages: int
     invisible_ms: int
     max_wait_ms: int = 0
-    #: After this many deliveries a message goes to the group's dead-letter topic.
+    #: After this many deliveries a message goes to the group's dead-letter topic
+    #: (`on_exhausted` "dead-letter"), or stays with the broker, suspended, until an
+    #: operator resumes it ("suspend"; on a FIFO topic its message group waits too).
     max_attempts: int = 16
+    on_exhausted: str = "dead-letter"
 
 
 class PopRecord(_Msg):
@@ -617,6 +623,16 @@ class PopNackRequest(_Msg):
     reason: str = ""
 
 
+class PopSuspended(_Msg):
+    """A message that used up its attempts and waits for `POP_RESUME`."""
+
+    offset: int
+    message_id: str
+    attempts: int
+    #: The consumer's reason of the last failed attempt ("" if its lease ran out).
+    error: str = ""
+
+
 class PopQueueStatus(_Msg):
     topic: str
     queue: int
@@ -624,6 +640,22 @@ class PopQueueStatus(_Msg):
     next_offset: int
     in_flight: int
     dead_lettered: int
+    suspended: list[PopSuspended] = []
+
+
+class PopResumeRequest(_Msg):
+    group: str
+    message_id: str
+    #: "retry": deliver it again with a fresh count of attempts; "dead-letter": move it to
+    #: the group's dead-letter topic now (its FIFO message group moves on).
+    action: str = "retry"
+
+
+class PopResumeResponse(_Msg):
+    topic: str
+    queue: int
+    offset: int
+    action: str
 
 
 class PopStatusRequest(_Msg):
@@ -670,4 +702,5 @@ REQUESTS: Final[dict[RequestCode, tuple[type[_Msg], type[_Msg]]]] = {
     RequestCode.POP_CHANGE_INVISIBLE: (PopChangeInvisibleRequest, PopChangeInvisibleResponse),
     RequestCode.POP_NACK: (PopNackRequest, Empty),
     RequestCode.POP_STATUS: (PopStatusRequest, PopStatusResponse),
+    RequestCode.POP_RESUME: (PopResumeRequest, PopResumeResponse),
 }
