@@ -320,20 +320,33 @@ def test_no_conflicts_when_brokers_host_disjoint_queues(ns: NameServer) -> None:
 # ------------------------------------------------------------------ coordinator and status
 
 
-def test_coordinator_is_the_live_broker_with_the_smallest_name(
-    ns: NameServer, clock: ManualClock
-) -> None:
+def test_coordinator_is_the_oldest_live_broker(ns: NameServer, clock: ManualClock) -> None:
     assert ns.coordinator() == ""
-    ns.register("broker-b", "h:2", [])
+    ns.register("broker-b", "h:2", [], created_ms=1_000)
     assert ns.coordinator() == "h:2"
-    ns.register("broker-a", "h:1", [])
-    assert ns.coordinator() == "h:1"
+    # A broker added later does not take over, whatever its name.
+    ns.register("broker-a", "h:1", [], created_ms=2_000)
+    assert ns.coordinator() == "h:2"
+    # Same creation time: the name decides.
+    ns.register("broker-0", "h:3", [], created_ms=1_000)
+    assert ns.coordinator() == "h:3"
+    ns.unregister("broker-0")
+    # The coordinator lapses: the next oldest stands in; back, it takes over again.
     clock.advance(TTL // 2)
-    ns.register("broker-b", "h:2", [])
+    ns.register("broker-a", "h:1", [], created_ms=2_000)
     clock.advance(TTL // 2 + 1)
+    assert ns.coordinator() == "h:1"
+    ns.register("broker-b", "h:2", [], created_ms=1_000)
     assert ns.coordinator() == "h:2"
     ns.unregister("broker-b")
+    ns.unregister("broker-a")
     assert ns.coordinator() == ""
+
+
+def test_brokers_without_a_creation_time_order_by_name(ns: NameServer) -> None:
+    ns.register("broker-b", "h:2", [])
+    ns.register("broker-a", "h:1", [])
+    assert ns.coordinator() == "h:1"
 
 
 def test_status_lists_brokers_by_name_with_their_topic_counts(

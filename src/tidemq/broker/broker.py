@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -65,6 +66,8 @@ log = logging.getLogger(__name__)
 
 #: How often expired group members and silent brokers are swept.
 _SWEEP_INTERVAL_S = 1.0
+#: service_state key of the broker's creation time (8 bytes, big-endian epoch ms).
+_CREATED_KEY = "broker.created_ms"
 #: How often retention runs.
 _RETENTION_INTERVAL_S = 60.0
 
@@ -147,6 +150,7 @@ class Broker:
         )
         self._polling = LongPolling(cfg.max_parked_fetches)
         self._gateway = StoreGateway(store, loop, self._polling.notify)
+        self._created_ms = _created_ms(store)
         self._topics = TopicTable(cfg, self._gateway)
         await self._topics.refresh()
         self._timers = TimerService(cfg, self._gateway, self._clock, self._topic_has_queue)
@@ -206,6 +210,7 @@ class Broker:
                 cfg.name_servers,
                 self._topic_list,
                 cfg.broker_heartbeat_interval_ms,
+                created_ms=self._created_ms,
             )
             self._topics.on_change = self._registration.changed
             self._registration.start()
@@ -325,7 +330,12 @@ class Broker:
 
     def _register_local(self) -> None:
         assert self.nameserver is not None
-        self.nameserver.register(self.config.broker_name, self.address, self._topic_list())
+        self.nameserver.register(
+            self.config.broker_name,
+            self.address,
+            self._topic_list(),
+            created_ms=self._created_ms,
+        )
 
     async def _sweep(self) -> None:
         interval = self.config.broker_heartbeat_interval_ms / 1000
@@ -420,6 +430,17 @@ class Broker:
         if isinstance(result, tuple):
             return result
         return result, b""
+
+
+def _created_ms(store: MessageStore) -> int:
+    """When this broker's data directory was first used (epoch ms), saved on first start:
+    the name servers make the oldest live broker the group coordinator."""
+    saved = store.metadata.service_state(_CREATED_KEY)
+    if saved is not None and len(saved) == 8:
+        return int.from_bytes(saved, "big")
+    created = time.time_ns() // 1_000_000
+    store.metadata.save_service_state({_CREATED_KEY: created.to_bytes(8, "big")})
+    return created
 
 
 async def _pop_status(queues: list[PopQueueStatus]) -> PopStatusResponse:

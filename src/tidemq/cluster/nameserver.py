@@ -32,8 +32,14 @@ Topic-level fields: a route's queue count is the largest total any live broker r
 topic's queue count only grows; while brokers pick up an alter one by one the largest is
 the newest), its message type is the one the live broker with the smallest name reports.
 
-The group coordinator is the live broker with the smallest name: a pure function of the
-live set, so every name server names the same one.
+The group coordinator is the oldest live broker: the smallest (creation time, name), where
+the creation time is when the broker's data directory was first used (it registers it,
+and it survives restarts). A pure function of the live set, so every name server names the
+same one; and adding a broker never moves coordination (with the committed offsets the
+coordinator stores) away from the broker that has them. When the coordinator stops, the
+next oldest takes over; when it returns, it takes coordination back with its offsets
+(commits made meanwhile on the other broker are not carried over: a group goes back to
+the older positions and reads some messages again, never skips any).
 
 Not thread-safe. No I/O.
 """
@@ -107,6 +113,8 @@ class _Broker:
     name: str
     address: str
     last_seen_ms: float
+    #: When the broker's data directory was created (epoch ms; 0: not reported).
+    created_ms: int = 0
     topics: dict[str, _TopicReg] = field(default_factory=dict)
     #: (topic, queue) -> claim sequence number (smaller = older claim)
     claims: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -173,13 +181,20 @@ class NameServer:
     # ------------------------------------------------------------------ brokers
 
     def register(
-        self, broker_name: str, address: str, topics: Iterable[TopicRegistration]
+        self,
+        broker_name: str,
+        address: str,
+        topics: Iterable[TopicRegistration],
+        *,
+        created_ms: int = 0,
     ) -> tuple[int, int]:
         """Register or heartbeat: replace the broker's topic list, refresh its TTL and
-        return (heartbeat_interval_ms, broker_ttl_ms). Raises InvalidRequest for a bad
-        name, address or topic entry, or when `max_brokers` live brokers are registered;
-        InvalidTopicName for a bad topic name. When it raises, no live registration has
-        changed (lapsed brokers may have been forgotten to make room)."""
+        return (heartbeat_interval_ms, broker_ttl_ms). `created_ms`: when the broker's data
+        directory was created (it orders brokers for the coordinator). Raises
+        InvalidRequest for a bad name, address or topic entry, or when `max_brokers` live
+        brokers are registered; InvalidTopicName for a bad topic name. When it raises, no
+        live registration has changed (lapsed brokers may have been forgotten to make
+        room)."""
         if not _BROKER_NAME.match(broker_name):
             raise InvalidRequest(
                 f"invalid broker name {broker_name[:140]!r}: use 1-{MAX_BROKER_NAME_CHARS} "
@@ -206,6 +221,7 @@ class NameServer:
             self._brokers[broker_name] = broker
         broker.address = address
         broker.last_seen_ms = now
+        broker.created_ms = max(0, created_ms)
         self._replace_topics(broker, registered)
         return self._interval, self._ttl
 
@@ -248,9 +264,13 @@ class NameServer:
         }
 
     def coordinator(self) -> str:
-        """Address of the live broker with the smallest name; "" if none is live."""
-        live = self.brokers()
-        return next(iter(live.values()), "")
+        """Address of the oldest live broker (smallest creation time, then name); "" if
+        none is live."""
+        now = self._clock.monotonic_ms()
+        live = [b for b in self._brokers.values() if self._live(b, now)]
+        if not live:
+            return ""
+        return min(live, key=lambda b: (b.created_ms, b.name)).address
 
     def status(self) -> list[BrokerStatus]:
         """Every registered broker, lapsed ones included until `expire()`, by name."""

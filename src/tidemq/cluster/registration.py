@@ -41,8 +41,11 @@ class Registration:
         name_servers: tuple[str, ...],
         topics: Callable[[], TopicList],
         interval_ms: int,
+        *,
+        created_ms: int = 0,
     ) -> None:
         self._name = broker_name
+        self._created_ms = created_ms
         self._address = address
         self._servers = name_servers
         self._topics = topics
@@ -67,7 +70,10 @@ class Registration:
 
     async def register_once(self) -> None:
         request = RegisterBrokerRequest(
-            broker_name=self._name, address=self._address, topics=self._topics()
+            broker_name=self._name,
+            address=self._address,
+            topics=self._topics(),
+            created_ms=self._created_ms,
         )
         for server in self._servers:
             try:

@@ -63,7 +63,12 @@ class NameServerHandlers:
             )
         if code is RequestCode.REGISTER_BROKER:
             assert isinstance(header, RegisterBrokerRequest)
-            interval, ttl = ns.register(header.broker_name, header.address, list(header.topics))
+            interval, ttl = ns.register(
+                header.broker_name,
+                header.address,
+                list(header.topics),
+                created_ms=header.created_ms,
+            )
             return RegisterBrokerResponse(heartbeat_interval_ms=interval, broker_ttl_ms=ttl)
         if code is RequestCode.UNREGISTER_BROKER:
             assert isinstance(header, UnregisterBrokerRequest)

@@ -363,6 +363,9 @@ class RegisterBrokerRequest(_Msg):
     address: str
     #: (topic, total queues, message type, hosted queue ids)
     topics: list[tuple[str, int, str, list[int]]]
+    #: When the broker's data directory was created (epoch ms): the oldest live broker
+    #: coordinates the groups.
+    created_ms: int = 0
 
 
 class RegisterBrokerResponse(_Msg):
