@@ -17,6 +17,7 @@ from tidemq.cli import (
     commands_group,
     commands_pipeline,
     commands_pipeline_analytics,
+    commands_pipeline_dbsync,
     commands_pop,
     commands_server,
     commands_special,
@@ -62,7 +63,7 @@ app.add_typer(commands_special.txn_app, name="txn")
 app.add_typer(commands_dlq.app, name="dlq")
 app.add_typer(commands_pop.app, name="pop")
 # the pipeline commands register on pipeline_common.app when their modules are imported
-_ = (commands_pipeline, commands_pipeline_analytics)
+_ = (commands_pipeline, commands_pipeline_analytics, commands_pipeline_dbsync)
 app.add_typer(pipeline_common.app, name="pipeline")
 
 if __name__ == "__main__":

@@ -1,0 +1,155 @@
+"""`tidemq pipeline generate-changes` (change events of an order store, no Spark needed)
+and `tidemq pipeline db-sync` (those events -> a sharded database, on Spark local mode by
+default, `--master local[*]`, or on a cluster with `--master`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tidemq.cli.common import (
+    CLIENT_CONFIG,
+    DEFAULT_BOOTSTRAP,
+    Bootstrap,
+    CliError,
+    CliUsageError,
+    check_bootstrap,
+    command,
+    info,
+    say,
+)
+from tidemq.cli.pipeline_common import app, load, session
+from tidemq.client.sync import Admin
+from tidemq.core.errors import TopicNotFound
+from tidemq.core.limits import MAX_QUEUES_PER_TOPIC
+
+__all__ = ["db_sync", "generate_changes"]
+
+
+def _ensure_topic(address: str, topic: str, queues: int) -> None:
+    """Create `topic` with `queues` queues unless it exists (then it is used as it is)."""
+    with Admin(address, client_config=CLIENT_CONFIG) as admin:
+        try:
+            found = admin.describe_topic(topic)
+        except TopicNotFound:
+            admin.create_topic(topic, queues)
+            info(f"created topic {topic!r} with {queues} queue(s)")
+            return
+    if found.queues != queues:
+        info(f"topic {topic!r} exists with {found.queues} queue(s); using it as it is")
+
+
+@command(app, "generate-changes")
+def generate_changes(
+    *,
+    topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to send the events to.")],
+    orders: Annotated[int, typer.Option("--orders", min=0, help="Orders whose life to generate.")],
+    seed: Annotated[int, typer.Option("--seed", help="Same seed, same events.")] = 0,
+    first_order_id: Annotated[
+        int,
+        typer.Option("--first-order-id", min=0, help="First order id (to add new orders)."),
+    ] = 1,
+    queues: Annotated[
+        int | None,
+        typer.Option(
+            "--queues",
+            min=1,
+            max=MAX_QUEUES_PER_TOPIC,
+            help="Create the topic with this many queues when it does not exist.",
+        ),
+    ] = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+) -> None:
+    """Send generated change events of orders (insert/update/delete), keyed by order_id."""
+    address = check_bootstrap(bootstrap)
+    changes = load("tidemq.spark.pipelines.changes")
+    try:
+        events = changes.generate_changes(orders, seed=seed, first_order_id=first_order_id)
+    except ValueError as exc:
+        raise CliUsageError(str(exc)) from None
+    if queues is not None:
+        _ensure_topic(address, topic, queues)
+    sent = changes.produce_changes(address, topic, events, client_config=CLIENT_CONFIG)
+    say(f"sent {sent} change event(s) of {orders} order(s) to {topic}")
+
+
+@command(app, "db-sync")
+def db_sync(
+    *,
+    topic: Annotated[
+        list[str], typer.Option("--topic", "-t", help="Topic of change events (repeatable).")
+    ],
+    target: Annotated[
+        str,
+        typer.Option(
+            "--target",
+            help="SQLAlchemy URL of the target; {shard} is replaced by the shard number, "
+            "e.g. sqlite:////data/shard_{shard}.db.",
+        ),
+    ],
+    checkpoint: Annotated[
+        Path, typer.Option("--checkpoint", help="Spark checkpoint directory (reuse to resume).")
+    ],
+    shards: Annotated[
+        int, typer.Option("--shards", min=1, help="Target shards: seller_id % shards.")
+    ] = 1,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    master: Annotated[str, typer.Option("--master", help="Spark master URL.")] = "local[*]",
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once/--continuous",
+            help="Apply what the topics hold now and exit (AvailableNow), or keep running.",
+        ),
+    ] = True,
+    max_offsets_per_trigger: Annotated[
+        int | None,
+        typer.Option("--max-offsets-per-trigger", min=1, help="Messages per micro-batch at most."),
+    ] = None,
+) -> None:
+    """Replay change events into a database sharded by seller, idempotently."""
+    address = check_bootstrap(bootstrap)
+    if not topic:
+        raise CliUsageError("give at least one --topic")
+    pipeline = load("tidemq.spark.pipelines.db_sync")
+    errors = load("pyspark.errors")
+    shown = pipeline.describe_target(target)
+    try:
+        pipeline.shard_urls(target, shards)  # a bad template fails before Spark starts
+    except ValueError as exc:
+        raise CliUsageError(str(exc)) from None
+    spark, created = session(master, "tidemq-db-sync")
+    try:
+        query = pipeline.run_db_sync(
+            spark,
+            bootstrap=address,
+            topics=topic,
+            target=target,
+            shards=shards,
+            checkpoint=checkpoint,
+            trigger="available_now" if once else "continuous",
+            max_offsets_per_trigger=max_offsets_per_trigger,
+        )
+        if not once:
+            info(f"syncing {', '.join(topic)} to {shown}; Ctrl-C to stop")
+            try:
+                query.awaitTermination()
+            except KeyboardInterrupt:
+                query.stop()
+        batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+        rows = sum(int(p["numInputRows"]) for p in batches)
+        say(
+            f"synced {rows} change event(s) in {len(batches)} micro-batch(es) "
+            f"to {shards} shard(s) of {shown}"
+        )
+    except ValueError as exc:  # the source's OptionError, a bad argument
+        raise CliUsageError(str(exc)) from None
+    except pipeline.TargetError as exc:
+        raise CliError(f"the target cannot be used: {exc}") from None
+    except errors.PySparkException as exc:
+        raise CliError(f"the db-sync query failed: {exc}") from None
+    finally:
+        if created:
+            spark.stop()
