@@ -18,6 +18,7 @@ from tidemq.cluster.route import queue_for_key
 from tidemq.core.batch import MessageRecord, encode_batch
 from tidemq.core.errors import RequestTimeout
 from tidemq.core.filters import FilterSyntaxError
+from tidemq.core.limits import MAX_QUEUES_PER_TOPIC
 from tidemq.protocol.commands import FetchRequest, FetchResponse
 
 if TYPE_CHECKING:
@@ -519,5 +520,28 @@ def test_stream_and_group_consumers_filter_on_the_broker(loop: Loop, broker: Bro
         assert [m.value for m in got_g] == [b"w%d" % i for i in range(10)]
         with pytest.raises(FilterSyntaxError, match="column"):
             aio.StreamConsumer(broker.address, filter=aio.Sql92("n >>= 1"))
+
+    loop.run(main())
+
+
+def test_a_topic_with_the_most_queues_routes_and_serves(loop: Loop, broker: BrokerEnv) -> None:
+    """Thousands of queues: the create answer and the routes exceed the u16 frame header
+    and travel as long headers (protocol.md)."""
+
+    async def main() -> None:
+        async with aio.Admin(broker.address) as admin:
+            info = await admin.create_topic("wide", MAX_QUEUES_PER_TOPIC)
+            assert len(info.queue_info) == MAX_QUEUES_PER_TOPIC
+            described = await admin.describe_topic("wide")
+            assert [q.queue for q in described.queue_info] == list(range(MAX_QUEUES_PER_TOPIC))
+        last = MAX_QUEUES_PER_TOPIC - 1
+        async with aio.Producer(broker.address) as producer:
+            receipt = await producer.send("wide", b"far", queue=last)
+            assert (receipt.queue, receipt.offset) == (last, 0)
+        consumer = aio.StreamConsumer(broker.address, start="earliest")
+        consumer.assign([("wide", last)])
+        got = await _read(consumer, 1)
+        await consumer.close()
+        assert [m.value for m in got] == [b"far"]
 
     loop.run(main())

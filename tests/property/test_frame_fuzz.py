@@ -29,6 +29,7 @@ from tidemq.protocol.frame import (
     PREFIX,
     Frame,
     FrameDecoder,
+    FrameFlags,
     FrameKind,
     RemoteProtocolError,
     encode_frame,
@@ -41,6 +42,8 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 LIMIT = 64 << 10
+#: Round trips carry long headers (over 64 KiB) too.
+ROUND_TRIP_LIMIT = 1 << 20
 MAGIC, VERSION = 0x54, 1
 
 u16 = st.integers(0, 0xFFFF)
@@ -51,14 +54,18 @@ codes = st.one_of(st.sampled_from([int(c) for c in RequestCode]), u16)
 
 @st.composite
 def frames(draw: st.DrawFn) -> Frame:
-    return Frame(
-        draw(kinds),
-        draw(st.integers(0, 255)),
-        draw(u16),
-        draw(u32),
-        draw(st.binary(max_size=300)),
-        draw(st.binary(max_size=2000)),
+    """A frame as the decoder gives it back: LONG_HEADER set exactly when the header does
+    not fit the u16 size (the encoder decides that flag)."""
+    header = draw(
+        st.one_of(
+            st.binary(max_size=300),
+            st.integers(MAX_HEADER_BYTES - 2, MAX_HEADER_BYTES + 3).map(lambda n: b"h" * n),
+        )
     )
+    flags = draw(st.integers(0, 255)) & ~FrameFlags.LONG_HEADER
+    if len(header) > MAX_HEADER_BYTES:
+        flags |= FrameFlags.LONG_HEADER
+    return Frame(draw(kinds), flags, draw(u16), draw(u32), header, draw(st.binary(max_size=2000)))
 
 
 def _wire(frame: Frame) -> bytes:
@@ -101,7 +108,7 @@ def _decode_quietly(frame: Frame) -> None:
 @given(st.lists(frames(), min_size=1, max_size=6), st.lists(st.integers(0, 1 << 20), max_size=8))
 def test_frames_round_trip_through_any_split(sent: list[Frame], cuts: list[int]) -> None:
     stream = b"".join(_wire(f) for f in sent)
-    decoder = FrameDecoder(LIMIT)
+    decoder = FrameDecoder(ROUND_TRIP_LIMIT)
     got = [f for part in _chunks(stream, cuts) for f in decoder.feed(part)]
     assert got == sent
     assert decoder.buffered_bytes == 0
@@ -112,7 +119,7 @@ def test_frames_round_trip_through_any_split(sent: list[Frame], cuts: list[int])
 def test_truncated_stream_yields_the_whole_frames_only(sent: list[Frame], cut: int) -> None:
     stream = b"".join(_wire(f) for f in sent)
     cut %= len(stream) + 1
-    decoder = FrameDecoder(LIMIT)
+    decoder = FrameDecoder(ROUND_TRIP_LIMIT)
     got = decoder.feed(stream[:cut])
     assert got == sent[: len(got)]
     assert sum(len(_wire(f)) for f in got) + decoder.buffered_bytes == cut

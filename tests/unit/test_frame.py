@@ -42,6 +42,7 @@ from tidemq.protocol.commands import (
 )
 from tidemq.protocol.frame import (
     MAX_HEADER_BYTES,
+    MAX_LONG_HEADER_BYTES,
     PREFIX,
     Frame,
     FrameDecoder,
@@ -77,7 +78,14 @@ SAMPLES = [
     (FrameKind.RESPONSE, 65535, 0xFFFFFFFF, b"\x80", b"body", FrameFlags.ERROR),
     (FrameKind.ONEWAY, 2, 7, b"h" * 300, b"", 0),
     (FrameKind.SERVER_REQUEST, 3, 8, b"", bytes(range(256)) * 40, 0),
-    (FrameKind.SERVER_RESPONSE, 4, 9, b"x" * MAX_HEADER_BYTES, b"y", 0xFF),
+    (
+        FrameKind.SERVER_RESPONSE,
+        4,
+        9,
+        b"x" * MAX_HEADER_BYTES,
+        b"y",
+        0xFF & ~FrameFlags.LONG_HEADER,
+    ),
 ]
 
 
@@ -199,8 +207,44 @@ def test_smallest_frame() -> None:
 
 def test_encode_refuses_what_the_protocol_cannot_carry() -> None:
     with pytest.raises(LocalProtocolError, match="header"):
-        encode_frame(FrameKind.REQUEST, 1, 1, b"x" * (MAX_HEADER_BYTES + 1))
-    encode_frame(FrameKind.REQUEST, 1, 1, b"x" * MAX_HEADER_BYTES)
+        encode_frame(FrameKind.REQUEST, 1, 1, b"x" * (MAX_LONG_HEADER_BYTES + 1))
+    encode_frame(FrameKind.REQUEST, 1, 1, b"x" * MAX_LONG_HEADER_BYTES)
+
+
+@pytest.mark.parametrize("body", [b"", b"the body"])
+def test_a_long_header_travels_in_the_body(body: bytes) -> None:
+    header = bytes(range(256)) * 300  # 76,800 bytes: over the u16 header size
+    wire = _frame(FrameKind.RESPONSE, code=5, corr=3, header=header, body=body)
+    size, *_, hsize, _ = PREFIX.unpack_from(wire)
+    assert hsize == 0
+    assert size == len(wire) - 4 == 12 + 4 + len(header) + len(body)
+    decoder = FrameDecoder(LIMIT)
+    (frame,) = decoder.feed(wire[:1000]) or decoder.feed(wire[1000:])
+    assert (frame.header, frame.body) == (header, body)
+    assert frame.flags == FrameFlags.LONG_HEADER
+    # the caller's flag is ignored for a header that fits
+    short = _frame(FrameKind.RESPONSE, header=b"h", body=body, flags=FrameFlags.LONG_HEADER)
+    (plain,) = FrameDecoder(LIMIT).feed(short)
+    assert (plain.header, plain.body, plain.flags) == (b"h", body, 0)
+
+
+@pytest.mark.parametrize(
+    ("after_prefix", "hsize", "message"),
+    [
+        (b"\x05\x00\x00\x00abcde", 1, "header_size 0"),
+        (b"\x01\x00", 0, "too short"),
+        (b"\x09\x00\x00\x00abc", 0, "exceeds the frame"),
+        (b"\xff\xff\xff\x7f", 0, "exceeds"),
+    ],
+)
+def test_bad_long_headers_are_protocol_errors(
+    after_prefix: bytes, hsize: int, message: str
+) -> None:
+    prefix = PREFIX.pack(
+        12 + len(after_prefix), MAGIC, VERSION, 1, FrameFlags.LONG_HEADER, 1, hsize, 1
+    )
+    with pytest.raises(RemoteProtocolError, match=message):
+        FrameDecoder(LIMIT).feed(prefix + after_prefix)
 
 
 # ------------------------------------------------------------------ commands

@@ -15,7 +15,11 @@ Every message on a tidemq connection is one frame, little-endian::
 * ``kind``: request, response, one-way (no response), server request (the server asks a
   client: transaction check-back), server response.
 * ``flags``: bit 0 ERROR on a response: the header is an error (code, message) instead of
-  the command's response.
+  the command's response. Bit 1 LONG_HEADER: the header did not fit the u16 size (the
+  routes of thousands of queues, a topic's description): ``header_size`` is 0 and the
+  body starts with the header's size (u32) and the header, then the real body. A long
+  header is bounded by ``MAX_LONG_HEADER_BYTES`` and, like everything, by the frame
+  limit.
 * ``code``: the request code (`codes.RequestCode`); a response echoes its request's code.
 * The body carries batch payloads and commit-log records exactly as stored: the broker
   never re-encodes them.
@@ -50,6 +54,9 @@ _AFTER_SIZE: Final = PREFIX.size - 4
 #: Headers are small msgpack structs; u16 bounds them, and the security model asks for
 #: a limit well below the frame limit.
 MAX_HEADER_BYTES: Final = 0xFFFF
+#: Largest header carried in the body (LONG_HEADER); a frame's own limit applies too.
+MAX_LONG_HEADER_BYTES: Final = 16 << 20
+_U32: Final = struct.Struct("<I")
 
 
 class FrameKind(IntEnum):
@@ -62,6 +69,7 @@ class FrameKind(IntEnum):
 
 class FrameFlags:
     ERROR = 1
+    LONG_HEADER = 2
 
 
 class RemoteProtocolError(TidemqError):
@@ -95,9 +103,24 @@ def encode_frame(
     *,
     flags: int = 0,
 ) -> list[bytes | memoryview]:
-    """The frame as buffers for a vectored write (the body is not copied)."""
+    """The frame as buffers for a vectored write (the body is not copied). A header over
+    `MAX_HEADER_BYTES` travels at the start of the body (flag LONG_HEADER, set here only)."""
+    flags &= ~FrameFlags.LONG_HEADER
     if len(header) > MAX_HEADER_BYTES:
-        raise LocalProtocolError(f"frame header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
+        if len(header) > MAX_LONG_HEADER_BYTES:
+            raise LocalProtocolError(
+                f"frame header of {len(header)} bytes exceeds {MAX_LONG_HEADER_BYTES}"
+            )
+        flags |= FrameFlags.LONG_HEADER
+        size = _AFTER_SIZE + 4 + len(header) + len(body)
+        if size > 0xFFFFFFFF:
+            raise LocalProtocolError("frame larger than 4 GiB")
+        prefix = PREFIX.pack(size, MAGIC, VERSION, kind, flags, code, 0, correlation_id)
+        return (
+            [prefix + _U32.pack(len(header)) + header, body]
+            if body
+            else [prefix + _U32.pack(len(header)) + header]
+        )
     size = _AFTER_SIZE + len(header) + len(body)
     if size > 0xFFFFFFFF:
         raise LocalProtocolError("frame larger than 4 GiB")
@@ -150,6 +173,8 @@ class FrameDecoder:
                 if len(buf) < end:
                     break
                 hstart = pos + PREFIX.size
+                if flags & FrameFlags.LONG_HEADER:
+                    hstart, hsize = _long_header(buf, hstart, hsize, end)
                 frames.append(
                     Frame(
                         FrameKind(kind),
@@ -164,3 +189,17 @@ class FrameDecoder:
         if pos:
             del buf[:pos]
         return frames
+
+
+def _long_header(buf: bytearray, start: int, hsize: int, end: int) -> tuple[int, int]:
+    """(start, size) of a LONG_HEADER frame's header, which begins its body."""
+    if hsize != 0:
+        raise RemoteProtocolError("a long-header frame must have header_size 0")
+    if end - start < 4:
+        raise RemoteProtocolError("a long-header frame is too short for its header size")
+    (size,) = _U32.unpack_from(buf, start)
+    if size > MAX_LONG_HEADER_BYTES:
+        raise RemoteProtocolError(f"long header of {size} bytes exceeds {MAX_LONG_HEADER_BYTES}")
+    if size > end - start - 4:
+        raise RemoteProtocolError("long header size exceeds the frame")
+    return start + 4, size
