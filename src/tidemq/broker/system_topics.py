@@ -131,10 +131,10 @@ def scan_moved(store: MessageStore, from_position: int) -> Iterator[MovedRecord]
     `from_position` on."""
     moved = RecordFlags.FROM_TIMER | RecordFlags.FROM_TRANSACTION
     log = store.log
-    for rec in log.scan(from_position):
-        header = rec.header
+    # Headers only: the store's recovery has checked every record's payload already.
+    for position, header in log.scan_headers(from_position):
         if not header.flags & moved or not header.properties_size:
             continue
-        head = log.read(rec.position, HEADER.size + header.properties_size)
+        head = log.read(position, HEADER.size + header.properties_size)
         props = decode_properties(memoryview(head)[HEADER.size :])
         yield MovedRecord(header.flags, props, header.count)
