@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_codec.py
 	$(PY) benchmarks/bench_store.py
 	$(PY) benchmarks/bench_broker.py
+	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_special.py
 	$(PY) benchmarks/bench_pop.py
 	$(PY) benchmarks/bench_spark.py
