@@ -189,9 +189,7 @@ class AsyncStreamConsumer:
         while True:
             for tq in list(self._positions):
                 if tq not in self._fetches:
-                    position = await self._resolve(tq)
-                    task = asyncio.get_running_loop().create_task(self._fetch(tq, position))
-                    self._fetches[tq] = _Fetch(position, self._epochs.get(tq, 0), task)
+                    self._start_fetch(tq, await self._resolve(tq))
             if not self._fetches:
                 await asyncio.sleep(max(0.0, deadline - time.monotonic()))
                 return []
@@ -225,8 +223,17 @@ class AsyncStreamConsumer:
             if self._out_of_range(tq, fetch.position, response):
                 continue
             out.extend(decode(tq, fetch.position, response, body))
-            self._positions[tq] = max(response.next_offset, fetch.position)
+            position = self._positions[tq] = max(response.next_offset, fetch.position)
+            if response.record_sizes:
+                # Prefetch: the next fetch of a queue that had data travels while the
+                # caller handles this one (at most one fetch per queue, so at most
+                # max_bytes_per_queue waits here per queue; a seek discards it).
+                self._start_fetch(tq, position)
         return out
+
+    def _start_fetch(self, tq: TopicQueue, position: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._fetch(tq, position))
+        self._fetches[tq] = _Fetch(position, self._epochs.get(tq, 0), task)
 
     def _out_of_range(self, tq: TopicQueue, position: int, response: FetchResponse) -> bool:
         """Handle an out-of-range answer (reset per `start`, or raise); True if it was."""
