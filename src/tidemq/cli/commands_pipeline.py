@@ -18,7 +18,15 @@ from tidemq.cli.common import (
     info,
     say,
 )
-from tidemq.cli.pipeline_common import app, load, session
+from tidemq.cli.pipeline_common import (
+    Checkpoint,
+    Master,
+    MaxOffsets,
+    Once,
+    app,
+    load,
+    session,
+)
 
 __all__ = ["archive"]
 
@@ -30,22 +38,11 @@ def archive(
         list[str], typer.Option("--topic", "-t", help="Topic to archive (repeat for more).")
     ],
     output: Annotated[Path, typer.Option("--output", help="Root directory of the Parquet files.")],
-    checkpoint: Annotated[
-        Path, typer.Option("--checkpoint", help="Spark checkpoint directory (reuse to resume).")
-    ],
+    checkpoint: Checkpoint,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
-    master: Annotated[str, typer.Option("--master", help="Spark master URL.")] = "local[*]",
-    once: Annotated[
-        bool,
-        typer.Option(
-            "--once/--continuous",
-            help="Archive what the topics hold now and exit (AvailableNow), or keep running.",
-        ),
-    ] = True,
-    max_offsets_per_trigger: Annotated[
-        int | None,
-        typer.Option("--max-offsets-per-trigger", min=1, help="Messages per micro-batch at most."),
-    ] = None,
+    master: Master = "local[*]",
+    once: Once = True,
+    max_offsets_per_trigger: MaxOffsets = None,
 ) -> None:
     """Archive topics into Parquet files (topic=/dt=/hour=), exactly once, resumable."""
     address = check_bootstrap(bootstrap)

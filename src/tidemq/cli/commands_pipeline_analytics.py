@@ -18,7 +18,15 @@ from tidemq.cli.common import (
     info,
     say,
 )
-from tidemq.cli.pipeline_common import app, load, session
+from tidemq.cli.pipeline_common import (
+    Checkpoint,
+    Master,
+    MaxOffsets,
+    Once,
+    app,
+    load,
+    session,
+)
 
 __all__ = ["analytics", "generate_events"]
 
@@ -66,9 +74,7 @@ def analytics(
         list[str], typer.Option("--topic", "-t", help="Topic of events (repeat for more).")
     ],
     output: Annotated[Path, typer.Option("--output", help="Root directory of the Parquet files.")],
-    checkpoint: Annotated[
-        Path, typer.Option("--checkpoint", help="Spark checkpoint directory (reuse to resume).")
-    ],
+    checkpoint: Checkpoint,
     results_topic: Annotated[
         str, typer.Option("--results-topic", help="Topic for the results ('' for none).")
     ] = "analytics-results",
@@ -85,18 +91,9 @@ def analytics(
         int, typer.Option("--watermark", min=1, help="Watermark delay behind the latest event, s.")
     ] = 120,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
-    master: Annotated[str, typer.Option("--master", help="Spark master URL.")] = "local[*]",
-    once: Annotated[
-        bool,
-        typer.Option(
-            "--once/--continuous",
-            help="Process what the topics hold now and exit (AvailableNow), or keep running.",
-        ),
-    ] = True,
-    max_offsets_per_trigger: Annotated[
-        int | None,
-        typer.Option("--max-offsets-per-trigger", min=1, help="Messages per micro-batch at most."),
-    ] = None,
+    master: Master = "local[*]",
+    once: Once = True,
+    max_offsets_per_trigger: MaxOffsets = None,
 ) -> None:
     """Windowed counts per behavior and item, and sessions per user, exactly once."""
     address = check_bootstrap(bootstrap)

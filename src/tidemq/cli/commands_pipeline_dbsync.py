@@ -4,7 +4,6 @@ default, `--master local[*]`, or on a cluster with `--master`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -20,7 +19,15 @@ from tidemq.cli.common import (
     info,
     say,
 )
-from tidemq.cli.pipeline_common import app, load, session
+from tidemq.cli.pipeline_common import (
+    Checkpoint,
+    Master,
+    MaxOffsets,
+    Once,
+    app,
+    load,
+    session,
+)
 from tidemq.client.sync import Admin
 from tidemq.core.errors import TopicNotFound
 from tidemq.core.limits import MAX_QUEUES_PER_TOPIC
@@ -89,25 +96,14 @@ def db_sync(
             "e.g. sqlite:////data/shard_{shard}.db.",
         ),
     ],
-    checkpoint: Annotated[
-        Path, typer.Option("--checkpoint", help="Spark checkpoint directory (reuse to resume).")
-    ],
+    checkpoint: Checkpoint,
     shards: Annotated[
         int, typer.Option("--shards", min=1, help="Target shards: seller_id % shards.")
     ] = 1,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
-    master: Annotated[str, typer.Option("--master", help="Spark master URL.")] = "local[*]",
-    once: Annotated[
-        bool,
-        typer.Option(
-            "--once/--continuous",
-            help="Apply what the topics hold now and exit (AvailableNow), or keep running.",
-        ),
-    ] = True,
-    max_offsets_per_trigger: Annotated[
-        int | None,
-        typer.Option("--max-offsets-per-trigger", min=1, help="Messages per micro-batch at most."),
-    ] = None,
+    master: Master = "local[*]",
+    once: Once = True,
+    max_offsets_per_trigger: MaxOffsets = None,
 ) -> None:
     """Replay change events into a database sharded by seller, idempotently."""
     address = check_bootstrap(bootstrap)

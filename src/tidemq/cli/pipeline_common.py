@@ -10,15 +10,33 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
 from tidemq.cli.common import CliError
 
-__all__ = ["app", "load", "session"]
+__all__ = ["Checkpoint", "Master", "MaxOffsets", "Once", "app", "load", "session"]
 
 app = typer.Typer(help="Spark pipelines (needs the `spark` extra).", no_args_is_help=True)
+
+# Options every pipeline command takes, the same way.
+Checkpoint = Annotated[
+    Path, typer.Option("--checkpoint", help="Spark checkpoint directory (reuse to resume).")
+]
+Master = Annotated[str, typer.Option("--master", help="Spark master URL.")]
+Once = Annotated[
+    bool,
+    typer.Option(
+        "--once/--continuous",
+        help="Process what the topics hold now and exit (AvailableNow), or keep running.",
+    ),
+]
+MaxOffsets = Annotated[
+    int | None,
+    typer.Option("--max-offsets-per-trigger", min=1, help="Messages per micro-batch at most."),
+]
 
 
 def load(module: str) -> Any:
