@@ -224,10 +224,11 @@ class AsyncStreamConsumer:
                 continue
             out.extend(decode(tq, fetch.position, response, body))
             position = self._positions[tq] = max(response.next_offset, fetch.position)
-            if response.record_sizes:
-                # Prefetch: the next fetch of a queue that had data travels while the
-                # caller handles this one (at most one fetch per queue, so at most
-                # max_bytes_per_queue waits here per queue; a seek discards it).
+            if response.record_sizes and position < response.max_offset:
+                # Prefetch: the queue held more than this answer, so its next fetch
+                # travels (and is answered at once, never parked on the broker) while the
+                # caller handles this one. At most one fetch per queue, so at most
+                # max_bytes_per_queue waits here per queue; a seek cancels it.
                 self._start_fetch(tq, position)
         return out
 
