@@ -65,6 +65,7 @@ from tidemq.client.sync import Admin, TransactionProducer
 from tidemq.core.errors import TopicNotFound
 from tidemq.spark.pipelines.archive import write_table
 from tidemq.spark.pipelines.events import BEHAVIORS
+from tidemq.spark.pipelines.streams import Trigger, check_trigger, read_topics
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -92,8 +93,6 @@ MAX_DURATION_S: Final = 7 * 24 * 3600
 START_WAIT_S: Final = 60.0
 #: Queues of the results topic when the pipeline creates it.
 RESULT_QUEUES: Final = 4
-
-Trigger = Literal["available_now", "continuous"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,31 +361,23 @@ def run_analytics(
     most `max_offsets_per_trigger` messages per query) and returns when every query is
     done; `"continuous"` returns the running queries. Run again with the same
     `checkpoint` to resume."""
-    import tidemq.spark  # noqa: PLC0415 - pyspark on demand
-
     if not topics:
         raise ValueError("give at least one topic")
-    if trigger not in ("available_now", "continuous"):
-        raise ValueError(f"trigger must be 'available_now' or 'continuous', got {trigger!r}")
+    check_trigger(trigger)
     if max_offsets_per_trigger is not None and max_offsets_per_trigger < 1:
         raise ValueError(f"max_offsets_per_trigger must be >= 1, got {max_offsets_per_trigger}")
     config = config or AnalyticsConfig()
     root, checkpoints = Path(output), Path(checkpoint)
     if results_topic is not None:
         _ensure_topic(bootstrap, results_topic)
-    tidemq.spark.register(spark)
 
     def source() -> DataFrame:
-        reader = (
-            spark.readStream.format("tidemq")
-            .option("bootstrap", bootstrap)
-            .option("subscribe", ",".join(topics))
-            .option("startingOffsets", "earliest")
-            .option("includeHeaders", "true")
+        return read_topics(
+            spark,
+            bootstrap=bootstrap,
+            topics=topics,
+            max_offsets_per_trigger=max_offsets_per_trigger,
         )
-        if max_offsets_per_trigger is not None:
-            reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-        return reader.load()
 
     sinks: list[_TopicSink] = []
     queries: dict[Kind, StreamingQuery] = {}

@@ -39,11 +39,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from tidemq.spark.pipelines.streams import Trigger, check_trigger, read_topics, start
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -65,8 +67,6 @@ META_TOPIC = "tidemq.topic"
 META_QUEUE = "tidemq.queue"
 META_START_OFFSET = "tidemq.start_offset"
 META_END_OFFSET = "tidemq.end_offset"
-
-Trigger = Literal["available_now", "continuous"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,35 +218,20 @@ def run_archive(
 
     Each micro-batch is collected to the driver with `toArrow()` and written with
     pyarrow: fine for local mode, bounded by `max_offsets_per_trigger`."""
-    import tidemq.spark  # noqa: PLC0415 - pyspark on demand
-
     if not topics:
         raise ValueError("give at least one topic")
-    if trigger not in ("available_now", "continuous"):
-        raise ValueError(f"trigger must be 'available_now' or 'continuous', got {trigger!r}")
+    check_trigger(trigger)
     root = Path(output)
-    tidemq.spark.register(spark)
-    reader = (
-        spark.readStream.format("tidemq")
-        .option("bootstrap", bootstrap)
-        .option("subscribe", ",".join(topics))
-        .option("startingOffsets", "earliest")
-        .option("includeHeaders", "true")
+    stream = read_topics(
+        spark, bootstrap=bootstrap, topics=topics, max_offsets_per_trigger=max_offsets_per_trigger
     )
-    if max_offsets_per_trigger is not None:
-        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
 
     def archive_batch(df: DataFrame, batch_id: int) -> None:
         write_table(_to_arrow(df), root)
 
     writer = (
-        reader.load()
-        .writeStream.queryName(f"tidemq-archive-{uuid.uuid4().hex[:8]}")
+        stream.writeStream.queryName(f"tidemq-archive-{uuid.uuid4().hex[:8]}")
         .foreachBatch(archive_batch)
         .option("checkpointLocation", str(checkpoint))
     )
-    if trigger == "available_now":
-        query = writer.trigger(availableNow=True).start()
-        query.awaitTermination()
-        return query
-    return writer.start()
+    return start(writer, trigger)

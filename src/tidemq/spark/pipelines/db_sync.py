@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -61,6 +61,7 @@ from tidemq.spark.pipelines.changes import (
     parse_change,
     shard_of,
 )
+from tidemq.spark.pipelines.streams import Trigger, check_trigger, read_topics, start
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -89,7 +90,6 @@ SHARD_PLACEHOLDER: Final = "{shard}"
 #: share shards) before failing with "database is locked".
 SQLITE_BUSY_TIMEOUT_S: Final = 60.0
 
-Trigger = Literal["available_now", "continuous"]
 
 METADATA: Final = sa.MetaData()
 
@@ -422,23 +422,18 @@ def run_db_sync(
     `max_offsets_per_trigger` messages) and returns the finished query (a failure raises
     `StreamingQueryException`); `"continuous"` returns the running query (stop it with
     `query.stop()`). The tables are created in every shard before the query starts."""
-    import tidemq.spark  # noqa: PLC0415 - pyspark on demand
-
     if not topics:
         raise ValueError("give at least one topic")
-    if trigger not in ("available_now", "continuous"):
-        raise ValueError(f"trigger must be 'available_now' or 'continuous', got {trigger!r}")
+    check_trigger(trigger)
     check_shard_column(shard_column)
     prepare_targets(target, shards)
-    tidemq.spark.register(spark)
-    reader = (
-        spark.readStream.format("tidemq")
-        .option("bootstrap", bootstrap)
-        .option("subscribe", ",".join(topics))
-        .option("startingOffsets", "earliest")
+    stream = read_topics(
+        spark,
+        bootstrap=bootstrap,
+        topics=topics,
+        max_offsets_per_trigger=max_offsets_per_trigger,
+        include_headers=False,
     )
-    if max_offsets_per_trigger is not None:
-        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     apply_partition = _ApplyPartition(target, shards, shard_column)
 
     def sync_batch(df: DataFrame, batch_id: int) -> None:
@@ -454,13 +449,8 @@ def run_db_sync(
         )
 
     writer = (
-        reader.load()
-        .writeStream.queryName(f"tidemq-db-sync-{uuid.uuid4().hex[:8]}")
+        stream.writeStream.queryName(f"tidemq-db-sync-{uuid.uuid4().hex[:8]}")
         .foreachBatch(sync_batch)
         .option("checkpointLocation", str(checkpoint))
     )
-    if trigger == "available_now":
-        query = writer.trigger(availableNow=True).start()
-        query.awaitTermination()
-        return query
-    return writer.start()
+    return start(writer, trigger)

@@ -1,0 +1,57 @@
+"""What every pipeline does the same way: read its topics as a stream with the `tidemq`
+source, and start its query with AvailableNow or as a continuous query."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+__all__ = ["TRIGGERS", "Trigger", "check_trigger", "read_topics", "start"]
+
+Trigger = Literal["available_now", "continuous"]
+TRIGGERS: tuple[Trigger, ...] = ("available_now", "continuous")
+
+
+def check_trigger(trigger: str) -> None:
+    if trigger not in TRIGGERS:
+        raise ValueError(f"trigger must be 'available_now' or 'continuous', got {trigger!r}")
+
+
+def read_topics(
+    spark: SparkSession,
+    *,
+    bootstrap: str,
+    topics: Sequence[str],
+    max_offsets_per_trigger: int | None,
+    include_headers: bool = True,
+) -> DataFrame:
+    """`topics` as a stream from their earliest offsets (the source registered first)."""
+    import tidemq.spark  # noqa: PLC0415 - pyspark on demand
+
+    tidemq.spark.register(spark)
+    reader = (
+        spark.readStream.format("tidemq")
+        .option("bootstrap", bootstrap)
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", "earliest")
+    )
+    if include_headers:
+        reader = reader.option("includeHeaders", "true")
+    if max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    return reader.load()
+
+
+def start(writer: DataStreamWriter, trigger: Trigger) -> StreamingQuery:
+    """Start the query: with AvailableNow, return it finished (a failure raises
+    StreamingQueryException); continuous, return it running."""
+    if trigger == "available_now":
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+        return query
+    return writer.start()
