@@ -52,6 +52,7 @@ def test_pop_status_and_resume(sync_broker: ThreadedBroker) -> None:
         assert "dead-letter" in gone.stdout
     (row,) = ok("pop", "status", "crunch", "-n", b, "-o", "json").json()
     assert (row["acked_below"], row["dead_lettered"], row["suspended"]) == (2, 1, [])
+    assert row["retried"] == 0  # its only nack was its last attempt: suspended, not retried
     assert [r["value"] for r in ok("dlq", "list", "crunch", "-n", b, "-o", "json").json()] == [
         "poison"
     ]

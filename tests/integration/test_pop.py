@@ -47,6 +47,17 @@ async def _drain(consumer: AsyncSimpleConsumer, *, ack: bool = True) -> list[Asy
     return out
 
 
+async def _receive_n(
+    consumer: AsyncSimpleConsumer, n: int, timeout: float = 10.0, **kw: object
+) -> list[AsyncReceivedMessage]:
+    """Receive until `n` messages came (retries arrive through the timer, one by one)."""
+    out: list[AsyncReceivedMessage] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        out += await consumer.receive(n - len(out), **kw)  # type: ignore[arg-type]
+    return out
+
+
 def test_consumers_share_queues_and_each_message_goes_to_one(loop: Loop, broker: BrokerEnv) -> None:
     async def main() -> None:
         await _setup(broker.address, 200)
@@ -158,12 +169,15 @@ def test_dead_letters_after_max_attempts(loop: Loop, broker: BrokerEnv) -> None:
     async def main() -> None:
         await _setup(broker.address, 2, queues=1)
         c = _consumer(broker.address, max_attempts=2)
-        for _ in range(2):
-            batch = await c.receive(2)
+        for attempt in (1, 2):
+            batch = await _receive_n(c, 2)
             assert len(batch) == 2
+            assert [m.delivery_attempt for m in batch] == [attempt, attempt]
+            assert {m.topic for m in batch} == {TOPIC}  # a retry shows where it came from
             for m in batch:
                 await m.nack(reason="handler failed")
-        assert await c.receive(2) == []  # both used their 2 attempts: dead-lettered
+        # The second nack was their last attempt: dead-lettered at once, not retried.
+        assert await c.receive(2) == []
         dlq = aio.StreamConsumer(broker.address, start="earliest")
         dlq.assign([("%DLQ%workers", 0)])
         dead: list[aio.Message] = []

@@ -2,14 +2,18 @@
 
 Messages are produced once; then each cycle starts the server on the same data directory,
 runs two pop consumers that receive with a 1 s invisible duration and acknowledge most of
-what they get (leaving some to expire), and kills the server with SIGKILL at a random
-moment. A final run drains the queues. The test checks, over the whole run:
+what they get, nack some (they move through the timer to `%RETRY%kill9`) and leave the
+rest to expire, and kills the server with SIGKILL at a random moment. A final run drains
+the queues. The test checks, over the whole run:
 
 * lost = 0: every message produced is eventually received;
 * acked-then-redelivered = 0: no message is received again after the broker confirmed its
   acknowledgement (confirmed acks are durable before the answer);
-* attempts only grow for a message, and a redelivery after a lease comes at most 2 s after
-  the lease ran out (measured in the final, fault-free run).
+* no duplicate delivery: a message's attempt count grows with every delivery (a retry
+  written and its original lease also delivered again would repeat a count);
+* a retried message keeps its topic and id;
+* a redelivery after a lease comes at most 2 s after the lease ran out (measured in the
+  final, fault-free run).
 
 The seed is printed; TIDEMQ_KILL9_SEED replays it.
 """
@@ -51,11 +55,19 @@ class Ledger:
         self.redelivered_after_ack: list[bytes] = []
         self.attempts: dict[bytes, int] = {}
         self.backwards: list[bytes] = []
+        self.ids: dict[bytes, str] = {}
+        self.changed_id: list[bytes] = []
+        self.nacked = 0
 
 
 async def _consume(address: str, ledger: Ledger, rng: random.Random, until: float) -> None:
     consumer = AsyncSimpleConsumer(
-        address, "kill9", {TOPIC: "*"}, await_duration=0.2, client_config=_NO_RETRY
+        address,
+        "kill9",
+        {TOPIC: "*"},
+        await_duration=0.2,
+        max_attempts=1000,
+        client_config=_NO_RETRY,
     )
     try:
         while time.monotonic() < until:
@@ -68,11 +80,21 @@ async def _consume(address: str, ledger: Ledger, rng: random.Random, until: floa
                 value = m.value or b""
                 if value in ledger.acked_at:
                     ledger.redelivered_after_ack.append(value)
-                if m.delivery_attempt < ledger.attempts.get(value, 0):
+                if m.delivery_attempt <= ledger.attempts.get(value, 0):
                     ledger.backwards.append(value)
                 ledger.attempts[value] = m.delivery_attempt
+                if ledger.ids.setdefault(value, m.message_id) != m.message_id or m.topic != TOPIC:
+                    ledger.changed_id.append(value)
                 ledger.received.add(value)
-            keep = [m for m in batch if rng.random() < 0.8]  # the rest expire
+            draws = [rng.random() for _ in batch]
+            keep = [m for m, r in zip(batch, draws, strict=True) if r < 0.8]
+            nack = [m for m, r in zip(batch, draws, strict=True) if 0.8 <= r < 0.9]  # rest expire
+            try:
+                for m in nack:
+                    await consumer.nack(m, delay=rng.uniform(0, 0.3), reason="kill9")
+                    ledger.nacked += 1
+            except (TidemqError, OSError):
+                return
             try:
                 await consumer.ack_many(keep)
             except (TidemqError, OSError):
@@ -147,8 +169,66 @@ def test_leases_and_acks_survive_kill9(tmp_path: Path) -> None:
     assert not ledger.redelivered_after_ack, (
         f"{where}: acked then redelivered: {ledger.redelivered_after_ack[:5]}"
     )
-    assert not ledger.backwards, f"{where}: attempt count went back: {ledger.backwards[:5]}"
+    assert not ledger.backwards, (
+        f"{where}: delivered without a higher attempt count: {ledger.backwards[:5]}"
+    )
+    assert not ledger.changed_id, f"{where}: a retry changed its id: {ledger.changed_id[:5]}"
+    assert ledger.nacked > 0, f"{where}: no nack was confirmed, so no retry was tested"
     # Every message is acknowledged in the end, or its ack was in flight when the server died
     # (then it may have taken effect, and the message is rightly never delivered again).
     unsettled = produced - set(ledger.acked_at) - ledger.ack_unknown
     assert not unsettled, f"{where}: never acknowledged: {sorted(unsettled)[:5]}"
+
+
+def test_a_retry_or_dead_letter_written_before_kill9_finishes_its_lease(tmp_path: Path) -> None:
+    """No saved state after the moves (the checkpoint interval is an hour), so only the
+    restart's scan of the commit log can tell that the leases are finished: without it
+    the op log's leases would come back and deliver the messages a second time."""
+    data_dir = tmp_path / "data"
+    settings = ("--set", "broker.service_checkpoint_interval_ms=3600000")
+    proc, address = _start_server(data_dir, *settings)
+    try:
+
+        async def before() -> None:
+            async with aio.Admin(address) as admin:
+                await admin.create_topic(TOPIC, 1)
+            async with aio.Producer(address) as producer:
+                await producer.send(TOPIC, b"retried")
+                await producer.send(TOPIC, b"dead")
+            consumer = AsyncSimpleConsumer(address, "scan", {TOPIC: "*"}, await_duration=0.2)
+            got = {m.value: m for m in await consumer.receive(2, invisible_duration=1.0)}
+            await consumer.nack(got[b"retried"], delay=1.0, reason="later")
+            last = AsyncSimpleConsumer(
+                address, "scan", {TOPIC: "*"}, max_attempts=1, await_duration=0.2
+            )
+            await last.nack(got[b"dead"], reason="poison")  # its only attempt: the DLQ
+            await consumer.close()
+            await last.close()
+
+        asyncio.run(before())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        _reap(proc)
+    proc, address = _start_server(data_dir, *settings)
+    try:
+
+        async def after() -> list[tuple[bytes, int]]:
+            consumer = AsyncSimpleConsumer(address, "scan", {TOPIC: "*"}, await_duration=0.5)
+            seen: list[tuple[bytes, int]] = []
+            deadline = time.monotonic() + 4  # the retry is due 1 s after the nack
+            while time.monotonic() < deadline:
+                for m in await consumer.receive(10, invisible_duration=30.0):
+                    seen.append((m.value or b"", m.delivery_attempt))
+                    await m.ack()
+            async with aio.Admin(address) as admin:
+                dead = await admin.dead_letters("scan")
+                statuses = {s.topic: s for s in await admin.pop_status("scan")}
+            assert [d.value for d in dead] == [b"dead"]  # once
+            assert (statuses[TOPIC].retried, statuses[TOPIC].dead_lettered) == (1, 1)
+            await consumer.close()
+            return seen
+
+        seen = asyncio.run(after())
+    finally:
+        _reap(proc)
+    assert seen == [(b"retried", 2)]  # from the retry topic only, once

@@ -8,6 +8,10 @@ and how many attempts it has had. Every answer is checked against it: a receive 
 exactly min(max, deliverable) messages, each deliverable, with the right attempt; FIFO
 groups never have two messages out at once and come in order; handles are honoured only
 while current; a message that used its attempts goes to the dead-letter topic instead.
+On the plain topic a nack moves the message through the timer to `%RETRY%g`: the machine
+waits for the timer to deliver what is due, then the message must come back with the same
+id, topic and attempt count; a nack of its last attempt dead-letters (or suspends) it at
+once.
 """
 
 from __future__ import annotations
@@ -140,6 +144,23 @@ class PopMachine(RuleBasedStateMachine):
                 out.append(value)
         return out
 
+    def _wait_for_due_retries(self) -> None:
+        """Nacked messages of the plain topic come back through the timer: wait until it
+        has delivered every retry that is due (it runs on its own, in real time)."""
+        assert self.broker is not None
+        now = self.clock.now_ms()
+
+        async def wait() -> None:
+            async with aio.Admin(self.broker.address) as admin:  # type: ignore[union-attr]
+                for _ in range(500):
+                    status = await admin.timer_status()
+                    if all(t.next_due_ms > now for t in status.topics):
+                        return
+                    await asyncio.sleep(0.01)
+            raise AssertionError("the timer did not deliver the retries that are due")
+
+        self._run(wait())
+
     def _expire_dead(self) -> None:
         """The broker dead-letters (or suspends), at a receive, expired messages out of
         attempts; a suspended message's handles are stale."""
@@ -158,6 +179,7 @@ class PopMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 5))
     def receive(self, n: int) -> None:
         assert self.consumer is not None
+        self._wait_for_due_retries()
         self._expire_dead()
         deliverable = self._deliverable()
         got = self._run(self.consumer.receive(n, invisible_duration=INVISIBLE_MS / 1000))
@@ -172,6 +194,9 @@ class PopMachine(RuleBasedStateMachine):
             model = self.msgs[m.value or b""]
             model.attempts += 1
             assert m.delivery_attempt == model.attempts
+            assert m.topic == "t"
+            if model.message_id:  # a retried message keeps its id
+                assert m.message_id == model.message_id
             model.leased, model.deadline, model.handle = True, now + INVISIBLE_MS, m.handle
             model.message_id = m.message_id
             self.handles.append(m)
@@ -210,6 +235,11 @@ class PopMachine(RuleBasedStateMachine):
         if self._settle(msg, call):
             model = self.msgs[msg.value or b""]
             model.leased, model.handle = False, ""  # the handle is stale from now on
+            if not release and not self.fifo and model.attempts >= MAX_ATTEMPTS:
+                # The last attempt: not retried, dead-lettered (or suspended) now.
+                model.suspended = self.suspend
+                model.done = model.dead = not self.suspend
+                return
             model.deadline = self.clock.now_ms() + (0 if release else delay_ms)
             if release:
                 model.attempts -= 1

@@ -163,6 +163,9 @@ class Broker:
             queues_of=self._hosted_queues,
             ensure_topic=self._ensure_topic,
             is_fifo=lambda t: self._topics.get(t).message_type is MessageType.FIFO,
+            schedule=lambda topic, queue, payload, due, lease: self._timers.schedule(
+                topic, queue, payload, due, finishes=lease
+            ),
         )
         self._rebuild_services(store)
         await self._transactions.start()
@@ -279,20 +282,23 @@ class Broker:
         ensure_internal_topics(store)
         timer_state = store.metadata.service_state("timer")
         txn_state = store.metadata.service_state("transactions")
+        pop_state = store.metadata.service_state("pop")
         position = min(
-            TimerService.scan_position(timer_state), TransactionService.scan_position(txn_state)
+            TimerService.scan_position(timer_state),
+            TransactionService.scan_position(txn_state),
+            PopService.scan_position(pop_state),
         )
         moved = list(scan_moved(store, position))
         self._timers.rebuild(store, timer_state, moved)
         self._transactions.rebuild(store, txn_state, moved)
-        self._pop.rebuild(store, store.metadata.service_state("pop"))
+        self._pop.rebuild(store, pop_state, moved)
         store.pin_log("services", position)
 
     def _save_services(self) -> None:
-        """Save both services' state, then let retention drop what they no longer need."""
+        """Save the services' state, then let retention drop what they no longer need."""
         store = self._gateway.store
         position = store.flushed_position
-        pop_state, pop_offset = self._pop.save_state()
+        pop_state, pop_offset, pop_position = self._pop.save_state(position)
         store.metadata.save_service_state(
             {
                 "timer": self._timers.save_state(position),
@@ -301,7 +307,7 @@ class Broker:
             }
         )
         store.trim_queue(POP_TOPIC, 0, pop_offset)
-        store.pin_log("services", position)
+        store.pin_log("services", min(position, pop_position))
         half_low, op_low = self._transactions.low_watermarks
         store.trim_queue(TIMER_TOPIC, 0, self._timers.low_watermark)
         store.trim_queue(HALF_TOPIC, 0, half_low)
@@ -410,7 +416,13 @@ class Broker:
 
     async def _pop_nack(self, req: PopNackRequest) -> Empty:
         await self._pop.nack(
-            req.group, req.handle, req.delay_ms, release=req.release, reason=req.reason
+            req.group,
+            req.handle,
+            req.delay_ms,
+            release=req.release,
+            reason=req.reason,
+            max_attempts=req.max_attempts,
+            on_exhausted=req.on_exhausted,
         )
         return Empty()
 

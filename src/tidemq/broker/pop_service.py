@@ -12,6 +12,13 @@ Per (group, topic, queue) the broker keeps a lease table (`_PopQueue`):
   broker (on a FIFO topic, with its message group waiting behind it) until an operator
   resumes it (`resume`: retry with a fresh count, or dead-letter it now).
 
+A consumer's `nack` on a plain topic moves the message to `%RETRY%<group>` through the
+timer service: one schedule record in the timer topic, due after the retry delay, that
+also names the lease it finishes (flag FROM_POP). Every receive of the group also takes
+from its retry topic; a retried message keeps its id, topic and attempt count (headers
+`tidemq.retry.*`). On a FIFO topic a nack stays in place (the lease's deadline moves),
+because a copy elsewhere would let the message group's next message overtake it.
+
 A lease's handle names (topic, queue, offset, epoch); epochs come from one counter of the
 broker and are never reused, so a handle of an earlier lease (stale: the message was
 delivered again since) or of another group (foreign) never touches a newer lease.
@@ -21,11 +28,14 @@ Durability: every change is an operation record (`_PopOp`) in the internal topic
 state (every `service_checkpoint_interval_ms`) is the tables plus the op-topic offset they
 include; a restart loads it and replays the op records from that offset. So neither an
 acknowledged message nor an un-acknowledged one is forgotten: the first is never
-delivered again, the second comes back after its lease.
+delivered again, the second comes back after its lease. Retries and dead letters are
+their own marks instead (one write per move): the restart's scan of the commit log from
+the saved position finds them and finishes their leases.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import heapq
 import logging
@@ -43,14 +53,33 @@ from tidemq.broker.filters import compile_filter, matches_messages, summary_mask
 from tidemq.broker.filters import matches as record_matches
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.store_gateway import StoreGateway
-from tidemq.broker.system_topics import read_internal
+from tidemq.broker.system_topics import MovedRecord, read_internal
 from tidemq.core.batch import MessageRecord, decode_messages, encode_batch
 from tidemq.core.clock import Clock
-from tidemq.core.errors import InvalidRequest, TidemqError
+from tidemq.core.errors import InvalidRequest, TidemqError, TopicNotFound
 from tidemq.core.filters import Sql92Filter, TagExpression
 from tidemq.core.message import message_id, parse_message_id, topic_hash
-from tidemq.core.properties import POP_TOPIC
-from tidemq.core.record import RecordFlags, parse_header
+from tidemq.core.properties import (
+    POP_TOPIC,
+    SystemProperties,
+    decode_properties,
+    encode_properties,
+)
+from tidemq.core.record import HEADER, RecordFlags, parse_header
+from tidemq.core.retry_headers import (
+    RETRY_ATTEMPTS_HEADER,
+    RETRY_ERROR_HEADER,
+    RETRY_HEADER_PREFIX,
+    RETRY_ID_HEADER,
+    RETRY_OFFSET_HEADER,
+    RETRY_ORIGIN_HEADER,
+    RETRY_PREFIX,
+    RETRY_QUEUE_HEADER,
+    RETRY_TOPIC_HEADER,
+    format_retry_origin,
+    parse_retry_origin,
+    retry_topic,
+)
 from tidemq.protocol.commands import (
     PopAckResponse,
     PopChangeInvisibleResponse,
@@ -65,7 +94,7 @@ from tidemq.protocol.commands import (
 )
 from tidemq.store.message_store import MessageStore, ReadStatus
 
-__all__ = ["PopService", "dlq_topic"]
+__all__ = ["PopService", "Scheduler", "dlq_topic", "retry_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +105,23 @@ _HELD: Final = 1 << 62
 #: The deadline of a suspended message (attempts used up, waiting for `resume`). Both
 #: are never due: a lease with a deadline >= _HELD is parked, not in the expiry heap.
 _SUSPENDED: Final = _HELD + 1
+#: The deadline of a lease whose message is being moved to the retry topic (the schedule
+#: record is not durable yet). Parked too; saved as due now, so that if the record never
+#: became durable the restart delivers the message again.
+_MOVING: Final = _HELD + 2
 EXHAUSTED_ACTIONS: Final = ("dead-letter", "suspend")
 RESUME_ACTIONS: Final = ("retry", "dead-letter")
+#: Due leases one receive looks at (to deliver again, or to dead-letter when exhausted).
+_MAX_DUE_SCAN: Final = 10_000
 #: FIFO messages one receive may read past and hold back (behind their group's first).
 _MAX_HELD_PER_RECEIVE: Final = 10_000
-_GROUP_MAX_CHARS: Final = 255
+#: A pop group names its `%RETRY%<group>` and `%DLQ%<group>` topics, so it is made of the
+#: characters of topic names and leaves room for the prefix (topic names have 127 bytes).
+_GROUP_MAX_CHARS: Final = 120
+_GROUP_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+#: schedule(target topic, queue, payload, deliver-at ms, the lease it finishes)
+Scheduler = Callable[[str, int, bytes, int, tuple[str, str, int, int]], Awaitable[object]]
 
 
 def dlq_topic(group: str) -> str:
@@ -92,7 +133,8 @@ class _PopOp(msgspec.Struct, array_like=True, omit_defaults=True):
 
     * ``lease``: `offsets` leased with `attempts`, `epochs`, until `deadline`; the queue's
       `next_offset` moved to `next_offset` (offsets passed over, not leased, are done);
-    * ``ack`` / ``dlq``: `offsets` (with their `epochs`) finished;
+    * ``ack`` / ``dlq``: `offsets` (with their `epochs`) finished (``dlq`` is only
+      replayed from logs of earlier versions: a dead letter is now its own record);
     * ``change``: `offsets[0]` gets `epochs[0]` and `deadline`;
     * ``nack``: `offsets[0]` available again at `deadline`, with `attempts[0]` deliveries
       counted (a release does not count its delivery);
@@ -119,6 +161,9 @@ class _PopOp(msgspec.Struct, array_like=True, omit_defaults=True):
     held_groups: list[str] = []
 
 
+#: The retry topic's filter: its messages passed a subscription's when first delivered.
+_ALL: Final = compile_filter("tag", "*")
+
 _OP_DECODER: Final = msgspec.msgpack.Decoder(_PopOp)
 _HANDLE_DECODER: Final = msgspec.msgpack.Decoder(tuple[str, int, int, int])
 
@@ -140,6 +185,8 @@ class _PopQueue:
     #: still has that epoch and deadline.
     expiry: list[tuple[int, int, int]] = field(default_factory=list)
     dead: int = 0
+    #: Messages a nack moved to the group's retry topic.
+    retried: int = 0
     #: FIFO topics: per message group (its key, hex), its unfinished offsets in order. Only
     #: the first is ever leased; the others wait as leases with attempt 0 and a deadline
     #: that never comes (`_HELD`) until the one before them finishes.
@@ -187,12 +234,16 @@ class _SavedQueue(msgspec.Struct, array_like=True):
     fifo: list[tuple[str, list[int]]] = []
     #: The last failure reason of leases that have one (shown for suspended messages).
     errors: list[tuple[int, str]] = []
+    retried: int = 0
 
 
 class _SavedState(msgspec.Struct):
     op_offset: int
     epoch: int
     queues: list[_SavedQueue]
+    #: The restart scans the commit log from here for retries and dead letters (FROM_POP
+    #: records): every one before it is finished in `queues`.
+    position: int = 0
 
 
 _STATE_DECODER: Final = msgspec.msgpack.Decoder(_SavedState)
@@ -221,6 +272,7 @@ class PopService:
         queues_of: Callable[[str], list[int]],
         ensure_topic: Callable[[str], Awaitable[None]],
         is_fifo: Callable[[str], bool],
+        schedule: Scheduler,
     ) -> None:
         self._config = config
         self._clock = clock
@@ -229,41 +281,86 @@ class PopService:
         self._queues_of = queues_of
         self._ensure_topic = ensure_topic
         self._is_fifo = is_fifo
+        self._schedule = schedule
         self._tables: dict[tuple[str, str, int], _PopQueue] = {}
+        #: Leases whose message is being moved out (retry or dead letter), with the log
+        #: position before the moving record: the saved state's scan position stays at or
+        #: before it until the move is finished in the tables.
+        self._moving: dict[tuple[str, str, int, int], int] = {}
         self._epoch = 0
         self._rr = 0
 
     # ------------------------------------------------------------------ state
 
-    def rebuild(self, store: MessageStore, saved: bytes | None) -> None:
-        op_offset = 0
-        if saved is not None:
-            state = _STATE_DECODER.decode(saved)
-            op_offset, self._epoch = state.op_offset, state.epoch
-            for q in state.queues:
-                table = _PopQueue(q.next_offset, DoneSet.restore(q.done), dead=q.dead)
-                for offset, deadline, attempt, epoch in q.leases:
-                    table.set_lease(offset, _Lease(deadline, attempt, epoch))
-                for g, offsets in q.fifo:
-                    for offset in offsets:
-                        table.join_group(offset, g)
-                for offset, error in q.errors:
-                    if offset in table.leases:
-                        table.leases[offset].error = error
-                self._tables[(q.group, q.topic, q.queue)] = table
+    @staticmethod
+    def scan_position(saved: bytes | None) -> int:
+        """Where the restart scan for retries and dead letters starts."""
+        return 0 if saved is None else _STATE_DECODER.decode(saved).position
+
+    def rebuild(
+        self, store: MessageStore, saved: bytes | None, moved: Iterable[MovedRecord]
+    ) -> None:
+        """Saved tables, then the op records since, then the retries and dead letters the
+        log scan found (each finishes its lease, once). Runs before serving."""
+        op_offset = 0 if saved is None else self._restore(_STATE_DECODER.decode(saved))
         replayed = 0
         for rec in read_internal(store, POP_TOPIC, op_offset):
             for m in decode_messages(rec.payload):
                 if m.value:
                     self._apply(_OP_DECODER.decode(m.value))
                     replayed += 1
-        if replayed:
-            log.info("pop: replayed %d lease operations", replayed)
+        finished = 0
+        for moved_rec in moved:
+            lease = moved_rec.props.pop_lease
+            if moved_rec.flags & RecordFlags.FROM_POP and lease is not None:
+                retried = bool(moved_rec.flags & RecordFlags.DELAYED)
+                finished += self._finish_moved(*lease, retried=retried)
+        if replayed or finished:
+            log.info(
+                "pop: replayed %d lease operations; %d retries or dead letters found in the log",
+                replayed,
+                finished,
+            )
 
-    def save_state(self) -> tuple[bytes, int]:
-        """The state to save, and the op-topic offset it includes (to trim below)."""
+    def _restore(self, state: _SavedState) -> int:
+        """Load the saved tables; returns the op-topic offset to replay from."""
+        self._epoch = state.epoch
+        for q in state.queues:
+            table = _PopQueue(
+                q.next_offset, DoneSet.restore(q.done), dead=q.dead, retried=q.retried
+            )
+            for offset, deadline, attempt, epoch in q.leases:
+                table.set_lease(offset, _Lease(deadline, attempt, epoch))
+            for g, offsets in q.fifo:
+                for offset in offsets:
+                    table.join_group(offset, g)
+            for offset, error in q.errors:
+                if offset in table.leases:
+                    table.leases[offset].error = error
+            self._tables[(q.group, q.topic, q.queue)] = table
+        return state.op_offset
+
+    def _finish_moved(
+        self, group: str, topic: str, queue: int, offset: int, *, retried: bool
+    ) -> int:
+        """A retry or dead letter of (group, topic, queue, offset) exists: its lease is
+        finished (once: a second sighting changes nothing)."""
+        table = self._tables.get((group, topic, queue))
+        if table is None or table.done.is_done(offset):
+            return 0
+        table.finish(offset)
+        if retried:
+            table.retried += 1
+        else:
+            table.dead += 1
+        return 1
+
+    def save_state(self, flushed_position: int) -> tuple[bytes, int, int]:
+        """The state to save, the op-topic offset it includes (to trim below), and the
+        log position the restart scans from (to keep the log from)."""
         store = self._gateway.store
         _, op_offset = store.queue_bounds(POP_TOPIC, 0)
+        position = min([flushed_position, *self._moving.values()])
         queues = [
             _SavedQueue(
                 group,
@@ -271,14 +368,21 @@ class PopService:
                 queue,
                 t.next_offset,
                 t.done.export(),
-                [(o, ls.deadline, ls.attempt, ls.epoch) for o, ls in t.leases.items()],
+                [
+                    # A move in progress is saved as due now: if its record never becomes
+                    # durable, the message is delivered again; if it does, the scan finds it.
+                    (o, 0 if ls.deadline == _MOVING else ls.deadline, ls.attempt, ls.epoch)
+                    for o, ls in t.leases.items()
+                ],
                 t.dead,
                 [(g, list(offsets)) for g, offsets in t.fifo_groups.items()],
                 [(o, ls.error) for o, ls in t.leases.items() if ls.error],
+                t.retried,
             )
             for (group, topic, queue), t in self._tables.items()
         ]
-        return msgspec.msgpack.encode(_SavedState(op_offset, self._epoch, queues)), op_offset
+        state = _SavedState(op_offset, self._epoch, queues, position)
+        return msgspec.msgpack.encode(state), op_offset, position
 
     def _table(self, group: str, topic: str, queue: int) -> _PopQueue:
         key = (group, topic, queue)
@@ -339,7 +443,7 @@ class PopService:
             raise InvalidRequest(f"max_wait_ms must be 0..{cfg.max_fetch_wait_ms}")
         if not req.subscriptions:
             raise InvalidRequest("a receive needs at least one subscription")
-        queues = self._subscribed_queues(req.subscriptions)
+        queues = self._subscribed_queues(req.group, req.subscriptions)
         deadline = time.monotonic() + req.max_wait_ms / 1000
         while True:
             seen = {(t, q): self._polling.version((t, q)) for t, q, _ in queues}
@@ -354,13 +458,21 @@ class PopService:
             await self._polling.wait_any(seen, wait)
 
     def _subscribed_queues(
-        self, subscriptions: list[PopSubscription]
+        self, group: str, subscriptions: list[PopSubscription]
     ) -> list[tuple[str, int, TagExpression | Sql92Filter]]:
+        """The queues a receive takes from: the subscribed topics' queues on this broker,
+        and the group's retry topic once it exists (its messages passed a subscription's
+        filter when first delivered, so they are not filtered again)."""
         out = []
         for sub in subscriptions:
             flt = compile_filter(sub.kind, sub.expression)
             for q in self._queues_of(sub.topic):
                 out.append((sub.topic, q, flt))
+        try:
+            retry_queues = self._queues_of(retry_topic(group))
+        except TopicNotFound:
+            retry_queues = []
+        out.extend((retry_topic(group), q, _ALL) for q in retry_queues)
         return out
 
     def _next_expiry_s(
@@ -436,7 +548,7 @@ class PopService:
                 _push_back(table, exhausted)
                 raise
             chosen, later = _take_due(table, want, req.max_attempts, now)
-            _push_back(table, later)  # dead-lettered by the next receive
+            _push_back(table, later)  # beyond the scan limit: dead-lettered by a later receive
         taken = _Taken(chosen, [""] * len(chosen))
         start_next = table.next_offset
         fifo = self._is_fifo(topic)
@@ -452,6 +564,11 @@ class PopService:
         )
         if not chosen and next_offset == start_next:
             return [], [], None
+        if topic.startswith(RETRY_PREFIX):
+            # A retried message goes on counting the deliveries it had before its retry.
+            chosen = [
+                (o, a + _earlier_attempts(records, o) if o >= start_next else a) for o, a in chosen
+            ]
         deadline = now + req.invisible_ms
         epochs = [self._next_epoch() for _ in chosen]
         op = _PopOp(
@@ -491,45 +608,57 @@ class PopService:
     async def _dead_letter(
         self, group: str, topic: str, queue: int, table: _PopQueue, offsets: list[int]
     ) -> None:
-        """Move messages that used up their attempts to the group's dead-letter topic."""
+        """Move messages that used up their attempts to the group's dead-letter topic.
+        Each dead letter names the lease it finishes (FROM_POP), so it is its own mark: a
+        crash after it is durable cannot dead-letter the message twice."""
         store = self._gateway.store
         dlq = dlq_topic(group)
         await self._ensure_topic(dlq)
         items: list[tuple[str, int, bytes | memoryview, bytes, int]] = []
+        moving: list[int] = []
         for offset in offsets:
-            found = store.read(topic, queue, offset, max_bytes=1)
-            if not found.batches:
+            found = _read_message(store, topic, queue, offset)
+            if found is None:
                 continue
-            b = found.batches[0]
-            header = parse_header(b.record)
-            batch = decode_messages(memoryview(b.record)[header.payload_start :])
-            m = batch[offset - b.base_offset]
+            m, _ = found
             lease = table.leases.get(offset)
+            origin = _first_stored(topic, queue, offset, found)
             extra = (
-                ("tidemq.dlq.topic", topic.encode()),
-                ("tidemq.dlq.queue", str(queue).encode()),
-                ("tidemq.dlq.offset", str(offset).encode()),
-                ("tidemq.dlq.message_id", message_id(topic, queue, offset).encode()),
+                ("tidemq.dlq.topic", origin.topic.encode()),
+                ("tidemq.dlq.queue", str(origin.queue).encode()),
+                ("tidemq.dlq.offset", str(origin.offset).encode()),
+                ("tidemq.dlq.message_id", origin.message_id.encode()),
                 ("tidemq.dlq.attempts", str(lease.attempt if lease else 0).encode()),
                 ("tidemq.dlq.error", (lease.error if lease else "").encode()),
             )
-            record = MessageRecord(m.value, m.key, m.tag, m.keys, m.headers + extra, m.timestamp_ms)
-            items.append((dlq, 0, encode_batch([record]), b"", 0))
-        results, error = await self._gateway.append_many(items)
-        done = offsets[: len(results)]
+            headers = tuple(h for h in m.headers if not h[0].startswith(RETRY_HEADER_PREFIX))
+            record = MessageRecord(m.value, m.key, m.tag, m.keys, headers + extra, m.timestamp_ms)
+            props = SystemProperties(pg=group, pt=topic, pq=queue, po=offset)
+            items.append(
+                (dlq, 0, encode_batch([record]), encode_properties(props), RecordFlags.FROM_POP)
+            )
+            moving.append(offset)
+        for offset in moving:
+            self._moving[(group, topic, queue, offset)] = store.end_position
+        try:
+            results, error = await self._gateway.append_many(items)
+        finally:
+            for offset in moving:
+                self._moving.pop((group, topic, queue, offset), None)
+        done = moving[: len(results)]
         if done:
-            op = _PopOp("dlq", group, topic, queue, done)
-            self._apply(op)
-            await self._log(op)
+            self._apply(_PopOp("dlq", group, topic, queue, done))  # the records are the log
             log.info("moved %d messages of %s/%d to %s", len(done), topic, queue, dlq)
         if error is not None:
             raise error
 
-    async def _suspend(self, group: str, topic: str, queue: int, offsets: list[int]) -> None:
+    async def _suspend(
+        self, group: str, topic: str, queue: int, offsets: list[int], *, error: str = ""
+    ) -> None:
         # Fresh epochs: the consumer's handles are stale from here on, so only `resume`
         # (an operator's decision) brings a suspended message back.
         epochs = [self._next_epoch() for _ in offsets]
-        op = _PopOp("suspend", group, topic, queue, offsets, epochs)
+        op = _PopOp("suspend", group, topic, queue, offsets, epochs, error=error)
         self._apply(op)
         await self._log(op)
         log.warning(
@@ -552,19 +681,33 @@ class PopService:
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         for (g, topic, q), table in self._tables.items():
-            if g != group or q != queue or topic_hash(topic) != wanted_hash:
+            if g != group:
                 continue
-            lease = table.leases.get(offset)
+            at = offset
+            if q != queue or topic_hash(topic) != wanted_hash:
+                if not topic.startswith(RETRY_PREFIX):
+                    continue
+                # A retried message is known by the id it had before its first retry.
+                at = next(
+                    (
+                        o
+                        for o, ls in table.leases.items()
+                        if ls.deadline == _SUSPENDED
+                        and self._display_id(topic, q, o) == message_id_text
+                    ),
+                    -1,
+                )
+            lease = table.leases.get(at)
             if lease is None or lease.deadline != _SUSPENDED:
                 continue
             if action == "retry":
-                op = _PopOp("resume", group, topic, queue, [offset], [self._next_epoch()])
+                op = _PopOp("resume", group, topic, queue, [at], [self._next_epoch()])
                 self._apply(op)
                 await self._log(op)
             else:
-                await self._dead_letter(group, topic, queue, table, [offset])
+                await self._dead_letter(group, topic, queue, table, [at])
             self._polling.notify({(topic, queue)})
-            return PopResumeResponse(topic=topic, queue=queue, offset=offset, action=action)
+            return PopResumeResponse(topic=topic, queue=queue, offset=at, action=action)
         raise InvalidRequest(f"no suspended message {message_id_text} for group {group!r}")
 
     # ------------------------------------------------------------------ ack, change, nack
@@ -576,7 +719,8 @@ class PopService:
         if table is None or lease is None:
             if table is not None and table.done.is_done(offset):
                 raise InvalidRequest(
-                    f"{topic}/{queue} offset {offset} was already acknowledged for group {group!r}"
+                    f"{topic}/{queue} offset {offset} was already acknowledged for group "
+                    f"{group!r} (or, after a nack, moved to its retry topic or dead-lettered)"
                 )
             raise InvalidRequest(
                 f"no lease of group {group!r} on {topic}/{queue} offset {offset}: "
@@ -630,11 +774,42 @@ class PopService:
         )
 
     async def nack(
-        self, group: str, handle: str, delay_ms: int, *, release: bool, reason: str
+        self,
+        group: str,
+        handle: str,
+        delay_ms: int,
+        *,
+        release: bool,
+        reason: str,
+        max_attempts: int = 0,
+        on_exhausted: str = "dead-letter",
     ) -> None:
-        if not 0 <= delay_ms <= self._config.pop_max_invisible_ms:
-            raise InvalidRequest(f"delay must be 0..{self._config.pop_max_invisible_ms / 1000:g} s")
-        _, topic, queue, offset, _, lease = self._lease_for(group, handle)
+        """Give a leased message back. `release`: at once, not counting the delivery.
+        Otherwise the delivery counts; on a plain topic the message moves to the group's
+        retry topic, due after `delay_ms` (or, when it had `max_attempts` deliveries, to
+        the dead-letter topic now, or it is suspended); on a FIFO topic its lease's
+        deadline moves, so its message group waits for it."""
+        cfg = self._config
+        if not 0 <= delay_ms <= cfg.pop_max_invisible_ms:
+            raise InvalidRequest(f"delay must be 0..{cfg.pop_max_invisible_ms / 1000:g} s")
+        if not 0 <= max_attempts <= cfg.pop_max_attempts_limit:
+            raise InvalidRequest(f"max_attempts must be 0..{cfg.pop_max_attempts_limit}")
+        if on_exhausted not in EXHAUSTED_ACTIONS:
+            raise InvalidRequest(
+                f"on_exhausted must be one of {', '.join(EXHAUSTED_ACTIONS)}, got {on_exhausted!r}"
+            )
+        table, topic, queue, offset, _, lease = self._lease_for(group, handle)
+        if not release and not self._is_fifo(topic):
+            lease.error = reason[:1000]
+            if max_attempts and lease.attempt >= max_attempts:
+                if on_exhausted == "suspend":
+                    await self._suspend(group, topic, queue, [offset], error=lease.error)
+                else:
+                    await self._dead_letter(group, topic, queue, table, [offset])
+            else:
+                await self._retry(group, table, (topic, queue, offset), lease, delay_ms)
+            self._polling.notify({(topic, queue)})
+            return
         attempt = lease.attempt - 1 if release else lease.attempt
         deadline = self._clock.now_ms() + (0 if release else delay_ms)
         # A fresh epoch that no handle carries: the message is back with the broker, so the
@@ -647,6 +822,62 @@ class PopService:
         await self._log(op)
         self._polling.notify({(topic, queue)})  # a parked receive may take it now
 
+    async def _retry(
+        self,
+        group: str,
+        table: _PopQueue,
+        where: tuple[str, int, int],
+        lease: _Lease,
+        delay_ms: int,
+    ) -> None:
+        """Move a message to `%RETRY%<group>`, due in `delay_ms`: one timer schedule record
+        that names the lease it finishes. Until it is durable the lease is parked (no
+        receive takes it, every handle of it is stale); if the write fails it is due now."""
+        topic, queue, offset = where
+        store = self._gateway.store
+        found = _read_message(store, topic, queue, offset)
+        if found is None:
+            raise InvalidRequest(f"{topic}/{queue} offset {offset} is no longer stored")
+        m, _ = found
+        origin = _first_stored(topic, queue, offset, found)
+        headers = tuple(h for h in m.headers if not h[0].startswith(RETRY_HEADER_PREFIX))
+        headers += (
+            (RETRY_TOPIC_HEADER, origin.topic.encode()),
+            (RETRY_QUEUE_HEADER, str(origin.queue).encode()),
+            (RETRY_OFFSET_HEADER, str(origin.offset).encode()),
+            (RETRY_ID_HEADER, origin.message_id.encode()),
+            (RETRY_ATTEMPTS_HEADER, str(lease.attempt).encode()),
+            (RETRY_ERROR_HEADER, lease.error.encode()),
+        )
+        if origin.id_origin is not None:
+            headers += ((RETRY_ORIGIN_HEADER, format_retry_origin(origin.id_origin).encode()),)
+        payload = encode_batch(
+            [MessageRecord(m.value, m.key, m.tag, m.keys, headers, m.timestamp_ms)]
+        )
+        target = retry_topic(group)
+        await self._ensure_topic(target)
+        key = (group, topic, queue, offset)
+        lease.deadline, lease.epoch = _MOVING, self._next_epoch()
+        self._moving[key] = store.end_position
+        due = self._clock.now_ms() + delay_ms
+
+        async def move() -> None:
+            try:
+                await self._schedule(target, 0, payload, due, key)
+            except BaseException:
+                lease.deadline = self._clock.now_ms()  # not moved: deliver it again here
+                heapq.heappush(table.expiry, (lease.deadline, offset, lease.epoch))
+                raise
+            finally:
+                del self._moving[key]
+            self._finish_moved(group, topic, queue, offset, retried=True)
+
+        # Once the record is written the move must finish even if this request is
+        # cancelled (its connection closed): shielded, and its outcome always retrieved.
+        task = asyncio.ensure_future(move())
+        task.add_done_callback(_retrieve)
+        await asyncio.shield(task)
+
     def status(self, group: str) -> list[PopQueueStatus]:
         return [
             PopQueueStatus(
@@ -656,10 +887,11 @@ class PopService:
                 next_offset=t.next_offset,
                 in_flight=sum(1 for ls in t.leases.values() if ls.deadline < _HELD),
                 dead_lettered=t.dead,
+                retried=t.retried,
                 suspended=[
                     PopSuspended(
                         offset=o,
-                        message_id=message_id(topic, queue, o),
+                        message_id=self._display_id(topic, queue, o),
                         attempts=ls.attempt,
                         error=ls.error,
                     )
@@ -670,6 +902,14 @@ class PopService:
             for (g, topic, queue), t in sorted(self._tables.items())
             if g == group
         ]
+
+    def _display_id(self, topic: str, queue: int, offset: int) -> str:
+        """The id a consumer knows a message by (for a retried one, its first id)."""
+        if topic.startswith(RETRY_PREFIX):
+            found = _read_message(self._gateway.store, topic, queue, offset)
+            if found is not None:
+                return _first_stored(topic, queue, offset, found).message_id
+        return message_id(topic, queue, offset)
 
     def groups(self) -> Iterable[str]:
         return sorted({g for g, _, _ in self._tables})
@@ -729,6 +969,8 @@ def _apply_suspend(table: _PopQueue, op: _PopOp) -> None:
             lease.deadline = _SUSPENDED
             if op.epochs:
                 lease.epoch = op.epochs[i]
+            if op.error:  # the last nack's reason, when that nack suspended it
+                lease.error = op.error
 
 
 def _apply_resume(table: _PopQueue, op: _PopOp) -> None:
@@ -760,12 +1002,16 @@ def _push_back(table: _PopQueue, offsets: list[int]) -> None:
 def _take_due(
     table: _PopQueue, want: int, max_attempts: int, now: int
 ) -> tuple[list[tuple[int, int]], list[int]]:
-    """Leases that ran out, to deliver again: (offset, attempt) pairs, and the offsets
-    whose attempts are used up (for the dead-letter topic, or to suspend)."""
+    """Leases that ran out, to deliver again: up to `want` (offset, attempt) pairs, and
+    every due offset whose attempts are used up (for the dead-letter topic, or to
+    suspend), so that none of those stays acknowledgeable because the receive was full
+    (up to `_MAX_DUE_SCAN` entries looked at)."""
     chosen: list[tuple[int, int]] = []
     to_dlq: list[int] = []
+    later: list[int] = []
     seen: set[int] = set()
-    while table.expiry and table.expiry[0][0] <= now and len(chosen) < want:
+    scanned = 0
+    while table.expiry and table.expiry[0][0] <= now and scanned < _MAX_DUE_SCAN:
         deadline, offset, epoch = heapq.heappop(table.expiry)
         lease = table.leases.get(offset)
         if lease is None or lease.epoch != epoch or lease.deadline != deadline:
@@ -773,10 +1019,14 @@ def _take_due(
         if offset in seen:
             continue  # the same entry twice (a replayed operation pushes it again)
         seen.add(offset)
+        scanned += 1
         if lease.attempt >= max_attempts:
             to_dlq.append(offset)
-            continue
-        chosen.append((offset, lease.attempt + 1))
+        elif len(chosen) < want:
+            chosen.append((offset, lease.attempt + 1))
+        else:
+            later.append(offset)
+    _push_back(table, later)
     return chosen, to_dlq
 
 
@@ -849,9 +1099,100 @@ def _take_new(
     return records, next_offset
 
 
+def _retrieve(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("a move to the retry topic failed: %s", task.exception())
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """Where a message was first stored (a retried one: before its first retry) and the id
+    a consumer knows it by; `id_origin` when that id comes from an internal topic (a
+    delayed or transactional message)."""
+
+    topic: str
+    queue: int
+    offset: int
+    id_origin: tuple[str, int, int] | None
+
+    @property
+    def message_id(self) -> str:
+        if self.id_origin is not None:
+            return message_id(*self.id_origin)
+        return message_id(self.topic, self.queue, self.offset)
+
+
+def _read_message(
+    store: MessageStore, topic: str, queue: int, offset: int
+) -> tuple[MessageRecord, tuple[str, int, int] | None] | None:
+    """The message at `offset`, and the id origin its record names (delivered by the
+    timer, published by a transaction), or None if it is no longer stored."""
+    found = store.read(topic, queue, offset, max_bytes=1)
+    if not found.batches:
+        return None
+    b = found.batches[0]
+    if not b.base_offset <= offset < b.base_offset + b.count:
+        return None
+    header = parse_header(b.record)
+    props = decode_properties(memoryview(b.record)[HEADER.size : header.payload_start])
+    messages = decode_messages(memoryview(b.record)[header.payload_start :])
+    i = offset - b.base_offset
+    origin = props.origin
+    return messages[i], None if origin is None else (origin[0], origin[1], origin[2] + i)
+
+
+def _first_stored(
+    topic: str,
+    queue: int,
+    offset: int,
+    found: tuple[MessageRecord, tuple[str, int, int] | None],
+) -> _Origin:
+    message, id_origin = found
+    first_topic = _header(message, RETRY_TOPIC_HEADER)
+    if not topic.startswith(RETRY_PREFIX) or first_topic is None:
+        return _Origin(topic, queue, offset, id_origin)
+    first_queue = _header(message, RETRY_QUEUE_HEADER) or ""
+    first_offset = _header(message, RETRY_OFFSET_HEADER) or ""
+    if not first_queue.isdigit() or not first_offset.isdigit():
+        return _Origin(topic, queue, offset, id_origin)
+    return _Origin(
+        first_topic,
+        int(first_queue),
+        int(first_offset),
+        parse_retry_origin(_header(message, RETRY_ORIGIN_HEADER)),
+    )
+
+
 def _check_group(group: str) -> None:
-    if not group or len(group) > _GROUP_MAX_CHARS:
-        raise InvalidRequest(f"a group name has 1-{_GROUP_MAX_CHARS} characters")
+    if not group or len(group) > _GROUP_MAX_CHARS or not _GROUP_CHARS.issuperset(group):
+        raise InvalidRequest(
+            f"a pop consumer group name has 1-{_GROUP_MAX_CHARS} characters among A-Z a-z "
+            f"0-9 _ . - (it names the group's %RETRY% and %DLQ% topics), got {group[:140]!r}"
+        )
+
+
+def _earlier_attempts(records: dict[int, bytes], offset: int) -> int:
+    """Deliveries a message of a retry topic had before it was retried (its header)."""
+    message = _message_in(records, offset)
+    if message is None:
+        return 0
+    value = _header(message, RETRY_ATTEMPTS_HEADER)
+    return int(value) if value is not None and value.isdigit() else 0
+
+
+def _message_in(records: dict[int, bytes], offset: int) -> MessageRecord | None:
+    for base, record in records.items():
+        header = parse_header(record)
+        if base <= offset < base + header.count:
+            return decode_messages(memoryview(record)[header.payload_start :])[offset - base]
+    return None
+
+
+def _header(message: MessageRecord, name: str) -> str | None:
+    for key, value in message.headers:
+        if key == name:
+            return bytes(value).decode(errors="replace")
+    return None
 
 
 def _count(record: bytes) -> int:

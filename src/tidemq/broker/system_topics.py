@@ -17,7 +17,8 @@ watermark and the finished offsets above it, and a commit-log position P), its i
 queues read from that watermark, and a scan of the commit log from P for the records it
 wrote into user topics (delivered and published batches carry their origin in their
 properties, so they are their own "done" markers: no separate marker write can be lost
-between the two).
+between the two). Pop consumption's retries and dead letters work the same way: the
+record that moves a message out of a lease names the lease (flag FROM_POP).
 """
 
 from __future__ import annotations
@@ -127,9 +128,9 @@ class MovedRecord:
 
 
 def scan_moved(store: MessageStore, from_position: int) -> Iterator[MovedRecord]:
-    """The delivered (timer) and published (transaction) records in the commit log from
-    `from_position` on."""
-    moved = RecordFlags.FROM_TIMER | RecordFlags.FROM_TRANSACTION
+    """The delivered (timer), published (transaction) and pop-finishing (retry, dead
+    letter) records in the commit log from `from_position` on."""
+    moved = RecordFlags.FROM_TIMER | RecordFlags.FROM_TRANSACTION | RecordFlags.FROM_POP
     log = store.log
     # Headers only: the store's recovery has checked every record's payload already.
     for position, header in log.scan_headers(from_position):

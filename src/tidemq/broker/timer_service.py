@@ -171,14 +171,26 @@ class TimerService:
             )
 
     async def schedule(
-        self, topic: str, queue: int, payload: bytes | memoryview, deliver_at_ms: int
+        self,
+        topic: str,
+        queue: int,
+        payload: bytes | memoryview,
+        deliver_at_ms: int,
+        *,
+        finishes: tuple[str, str, int, int] | None = None,
     ) -> AppendResult:
         """Store a delayed batch; it is on the wheel once durable. A time in the past is
-        delivered at once (it still goes through the timer topic)."""
+        delivered at once (it still goes through the timer topic). `finishes` names the pop
+        lease (group, topic, queue, offset) a consumer retry moves here: the schedule
+        record says so itself (FROM_POP), so the move is one write."""
         self.check_due(deliver_at_ms)
-        props = encode_properties(SystemProperties(tt=topic, tq=queue, due=deliver_at_ms))
+        props = SystemProperties(tt=topic, tq=queue, due=deliver_at_ms)
+        flags = RecordFlags.DELAYED
+        if finishes is not None:
+            props.pg, props.pt, props.pq, props.po = finishes
+            flags |= RecordFlags.FROM_POP
         result = await self._gateway.append(
-            TIMER_TOPIC, 0, payload, properties=props, flags=RecordFlags.DELAYED
+            TIMER_TOPIC, 0, payload, properties=encode_properties(props), flags=flags
         )
         if not self._done.is_done(result.base_offset):
             self._pending[result.base_offset] = _Pending(topic, queue, result.count, deliver_at_ms)

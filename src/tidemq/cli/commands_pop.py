@@ -42,7 +42,8 @@ def _admin(bootstrap: str) -> Admin:
 def status(
     group: GroupArg, bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Output.TABLE
 ) -> None:
-    """Per queue: acknowledged below, next offset, in flight, dead-lettered, suspended."""
+    """Per queue: acknowledged below, next offset, in flight, retried, dead-lettered,
+    suspended."""
     with _admin(bootstrap) as admin:
         queues = admin.pop_status(group)
     if output is Output.JSON:
@@ -55,6 +56,7 @@ def status(
                     "acked_below": q.acked_below,
                     "next_offset": q.next_offset,
                     "in_flight": q.in_flight,
+                    "retried": q.retried,
                     "dead_lettered": q.dead_lettered,
                     "suspended": [
                         {
@@ -71,7 +73,16 @@ def status(
         )
         return
     emit_table(
-        ["TOPIC", "QUEUE", "ACKED BELOW", "NEXT", "IN FLIGHT", "DEAD-LETTERED", "SUSPENDED"],
+        [
+            "TOPIC",
+            "QUEUE",
+            "ACKED BELOW",
+            "NEXT",
+            "IN FLIGHT",
+            "RETRIED",
+            "DEAD-LETTERED",
+            "SUSPENDED",
+        ],
         (
             (
                 q.topic,
@@ -79,6 +90,7 @@ def status(
                 q.acked_below,
                 q.next_offset,
                 q.in_flight,
+                q.retried,
                 q.dead_lettered,
                 len(q.suspended),
             )

@@ -15,23 +15,22 @@ message waits leased while nobody works on it. Each handler's outcome decides th
 * it returns: the message is acknowledged;
 * it raises, or runs longer than `handler_timeout`: the message is nacked with
   `delay = retry_policy.delay(attempt)` and the error as the reason. The broker counts the
-  attempt and delivers the message again after the delay, with `delivery_attempt` + 1.
-  After `max_attempts` deliveries the broker moves it to `%DLQ%<group>`, with its origin
-  topic, queue, offset, id, attempts and this last error in `tidemq.dlq.*` headers; the
-  last failed attempt is nacked with delay 0 so that happens promptly;
+  attempt and delivers the message again after the delay, with `delivery_attempt` + 1:
+  on a plain topic through the group's retry topic `%RETRY%<group>`, on a FIFO topic in
+  place. The nack of the `max_attempts`-th delivery moves it to `%DLQ%<group>` at once,
+  with its origin topic, queue, offset, id, attempts and this last error in `tidemq.dlq.*`
+  headers;
 * it runs longer than the invisible duration: the lease is extended (change of invisible
   duration) before it runs out, for as long as the handler runs, so a slow handler is not
   raced by a second delivery.
 
-Retries use the broker's durable lease table (a nack with a delay), not copies in a
-`%RETRY%<group>` topic as RocketMQ's push consumer does. RocketMQ sends a copy of the
-failed message to the retry topic (through the delay levels of its timer) and then acks
-the original: a copy per retry, and a window between the copy and the ack where a crash
-leaves both, so the message is delivered twice. Here a retry is one durable operation on
-the lease that already exists: nothing is copied, the attempt count and last error live
-with the lease, and the message keeps its id, topic, queue and offset on every delivery.
-The backoff may be any number of seconds (no fixed delay levels) up to the broker's
-longest invisible duration (12 h by default).
+Retries go through `%RETRY%<group>` as in RocketMQ, with one difference: RocketMQ copies
+the failed message to the retry topic and then acks the original, and a crash between the
+two delivers it twice. Here the copy is a single timer record that also finishes the
+original lease (docs/adr/0007-retries-through-a-retry-topic-in-one-write.md), so there is
+no such window. The message keeps its id, topic, queue and offset on every delivery (the
+copy's `tidemq.retry.*` headers carry them), and the backoff may be any number of seconds
+(no fixed delay levels) up to the broker's longest invisible duration (12 h by default).
 
 A plain (non-async) handler runs on a worker thread of the consumer's own pool (sized to
 `max_concurrency`); a coroutine function runs on the event loop. A timed-out async handler

@@ -7,8 +7,12 @@ share every queue.
 
 A received message is invisible to the group's other consumers until it is acknowledged
 or its invisible duration runs out; then it is delivered again with `delivery_attempt`
-+ 1. After `max_attempts` deliveries the broker moves it to the group's dead-letter topic
-`%DLQ%<group>`. Subscriptions take a tag expression ("*", "a || b") or a `Sql92("...")`
++ 1. A `nack` on a plain topic moves it to the group's retry topic `%RETRY%<group>`, due
+after the delay; the consumers of the group receive it from there with the topic, id and
+attempt count it had (its headers `tidemq.retry.*` say where it came from). On a FIFO
+topic a nack keeps it in place, so its message group waits for it. After `max_attempts`
+deliveries the broker moves it to the group's dead-letter topic `%DLQ%<group>`.
+Subscriptions take a tag expression ("*", "a || b") or a `Sql92("...")`
 filter over message headers and the tag; both are checked when the consumer is made (an
 invalid one raises FilterSyntaxError with the column) and evaluated on the broker.
 """
@@ -16,6 +20,7 @@ invalid one raises FilterSyntaxError with the column) and evaluated on the broke
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +29,14 @@ from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.core.errors import InvalidRequest, TidemqError
 from tidemq.core.filters import Sql92, subscription
 from tidemq.core.message import Message, messages_from_records
+from tidemq.core.retry_headers import (
+    RETRY_OFFSET_HEADER,
+    RETRY_ORIGIN_HEADER,
+    RETRY_PREFIX,
+    RETRY_QUEUE_HEADER,
+    RETRY_TOPIC_HEADER,
+    parse_retry_origin,
+)
 from tidemq.protocol.commands import (
     Empty,
     PopAckRequest,
@@ -78,6 +91,21 @@ class AsyncReceivedMessage(Message):
 
     async def change_invisible_duration(self, duration: float) -> AsyncReceivedMessage:
         return await self._owner().change_invisible_duration(self, duration)
+
+
+def _as_first_stored(msg: Message) -> Message:
+    """A message of a retry topic as it was first stored: its topic, queue, offset and id
+    (from its `tidemq.retry.*` headers)."""
+    h = dict(msg.headers)
+    topic = h.get(RETRY_TOPIC_HEADER, b"").decode(errors="replace")
+    queue = h.get(RETRY_QUEUE_HEADER, b"").decode(errors="replace")
+    offset = h.get(RETRY_OFFSET_HEADER, b"").decode(errors="replace")
+    if not topic or not queue.isdigit() or not offset.isdigit():
+        return msg
+    origin = parse_retry_origin(h.get(RETRY_ORIGIN_HEADER, b"").decode(errors="replace"))
+    return dataclasses.replace(
+        msg, topic=topic, queue=int(queue), offset=int(offset), origin=origin, deliver_at_ms=0
+    )
 
 
 def _subscription(topic: str, flt: Filter) -> PopSubscription:
@@ -216,6 +244,8 @@ class AsyncSimpleConsumer:
                 raise TidemqError(
                     f"broker leased {p.topic}/{p.queue}@{p.offset} without its record"
                 )
+            if got.topic.startswith(RETRY_PREFIX):
+                got = _as_first_stored(got)
             out.append(
                 AsyncReceivedMessage(
                     got.topic,
@@ -305,11 +335,20 @@ class AsyncSimpleConsumer:
         self, msg: AsyncReceivedMessage, *, delay: float = 0.0, reason: str = ""
     ) -> None:
         """Give it back, to be delivered again after `delay` seconds (this delivery counts
-        as an attempt)."""
+        as an attempt): through `%RETRY%<group>` on a plain topic, in place on a FIFO one.
+        If this was its `max_attempts`-th delivery it goes to `%DLQ%<group>` now (or is
+        suspended, with `on_exhausted="suspend"`)."""
         delay_ms = _ms(delay, "delay", 0.0, MAX_INVISIBLE_S)
         await self._cluster.call(
             msg._broker,
-            PopNackRequest(group=self.group, handle=msg.handle, delay_ms=delay_ms, reason=reason),
+            PopNackRequest(
+                group=self.group,
+                handle=msg.handle,
+                delay_ms=delay_ms,
+                reason=reason,
+                max_attempts=self._max_attempts,
+                on_exhausted=self._on_exhausted,
+            ),
             Empty,
         )
 

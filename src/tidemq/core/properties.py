@@ -16,6 +16,10 @@ half (TRANSACTION_HALF)       ``tx`` transaction id, ``grp`` producer group, ``t
 decision (CONTROL | HALF)     ``txs`` transaction ids, ``commit``, ``sink``/``bid`` marker,
                               ``why`` reason (for rollbacks the broker decided)
 published (FROM_TRANSACTION)  ``tx``, ``ot``/``oq``/``oo`` origin (half topic, queue, offset)
+retry (DELAYED | FROM_POP)    ``tt`` (``%RETRY%<group>``), ``tq``, ``due``, and the pop lease
+                              it finishes: ``pg`` group, ``pt`` topic, ``pq`` queue, ``po``
+                              offset
+dead letter (FROM_POP)        ``pg``, ``pt``, ``pq``, ``po``: the pop lease it finishes
 ============================  =============================================================
 
 The origin fields give a delivered or published message the id it had when it was sent
@@ -66,10 +70,19 @@ class SystemProperties(msgspec.Struct, kw_only=True, omit_defaults=True):
     sink: str = ""
     bid: int = -1
     why: str = ""
+    pg: str = ""
+    pt: str = ""
+    pq: int = -1
+    po: int = -1
 
     @property
     def origin(self) -> tuple[str, int, int] | None:
         return (self.ot, self.oq, self.oo) if self.ot else None
+
+    @property
+    def pop_lease(self) -> tuple[str, str, int, int] | None:
+        """(group, topic, queue, offset) of the pop lease a FROM_POP record finishes."""
+        return (self.pg, self.pt, self.pq, self.po) if self.pg else None
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()

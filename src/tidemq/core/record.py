@@ -63,6 +63,10 @@ class RecordFlags:
     FROM_TIMER = 1 << 3
     #: A batch a committed transaction published to its topic (properties name its origin).
     FROM_TRANSACTION = 1 << 4
+    #: A batch that finishes a pop lease by moving its message on: a consumer retry
+    #: scheduled in the timer topic (with DELAYED) or a dead letter. The properties name the
+    #: lease (group, topic, queue, offset), so the record is its own "done" mark.
+    FROM_POP = 1 << 5
 
 
 @dataclass(frozen=True, slots=True)

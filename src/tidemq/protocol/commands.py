@@ -624,6 +624,10 @@ class PopNackRequest(_Msg):
     delay_ms: int = 0
     release: bool = False
     reason: str = ""
+    #: The consumer's limit: a nack of a delivery that was the last attempt dead-letters
+    #: (or, with `on_exhausted` "suspend", suspends) the message now (0: no limit here).
+    max_attempts: int = 0
+    on_exhausted: str = "dead-letter"
 
 
 class PopSuspended(_Msg):
@@ -644,6 +648,8 @@ class PopQueueStatus(_Msg):
     in_flight: int
     dead_lettered: int
     suspended: list[PopSuspended] = []
+    #: Messages nacked from this queue and moved to the group's retry topic.
+    retried: int = 0
 
 
 class PopResumeRequest(_Msg):
