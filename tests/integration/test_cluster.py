@@ -27,6 +27,8 @@ from tidemq.protocol.commands import (
     DescribeTopicRequest,
     FetchRequest,
     FetchResponse,
+    TimerStatusRequest,
+    TimerStatusResponse,
     TopicInfoMsg,
 )
 
@@ -354,3 +356,43 @@ def test_a_new_broker_does_not_take_coordination_and_offsets_away(
         for b in reversed(started):
             loop.run(b.stop())
         loop.run(ns.stop())
+
+
+def test_pop_retries_stay_on_the_broker_of_their_queue(loop: Loop, cluster: ClusterEnv) -> None:
+    """A nack on each broker creates that broker's own `%RETRY%<group>`; the group's
+    consumer receives each retried message once, from the broker that holds it."""
+
+    async def main() -> None:
+        async with aio.Admin(cluster.bootstrap) as admin:
+            await admin.create_topic("work", 2)  # queue 0 on broker-a, 1 on broker-b
+        async with aio.Producer(cluster.bootstrap) as producer:
+            for q in (0, 1):
+                await producer.send("work", b"job-%d" % q, queue=q)
+        consumer = aio.SimpleConsumer(cluster.bootstrap, "crew", {"work": "*"}, await_duration=0.2)
+        first: list[aio.ReceivedMessage] = []
+        deadline = time.monotonic() + 10
+        while len(first) < 2 and time.monotonic() < deadline:
+            first += await consumer.receive(2)
+        assert sorted(m.value or b"" for m in first) == [b"job-0", b"job-1"]
+        for m in first:
+            await m.nack(delay=0.2, reason="retry me")
+        again: list[aio.ReceivedMessage] = []
+        deadline = time.monotonic() + 10
+        while len(again) < 2 and time.monotonic() < deadline:
+            again += await consumer.receive(2)
+        assert sorted((m.value or b"", m.queue, m.delivery_attempt) for m in again) == [
+            (b"job-0", 0, 2),
+            (b"job-1", 1, 2),
+        ]
+        assert {m.message_id for m in again} == {m.message_id for m in first}
+        for m in again:
+            await m.ack()
+        assert await consumer.receive(2) == []
+        client = ClusterClient(cluster.bootstrap)
+        for address in cluster.addresses:  # each broker retried its own message
+            timers = await client.call(address, TimerStatusRequest(), TimerStatusResponse)
+            assert timers.delivered_batches == 1
+        await client.close()
+        await consumer.close()
+
+    loop.run(main())
