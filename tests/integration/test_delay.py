@@ -125,6 +125,31 @@ def test_cancel_before_and_after_delivery(loop: Loop, broker: BrokerEnv) -> None
     loop.run(main())
 
 
+def test_a_cancel_racing_the_delivery_is_never_answered_cancelled(
+    loop: Loop, broker: BrokerEnv
+) -> None:
+    """Messages due at once, cancelled at once: each cancel either wins (the message is
+    never delivered) or says AlreadyDelivered (it is delivered once), never both."""
+
+    async def main() -> None:
+        await _create(broker.address, queues=1)
+        cancelled, delivered = set(), set()
+        async with aio.Producer(broker.address) as producer:
+            for i in range(40):
+                value = b"race-%d" % i
+                sent = await producer.send(TOPIC, value, delay=0.0, queue=0)
+                try:
+                    await producer.cancel(sent.message_id)
+                    cancelled.add(value)
+                except AlreadyDelivered:
+                    delivered.add(value)
+        got = await _read_all(broker.address, TOPIC, 1, len(delivered), timeout_s=10)
+        values = [m.value for _, m in got]
+        assert sorted(values) == sorted(delivered)  # once each, and no cancelled one
+
+    loop.run(main())
+
+
 def test_limits_and_message_types(loop: Loop, start_broker: StartBroker) -> None:
     env = start_broker(max_delay_ms=60_000)
 

@@ -57,6 +57,8 @@ class Ledger:
     def __init__(self) -> None:
         self.delayed: dict[bytes, str] = {}  # value -> message id
         self.cancelled: set[bytes] = set()
+        #: Cancels the kill interrupted: cancelled or delivered (once) are both correct.
+        self.cancel_in_doubt: set[bytes] = set()
         self.committed: set[bytes] = set()
         self.rolled_back: set[bytes] = set()
         #: Undecided transactions: id -> (values, the checker's answer).
@@ -82,7 +84,9 @@ async def _workload(
                     )
                     ledger.delayed[value] = r.message_id
                     if rng.random() < 0.1:
+                        ledger.cancel_in_doubt.add(value)
                         await producer.cancel(r.message_id)
+                        ledger.cancel_in_doubt.discard(value)
                         ledger.cancelled.add(value)
                     continue
                 tx = await txp.begin()
@@ -147,7 +151,7 @@ async def _final_check(address: str, ledger: Ledger, where: str) -> None:
             if answer == "commit":
                 expected_tx.update(values)
         doubtful = {v for values in ledger.in_doubt for v in values}
-        live = set(ledger.delayed) - ledger.cancelled
+        live = set(ledger.delayed) - ledger.cancelled - ledger.cancel_in_doubt
         deadline = time.monotonic() + 60
         while True:
             timed = await _raw_records(address, TIMED)

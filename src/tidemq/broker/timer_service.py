@@ -103,6 +103,8 @@ class TimerService:
             now_ms=clock.now_ms(),
         )
         self._pending: dict[int, _Pending] = {}
+        #: Schedules whose delivery is being written (a cancel of one is refused).
+        self._delivering: set[int] = set()
         self._done = DoneSet()
         self._delivered = 0
         self._cancelled = 0
@@ -211,6 +213,10 @@ class TimerService:
         base = await self._gateway.call(lambda s: _batch_base(s, offset))
         if base is None:
             raise UnknownMessage(f"no delayed message {message_id} on this broker")
+        if base in self._delivering:
+            # Its delivery is being written: cancelling now would answer "cancelled" for a
+            # message that is about to be (or already is) in its topic.
+            raise AlreadyDelivered(f"delayed message {message_id} is being delivered now")
         entry = self._pending.pop(base, None)
         if entry is None:
             raise AlreadyDelivered(
@@ -342,7 +348,12 @@ class TimerService:
             offsets.append((offset, entry))
         if not items:
             return
-        results, error = await self._gateway.append_many(items)
+        delivering = [offset for offset, _ in offsets]
+        self._delivering.update(delivering)
+        try:
+            results, error = await self._gateway.append_many(items)
+        finally:
+            self._delivering.difference_update(delivering)
         for offset, entry in offsets[: len(results)]:
             if self._pending.pop(offset, None) is not None:
                 self._delivered += 1
