@@ -2,7 +2,8 @@
 
 Sync client objects run their asyncio twins on this loop from a daemon thread, so a sync
 call is `run(coroutine)`: submit, then block until it finishes. Calls from inside that loop
-would deadlock and are refused.
+would deadlock and are refused. `call_soon(callback, ...)` runs a plain function on the loop
+instead, for calls that complete a future of their own without a task (`Producer.send`).
 """
 
 from __future__ import annotations
@@ -10,25 +11,26 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["run", "submit"]
+__all__ = ["call_soon", "run", "submit"]
 
 T = TypeVar("T")
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+_thread: threading.Thread | None = None
 
 
 def _get_loop() -> asyncio.AbstractEventLoop:
-    global _loop  # noqa: PLW0603 - one loop per process, created on first use
+    global _loop, _thread  # one loop per process, created on first use
     with _lock:
         if _loop is None or _loop.is_closed():
             loop = asyncio.new_event_loop()
             thread = threading.Thread(target=loop.run_forever, name="tidemq-client", daemon=True)
             thread.start()
-            _loop = loop
+            _loop, _thread = loop, thread
         return _loop
 
 
@@ -46,3 +48,13 @@ def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
 
 def run(coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
     return submit(coro).result(timeout_s)
+
+
+def call_soon(callback: Callable[..., object], *args: Any) -> None:
+    """Run `callback(*args)` on the client loop, soon (one loop wake-up, no task)."""
+    loop = _loop
+    if loop is None or loop.is_closed():
+        loop = _get_loop()
+    if threading.current_thread() is _thread:
+        raise RuntimeError("a sync tidemq call from the client loop itself would deadlock")
+    loop.call_soon_threadsafe(callback, *args)

@@ -14,18 +14,30 @@
   With `idempotent=True` (default) each batch carries (producer id, epoch, sequence), so a
   resent batch that was in fact stored gets its original offsets back instead of being
   written twice.
+* Fast path (`send`, and the sync `Producer.send`/`send_async`): when the queue's sender is
+  idle (nothing accumulated, waiting or in flight), no linger is asked and the route,
+  connection and producer id are known, the message is encoded and its request written at
+  once from the calling task, and the connection's answer resolves the receipt directly:
+  no accumulator turn, no sender task, no request task. The request counts as the sender's
+  first in flight, with the next sequence number, so what is sent meanwhile goes after it
+  through the sender; a failure hands it to the sender task, which retries or fails it
+  exactly as any batch. The cached routes are trusted for at most `_ROUTES_RECHECK_S` after
+  an awaited route lookup, so they are never older than `route_refresh_ms` plus that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.core import limits
@@ -40,6 +52,8 @@ from tidemq.core.errors import (
     UnknownMessage,
 )
 from tidemq.core.message import BatchReceipts, Receipt
+from tidemq.net.client import ClientConnection
+from tidemq.protocol.codec import decode_response
 from tidemq.protocol.commands import (
     CancelDelayedRequest,
     CancelDelayedResponse,
@@ -48,6 +62,7 @@ from tidemq.protocol.commands import (
     ProduceRequest,
     ProduceResponse,
 )
+from tidemq.protocol.frame import Frame
 
 __all__ = ["AsyncProducer", "Delay", "DeliverAt", "deliver_at_ms"]
 
@@ -57,6 +72,13 @@ DeliverAt = datetime | float | None
 
 _CODECS = {"none": Codec.NONE, "zstd": Codec.ZSTD, "lz4": Codec.LZ4}
 
+#: How long the fast path trusts the cached route table after an awaited route lookup
+#: (which refreshes it when it is older than the client's route_refresh_ms).
+_ROUTES_RECHECK_S = 1.0
+
+#: Where a message's receipt goes: the future `send` awaits, or the sync API's future.
+_ReceiptFuture = asyncio.Future[Receipt] | concurrent.futures.Future[Receipt]
+
 
 @dataclass(slots=True)
 class _Batch:
@@ -64,7 +86,7 @@ class _Batch:
     queue: int
     payload: bytes
     count: int
-    futures: list[asyncio.Future[Receipt]] | None  # one per message; None for send_batch
+    futures: list[_ReceiptFuture] | None  # one per message; None for send_batch
     whole: asyncio.Future[Sequence[Receipt]] | None  # send_batch's single future
     deadline: float
     stamp: tuple[str, int, int, int] | None = None  # (address, producer id, epoch, sequence)
@@ -77,6 +99,11 @@ class _Batch:
             for fut, receipt in zip(self.futures or (), unknown, strict=False):
                 if not fut.done():
                     fut.set_result(receipt)
+            return
+        if self.count == 1 and self.futures:  # one message (the fast path): no sequence
+            fut = self.futures[0]
+            if not fut.done():
+                fut.set_result(Receipt(self.topic, self.queue, base))
             return
         receipts = BatchReceipts(self.topic, self.queue, base, self.count)
         if self.whole is not None and not self.whole.done():
@@ -96,7 +123,7 @@ class _Batch:
 @dataclass(slots=True)
 class _Pending:
     records: list[MessageRecord] = field(default_factory=list)
-    futures: list[asyncio.Future[Receipt]] = field(default_factory=list)
+    futures: list[_ReceiptFuture] = field(default_factory=list)
     size: int = 0
     timer: asyncio.TimerHandle | asyncio.Handle | None = None
 
@@ -160,6 +187,8 @@ class AsyncProducer:
         self._senders: dict[tuple[str, int], _QueueSender] = {}
         self._round_robin = itertools.count()
         self._producer_ids: dict[str, tuple[int, int]] = {}
+        #: Until when the fast path may use the cached routes without an awaited lookup.
+        self._routes_trusted_until = 0.0
         self._closed = False
 
     # ------------------------------------------------------------------ sending
@@ -172,7 +201,24 @@ class AsyncProducer:
         routes = await self._cluster.refresh_routes()
         if topic not in routes:
             routes = await self._cluster.refresh_routes(force=True)
+        self.routes_checked()
         return routes.select_queue(topic, key, next(self._round_robin))
+
+    def _queue_now(self, topic: str, key: bytes | None, queue: int | None) -> int | None:
+        """`_queue_for` without awaiting, from routes looked up less than
+        `_ROUTES_RECHECK_S` ago; None when that needs a route lookup."""
+        if queue is not None:
+            if queue < 0:
+                raise ValueError(f"queue must be >= 0, got {queue}")
+            return queue
+        routes = self._cluster.routes
+        if time.monotonic() >= self._routes_trusted_until or topic not in routes:
+            return None
+        return routes.select_queue(topic, key, next(self._round_robin))
+
+    def routes_checked(self) -> None:
+        """An awaited route lookup just answered: the cached routes are current."""
+        self._routes_trusted_until = time.monotonic() + _ROUTES_RECHECK_S
 
     async def send(
         self,
@@ -199,11 +245,78 @@ class AsyncProducer:
             record = _record(value, key, tag, keys, headers, timestamp)
             q = await self._queue_for(topic, key, queue)
             return (await self._send_special(topic, q, [record], deliver_at_ms=due))[0]
-        future = await self.send_nowait(
-            topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
-            timestamp=timestamp,
-        )  # fmt: skip
+        self._check_open()
+        record = _record(value, key, tag, keys, headers, timestamp)
+        known = self._queue_now(topic, key, queue)
+        q = await self._queue_for(topic, key, queue) if known is None else known
+        future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+        if not self._send_direct(topic, q, record, future):
+            self._accumulate(topic, q, record, future)
         return await future
+
+    def start_send(  # noqa: PLR0917 - call_soon_threadsafe passes no keywords
+        self,
+        sink: concurrent.futures.Future[Receipt],
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        tag: str | None,
+        keys: Sequence[str],
+        headers: Mapping[str, bytes] | None,
+        queue: int | None,
+        timestamp: datetime | float | None,
+        delay: Delay,
+        deliver_at: DeliverAt,
+    ) -> None:
+        """`send`, completing `sink` (the sync API's future) instead of returning: called
+        on this producer's loop, from the sync `Producer`. The fast path and the
+        accumulator complete `sink` straight from the connection's answer, with no task."""
+        if not sink.set_running_or_notify_cancel():
+            return  # cancelled before it started: nothing was sent
+        loop = asyncio.get_running_loop()
+        coro: Coroutine[Any, Any, Receipt]
+        if delay is not None or deliver_at is not None:
+            coro = self.send(
+                topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
+                timestamp=timestamp, delay=delay, deliver_at=deliver_at,
+            )  # fmt: skip
+        else:
+            try:
+                self._check_open()
+                record = _record(value, key, tag, keys, headers, timestamp)
+                q = self._queue_now(topic, key, queue)
+                if q is not None:
+                    if not self._send_direct(topic, q, record, sink):
+                        self._accumulate(topic, q, record, sink)
+                    return
+            except Exception as exc:
+                sink.set_exception(exc)
+                return
+            coro = self._send_record(topic, key, queue, record)
+        task = loop.create_task(coro)
+        task.add_done_callback(functools.partial(_complete_from_task, sink))
+
+    async def _send_record(
+        self, topic: str, key: bytes | None, queue: int | None, record: MessageRecord
+    ) -> Receipt:
+        q = await self._queue_for(topic, key, queue)
+        self._check_open()
+        future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+        if not self._send_direct(topic, q, record, future):
+            self._accumulate(topic, q, record, future)
+        return await future
+
+    def _send_direct(
+        self, topic: str, queue: int, record: MessageRecord, future: _ReceiptFuture
+    ) -> bool:
+        """The fast path (see the module's docstring): True if the message left, its
+        receipt to come in `future`; False if it must go through the accumulator."""
+        if self._linger_s > 0 or self._acks_none or (topic, queue) in self._pending:
+            return False
+        sender = self._senders.get((topic, queue))
+        if sender is None or time.monotonic() >= self._routes_trusted_until:
+            return False  # the first send to a queue looks up its route, connection and id
+        return sender.send_direct(record, future)
 
     async def send_nowait(
         self,
@@ -220,9 +333,17 @@ class AsyncProducer:
         """Queue one message and return a future of its receipt (sends batch up)."""
         self._check_open()
         record = _record(value, key, tag, keys, headers, timestamp)
-        size = _approx_size(record)
         q = await self._queue_for(topic, key, queue)
         future: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+        self._accumulate(topic, q, record, future)
+        return future
+
+    def _accumulate(
+        self, topic: str, q: int, record: MessageRecord, future: _ReceiptFuture
+    ) -> None:
+        """Add a message to its queue's accumulated batch (sealed this loop turn, after
+        `linger_ms`, or when full)."""
+        size = _approx_size(record)
         pending = self._pending.get((topic, q))
         if pending is not None and pending.size + size > self._max_request_bytes:
             # Together they might be too large to send: the accumulated batch goes first, so
@@ -240,7 +361,6 @@ class AsyncProducer:
                 pending.timer = loop.call_later(self._linger_s, self._seal, topic, q)
             else:
                 pending.timer = loop.call_soon(self._seal, topic, q)
-        return future
 
     async def send_batch(
         self,
@@ -431,7 +551,12 @@ class _QueueSender:
         self._topic = topic
         self._queue = queue
         self._waiting: deque[_Batch] = deque()
+        #: Requests in flight, oldest first: the sender task's, or a fast-path send's (a
+        #: plain future the connection's answer completes).
+        self._inflight: deque[tuple[_Batch, asyncio.Future[ProduceResponse]]] = deque()
         self._task: asyncio.Task[None] | None = None
+        #: The connection of the last request, for the fast path.
+        self._conn: ClientConnection | None = None
         self._sequence = 0
         self._stamp_key: tuple[str, int, int] | None = None  # (address, pid, epoch)
         #: The next batch stamped starts over under a fresh producer id: a batch that was
@@ -443,16 +568,110 @@ class _QueueSender:
     def add(self, batch: _Batch) -> None:
         self._waiting.append(batch)
         self.idle.clear()
+        self._start_task()
+
+    def _start_task(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
             self._task.add_done_callback(self._on_done)
 
+    def _direct_target(self) -> tuple[ClientConnection, int, int, int] | None:
+        """(connection, producer id, epoch, sequence) for a fast-path send, when this
+        sender is idle and they are known without awaiting; else None."""
+        idle = not self._waiting and not self._inflight and not self._restamp
+        if not idle or (self._task is not None and not self._task.done()):
+            return None
+        conn = self._conn
+        if conn is None or not conn.has_free_slot or not conn.is_open:
+            return None
+        p = self._p
+        if p.cluster.routes.broker_for(self._topic, self._queue) != conn.address:
+            return None
+        if not p._idempotent:
+            return conn, -1, -1, -1
+        # As `_stamp` would, without awaiting: the same producer id, the next number.
+        ids = p._producer_ids.get(conn.address)
+        if ids is None or self._stamp_key != (conn.address, *ids):
+            return None
+        return conn, ids[0], ids[1], self._sequence
+
+    def send_direct(self, record: MessageRecord, future: _ReceiptFuture) -> bool:
+        """Send one message now from the caller (the fast path), when this sender is idle
+        and its route, connection and producer id are known: True if it left."""
+        target = self._direct_target()
+        if target is None:
+            return False
+        conn, pid, epoch, seq = target
+        address = conn.address
+        p = self._p
+        payload = encode_batch([record], codec=p._codec, max_batch_bytes=p._max_request_bytes)
+        deadline = time.monotonic() + p._delivery_timeout_s
+        batch = _Batch(
+            self._topic,
+            self._queue,
+            payload,
+            1,
+            [future],
+            None,
+            deadline,
+            (address, pid, epoch, seq),
+        )
+        request = ProduceRequest(
+            topic=self._topic, queue=self._queue, producer_id=pid, epoch=epoch, base_sequence=seq
+        )
+        response: asyncio.Future[ProduceResponse] = asyncio.get_running_loop().create_future()
+        try:
+            conn.request_nowait(
+                request,
+                payload,
+                timeout_s=p.cluster.config.request_timeout_ms / 1000,
+                callback=functools.partial(self._direct_answer, batch, response),
+            )
+        except TidemqError:
+            return False  # closed since: the accumulator's way reconnects
+        if p._idempotent:
+            self._sequence += 1
+        self._inflight.append((batch, response))
+        self.idle.clear()
+        return True
+
+    def _direct_answer(
+        self,
+        batch: _Batch,
+        response: asyncio.Future[ProduceResponse],
+        frame: Frame | None,
+        error: BaseException | None,
+    ) -> None:
+        """The connection's answer to a fast-path request."""
+        if response.done():
+            return  # the sender was abandoned (its loop is closing); the batch has failed
+        if frame is not None:
+            try:
+                header = decode_response(frame, ProduceResponse)
+            except Exception as exc:
+                error = exc
+            else:
+                response.set_result(header)
+                if self._task is None or self._task.done():
+                    # Nothing else was sent meanwhile: settle it here, not in a task.
+                    entry = self._inflight.popleft()
+                    assert entry[1] is response
+                    batch.resolve(header.base_offset)
+                    if not self._inflight and not self._waiting:
+                        self.idle.set()
+                # Else the sender task, started meanwhile, settles it first, in order.
+                return
+        assert error is not None
+        response.set_exception(error)
+        # The sender task retries it (with what follows) or fails it, as any batch.
+        self._start_task()
+
     def _on_done(self, task: asyncio.Task[None]) -> None:
         # A task cancelled before its first step never ran `_run`'s own handler.
         if task is self._task and task.cancelled():
-            self._abandon(deque())
+            self._abandon(self._inflight)
 
-    def _abandon(self, inflight: deque[tuple[_Batch, asyncio.Task[ProduceResponse]]]) -> None:
+    def _abandon(self, inflight: deque[tuple[_Batch, asyncio.Future[ProduceResponse]]]) -> None:
         """The sending task was cancelled (its event loop is shutting down): answer what is
         left, or a flush or a send waiting for it would never return."""
         error = RequestTimeout(
@@ -462,6 +681,7 @@ class _QueueSender:
         for b, task in inflight:
             task.cancel()
             b.fail(error)
+        inflight.clear()
         for b in self._waiting:
             b.fail(error)
         self._waiting.clear()
@@ -484,21 +704,24 @@ class _QueueSender:
         request = ProduceRequest(
             topic=self._topic, queue=self._queue, producer_id=pid, epoch=epoch, base_sequence=seq
         )
+        conn = await self._p.cluster.connection(address)
+        self._conn = conn
         if self._p._acks_none:
             # One-way frame: the broker stores it and answers nothing.
-            conn = await self._p.cluster.connection(address)
             conn.send_oneway(request, batch.payload)
             return ProduceResponse(base_offset=-1, count=batch.count)
-        header, _ = await self._p.cluster.request(address, request, ProduceResponse, batch.payload)
+        timeout_s = self._p.cluster.config.request_timeout_ms / 1000
+        header, _ = await conn.request(request, ProduceResponse, batch.payload, timeout_s=timeout_s)
         return header
 
     async def _run(self) -> None:
-        inflight: deque[tuple[_Batch, asyncio.Task[ProduceResponse]]] = deque()
+        inflight = self._inflight
         attempt = 0
         try:
             while self._waiting or inflight:
                 try:
                     address = await self._p.cluster.broker_for(self._topic, self._queue)
+                    self._p.routes_checked()
                     while self._waiting and len(inflight) < self._p._window:
                         batch = self._waiting.popleft()
                         if batch.stamp is None or batch.stamp[0] != address or self._restamp:
@@ -510,9 +733,9 @@ class _QueueSender:
                     # No route (yet): every waiting batch waits for the next attempt.
                     attempt = await self._retry_or_fail(exc, attempt, list(self._waiting))
                     continue
-                batch, task = inflight[0]
+                batch, answer = inflight[0]
                 try:
-                    response = await task
+                    response = await answer
                 except TidemqError as exc:
                     settled = await self._settle(inflight)
                     requeue = [b for b, err in settled if err is not None]
@@ -539,7 +762,7 @@ class _QueueSender:
         self.idle.set()
 
     async def _settle(
-        self, inflight: deque[tuple[_Batch, asyncio.Task[ProduceResponse]]]
+        self, inflight: deque[tuple[_Batch, asyncio.Future[ProduceResponse]]]
     ) -> list[tuple[_Batch, BaseException | None]]:
         """Wait for every request in flight; resolve the ones that succeeded."""
         out: list[tuple[_Batch, BaseException | None]] = []
@@ -581,6 +804,18 @@ class _QueueSender:
                 b.stamp = None
         await asyncio.sleep(self._p.cluster.backoff_s(attempt))
         return attempt
+
+
+def _complete_from_task(
+    sink: concurrent.futures.Future[Receipt], task: asyncio.Task[Receipt]
+) -> None:
+    """Copy a task's outcome to the sync API's future (already set running)."""
+    if task.cancelled():
+        sink.set_exception(concurrent.futures.CancelledError())
+    elif (exc := task.exception()) is not None:
+        sink.set_exception(exc)
+    else:
+        sink.set_result(task.result())
 
 
 def deliver_at_ms(delay: Delay, deliver_at: DeliverAt) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from tidemq.client._loop import run, submit
+from tidemq.client._loop import call_soon, run, submit
 from tidemq.client.admin import AsyncAdmin
 from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer
 from tidemq.client.cluster import ClientConfig
@@ -102,13 +102,16 @@ class Producer:
         deliver_at: DeliverAt = None,
     ) -> concurrent.futures.Future[Receipt]:
         """Send one message; the future completes with its receipt. Sends made close
-        together to one queue travel as one batch."""
-        return submit(
-            self._p.send(
-                topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
-                timestamp=timestamp, delay=delay, deliver_at=deliver_at,
-            )
+        together to one queue travel as one batch (but for the first, which leaves at once
+        when nothing else is on its way to that queue). Cancelling the future stops the
+        send only before the client loop has picked it up."""
+        future: concurrent.futures.Future[Receipt] = concurrent.futures.Future()
+        # One loop wake-up, no task: the producer completes `future` from the answer.
+        call_soon(
+            self._p.start_send, future, topic, value, key, tag, keys, headers, queue,
+            timestamp, delay, deliver_at,
         )  # fmt: skip
+        return future
 
     def send_batch(
         self,

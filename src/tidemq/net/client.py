@@ -3,7 +3,13 @@
 A request waits at most its timeout (RequestTimeout: the outcome is unknown, which
 idempotent producers make safe to retry). A lost connection fails every pending request
 with BrokerNotAvailable; the pool opens a new connection on the next request. At most
-`max_in_flight` requests are outstanding; more wait for a slot.
+`max_in_flight` requests are outstanding; more wait for a slot (first come, first served).
+
+`request` is a coroutine; `request_nowait` is its callback twin for callers that must not
+spend event-loop iterations on a task (the producer's one-message fast path): it writes the
+request at once and calls back from the loop when the answer, the timeout or the loss of
+the connection comes. Timeouts are loop timers (`call_later`), not a task or a timeout
+context per request.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -25,6 +32,25 @@ __all__ = ["ClientConnection", "split_address"]
 T = TypeVar("T")
 
 _SOCKET_BUFFER_BYTES = 4 << 20
+
+#: How `request_nowait` reports: (the response frame, None) or (None, the error).
+ResponseCallback = Callable[[Frame | None, BaseException | None], None]
+
+
+class _Call:
+    """One outstanding request: the future a `request` awaits, or a callback."""
+
+    __slots__ = ("callback", "future", "timer")
+
+    def __init__(
+        self,
+        future: asyncio.Future[Frame] | None,
+        callback: ResponseCallback | None,
+        timer: asyncio.TimerHandle,
+    ) -> None:
+        self.future = future
+        self.callback = callback
+        self.timer = timer
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -57,9 +83,12 @@ class ClientConnection:
     def __init__(self, address: str, *, max_frame_bytes: int, max_in_flight: int) -> None:
         self.address = address
         self._decoder = FrameDecoder(max_frame_bytes)
-        self._pending: dict[int, asyncio.Future[Frame]] = {}
+        self._pending: dict[int, _Call] = {}
         self._ids = itertools.count(1)
-        self._slots = asyncio.Semaphore(max_in_flight)
+        #: Free request slots, and the requests waiting for one (each owns the slot it is
+        #: handed: its future gets a result).
+        self._free_slots = max_in_flight
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._transport: asyncio.Transport | None = None
         self._closed_reason: str | None = None
         #: Called with frames the server initiates (transaction check-back).
@@ -90,6 +119,11 @@ class ClientConnection:
     def is_open(self) -> bool:
         return self._transport is not None and not self._transport.is_closing()
 
+    @property
+    def has_free_slot(self) -> bool:
+        """Whether a request sent now would go out at once (not wait for a slot)."""
+        return self._free_slots > 0 and not self._slot_waiters
+
     async def request(
         self,
         request: msgspec.Struct,
@@ -99,26 +133,115 @@ class ClientConnection:
         timeout_s: float,
     ) -> tuple[T, bytes]:
         """Send a request; return the decoded response header and the raw body."""
-        async with self._slots:
+        if self._free_slots > 0 and not self._slot_waiters:
+            self._free_slots -= 1
+        else:
+            await self._wait_for_slot()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Frame] = loop.create_future()
+        corr = self._start(request, body, timeout_s, future, None)  # releases the slot if it raises
+        try:
+            frame = await future
+        except asyncio.CancelledError:
+            call = self._pending.pop(corr, None)
+            if call is not None:
+                call.timer.cancel()
+                self._release_slot()
+            raise
+        return decode_response(frame, expected), frame.body
+
+    def request_nowait(
+        self,
+        request: msgspec.Struct,
+        body: bytes | memoryview,
+        *,
+        timeout_s: float,
+        callback: ResponseCallback,
+    ) -> None:
+        """Send a request now, without waiting for a slot (check `has_free_slot` first:
+        with none free this raises RuntimeError). `callback(frame, None)` gets the
+        response frame (decode it with `decode_response`), `callback(None, error)` a
+        RequestTimeout or BrokerNotAvailable; exactly once, from the event loop, never
+        from within this call. Raises BrokerNotAvailable, without calling back, when the
+        connection is closed."""
+        if not (self._free_slots > 0 and not self._slot_waiters):
+            raise RuntimeError(f"no free request slot on the connection to {self.address}")
+        self._free_slots -= 1
+        self._start(request, body, timeout_s, None, callback)
+
+    def _start(
+        self,
+        request: msgspec.Struct,
+        body: bytes | memoryview,
+        timeout_s: float,
+        future: asyncio.Future[Frame] | None,
+        callback: ResponseCallback | None,
+    ) -> int:
+        """Register and write a request that holds a slot; its correlation id."""
+        try:
             transport = self._transport
             if transport is None or transport.is_closing():
                 raise BrokerNotAvailable(
                     f"connection to {self.address} is closed: {self._closed_reason or 'closed'}"
                 )
             corr = next(self._ids) & 0xFFFFFFFF
-            future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
-            self._pending[corr] = future
-            transport.writelines(encode_request(request, corr, body))
+            buffers = encode_request(request, corr, body)
+        except BaseException:
+            self._release_slot()
+            raise
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(timeout_s, self._expire, corr, type(request).__name__, timeout_s)
+        self._pending[corr] = _Call(future, callback, timer)
+        transport.writelines(buffers)
+        return corr
+
+    async def _wait_for_slot(self) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release_slot()  # handed a slot, then cancelled before using it
+            raise
+
+    def _release_slot(self) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes to the first request waiting
+                return
+        self._free_slots += 1
+
+    def _finish(self, call: _Call, frame: Frame | None, error: BaseException | None) -> None:
+        """Complete a call removed from `_pending`: free its timer and slot, report."""
+        call.timer.cancel()
+        self._release_slot()
+        if call.callback is not None:
             try:
-                async with asyncio.timeout(timeout_s):
-                    frame = await future
-            except TimeoutError:
-                raise RequestTimeout(
-                    f"{type(request).__name__} to {self.address} got no answer in {timeout_s:.3g} s"
-                ) from None
-            finally:
-                self._pending.pop(corr, None)
-        return decode_response(frame, expected), frame.body
+                call.callback(frame, error)
+            except Exception as exc:  # a callback's bug must not break the connection
+                asyncio.get_running_loop().call_exception_handler(
+                    {"message": f"request callback failed on {self.address}", "exception": exc}
+                )
+            return
+        future = call.future
+        assert future is not None
+        if future.done():
+            return
+        if frame is not None:
+            future.set_result(frame)
+        else:
+            future.set_exception(error or BrokerNotAvailable(f"no answer from {self.address}"))
+
+    def _expire(self, corr: int, what: str, timeout_s: float) -> None:
+        call = self._pending.pop(corr, None)
+        if call is not None:
+            self._finish(
+                call,
+                None,
+                RequestTimeout(f"{what} to {self.address} got no answer in {timeout_s:.3g} s"),
+            )
 
     def send_oneway(self, request: msgspec.Struct, body: bytes | memoryview = b"") -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -138,9 +261,9 @@ class ClientConnection:
             return
         for frame in frames:
             if frame.kind is FrameKind.RESPONSE:
-                future = self._pending.get(frame.correlation_id)
-                if future is not None and not future.done():
-                    future.set_result(frame)
+                call = self._pending.pop(frame.correlation_id, None)
+                if call is not None:
+                    self._finish(call, frame, None)
             elif frame.kind is FrameKind.SERVER_REQUEST and self.on_server_request:
                 self.on_server_request(frame)
 
@@ -156,12 +279,14 @@ class ClientConnection:
         self._fail_pending()
 
     def _fail_pending(self) -> None:
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(
-                    BrokerNotAvailable(f"connection to {self.address} lost: {self._closed_reason}")
-                )
+        calls = list(self._pending.values())
         self._pending.clear()
+        for call in calls:
+            self._finish(
+                call,
+                None,
+                BrokerNotAvailable(f"connection to {self.address} lost: {self._closed_reason}"),
+            )
 
     def close(self) -> None:
         self._fail("closed by the client")
