@@ -298,16 +298,22 @@ class Broker:
         """Save the services' state, then let retention drop what they no longer need."""
         store = self._gateway.store
         position = store.flushed_position
+        timer_state = self._timers.save_state(position)
+        txn_state = self._transactions.save_state(position)
         pop_state, pop_offset, pop_position = self._pop.save_state(position)
         store.metadata.save_service_state(
-            {
-                "timer": self._timers.save_state(position),
-                "transactions": self._transactions.save_state(position),
-                "pop": pop_state,
-            }
+            {"timer": timer_state, "transactions": txn_state, "pop": pop_state}
         )
         store.trim_queue(POP_TOPIC, 0, pop_offset)
-        store.pin_log("services", min(position, pop_position))
+        # Each service's scan position is at or before `position` (moves in flight).
+        store.pin_log(
+            "services",
+            min(
+                TimerService.scan_position(timer_state),
+                TransactionService.scan_position(txn_state),
+                pop_position,
+            ),
+        )
         half_low, op_low = self._transactions.low_watermarks
         store.trim_queue(TIMER_TOPIC, 0, self._timers.low_watermark)
         store.trim_queue(HALF_TOPIC, 0, half_low)

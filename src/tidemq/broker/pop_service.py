@@ -52,6 +52,7 @@ from tidemq.broker.done_set import DoneSet
 from tidemq.broker.filters import compile_filter, matches_messages, summary_mask
 from tidemq.broker.filters import matches as record_matches
 from tidemq.broker.long_polling import LongPolling
+from tidemq.broker.moves import InFlightMoves
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import MovedRecord, read_internal
 from tidemq.core.batch import MessageRecord, decode_messages, encode_batch
@@ -283,10 +284,9 @@ class PopService:
         self._is_fifo = is_fifo
         self._schedule = schedule
         self._tables: dict[tuple[str, str, int], _PopQueue] = {}
-        #: Leases whose message is being moved out (retry or dead letter), with the log
-        #: position before the moving record: the saved state's scan position stays at or
-        #: before it until the move is finished in the tables.
-        self._moving: dict[tuple[str, str, int, int], int] = {}
+        #: Retries and dead letters being written: the saved state's scan position stays
+        #: at or before each until its lease is finished in the tables.
+        self._moves = InFlightMoves()
         self._epoch = 0
         self._rr = 0
 
@@ -360,7 +360,7 @@ class PopService:
         log position the restart scans from (to keep the log from)."""
         store = self._gateway.store
         _, op_offset = store.queue_bounds(POP_TOPIC, 0)
-        position = min([flushed_position, *self._moving.values()])
+        position = self._moves.scan_position(flushed_position)
         queues = [
             _SavedQueue(
                 group,
@@ -638,16 +638,12 @@ class PopService:
                 (dlq, 0, encode_batch([record]), encode_properties(props), RecordFlags.FROM_POP)
             )
             moving.append(offset)
-        for offset in moving:
-            self._moving[(group, topic, queue, offset)] = store.end_position
-        try:
+        with self._moves.writing(store):
             results, error = await self._gateway.append_many(items)
-        finally:
-            for offset in moving:
-                self._moving.pop((group, topic, queue, offset), None)
-        done = moving[: len(results)]
+            done = moving[: len(results)]
+            if done:
+                self._apply(_PopOp("dlq", group, topic, queue, done))  # the records are the log
         if done:
-            self._apply(_PopOp("dlq", group, topic, queue, done))  # the records are the log
             log.info("moved %d messages of %s/%d to %s", len(done), topic, queue, dlq)
         if error is not None:
             raise error
@@ -858,19 +854,17 @@ class PopService:
         await self._ensure_topic(target)
         key = (group, topic, queue, offset)
         lease.deadline, lease.epoch = _MOVING, self._next_epoch()
-        self._moving[key] = store.end_position
         due = self._clock.now_ms() + delay_ms
 
         async def move() -> None:
-            try:
-                await self._schedule(target, 0, payload, due, key)
-            except BaseException:
-                lease.deadline = self._clock.now_ms()  # not moved: deliver it again here
-                heapq.heappush(table.expiry, (lease.deadline, offset, lease.epoch))
-                raise
-            finally:
-                del self._moving[key]
-            self._finish_moved(group, topic, queue, offset, retried=True)
+            with self._moves.writing(store):
+                try:
+                    await self._schedule(target, 0, payload, due, key)
+                except BaseException:
+                    lease.deadline = self._clock.now_ms()  # not moved: deliver it again here
+                    heapq.heappush(table.expiry, (lease.deadline, offset, lease.epoch))
+                    raise
+                self._finish_moved(group, topic, queue, offset, retried=True)
 
         # Once the record is written the move must finish even if this request is
         # cancelled (its connection closed): shielded, and its outcome always retrieved.

@@ -32,6 +32,7 @@ import msgspec
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.done_set import DoneSet
+from tidemq.broker.moves import InFlightMoves
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import (
     TIMER_TOPIC,
@@ -105,6 +106,7 @@ class TimerService:
         self._pending: dict[int, _Pending] = {}
         #: Schedules whose delivery is being written (a cancel of one is refused).
         self._delivering: set[int] = set()
+        self._moves = InFlightMoves()
         self._done = DoneSet()
         self._delivered = 0
         self._cancelled = 0
@@ -152,9 +154,11 @@ class TimerService:
 
     def save_state(self, flushed_position: int) -> bytes:
         """The state to save: everything marked done is durable at or before
-        `flushed_position` (marks follow durable deliveries), so a restart scans from it."""
+        `flushed_position` (marks follow durable deliveries), and a delivery not marked yet
+        starts after the scan position (`InFlightMoves`), so a restart scans from it."""
+        position = self._moves.scan_position(flushed_position)
         return msgspec.msgpack.encode(
-            _SavedState(flushed_position, self._done.export(), self._delivered, self._cancelled)
+            _SavedState(position, self._done.export(), self._delivered, self._cancelled)
         )
 
     @property
@@ -351,13 +355,14 @@ class TimerService:
         delivering = [offset for offset, _ in offsets]
         self._delivering.update(delivering)
         try:
-            results, error = await self._gateway.append_many(items)
+            with self._moves.writing(store):
+                results, error = await self._gateway.append_many(items)
+                for offset, entry in offsets[: len(results)]:
+                    if self._pending.pop(offset, None) is not None:
+                        self._delivered += 1
+                    self._done.mark(offset, entry.count)
         finally:
             self._delivering.difference_update(delivering)
-        for offset, entry in offsets[: len(results)]:
-            if self._pending.pop(offset, None) is not None:
-                self._delivered += 1
-            self._done.mark(offset, entry.count)
         if isinstance(error, TopicNotFound | QueueNotFound):
             # Deleted between the check and the append: drop it, as above, and go on.
             offset, entry = offsets[len(results)]

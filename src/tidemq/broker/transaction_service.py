@@ -35,6 +35,7 @@ import msgspec
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.done_set import DoneSet
+from tidemq.broker.moves import InFlightMoves
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import (
     HALF_TOPIC,
@@ -136,6 +137,7 @@ class TransactionService:
         self._txns: dict[str, _Txn] = {}
         self._finished: OrderedDict[str, _Txn] = OrderedDict()
         self._half_done = DoneSet()
+        self._moves = InFlightMoves()
         self._op_done = DoneSet()
         self._markers: dict[str, int] = {}
         self._discarded: deque[DiscardedTxnInfo] = deque(maxlen=_DISCARDED_KEPT)
@@ -231,9 +233,11 @@ class TransactionService:
             self._txns[txn.txn_id] = txn
 
     def save_state(self, flushed_position: int) -> bytes:
+        """The state to save, with the position a restart scans from (see `InFlightMoves`:
+        at or before every publication not marked done yet)."""
         return msgspec.msgpack.encode(
             _SavedState(
-                flushed_position,
+                self._moves.scan_position(flushed_position),
                 self._half_done.export(),
                 self._op_done.export(),
                 self._markers,
@@ -441,19 +445,20 @@ class TransactionService:
                         RecordFlags.FROM_TRANSACTION,
                     )
                 )
-            results, error = await self._gateway.append_many(items)
-            for (t, h), r in zip(queue, results, strict=False):
-                t.published.append(
-                    PublishedBatch(
-                        txn_id=t.txn_id,
-                        topic=h.topic,
-                        queue=h.queue,
-                        base_offset=r.base_offset,
-                        count=r.count,
-                        origin_offset=h.offset,
+            with self._moves.writing(store):
+                results, error = await self._gateway.append_many(items)
+                for (t, h), r in zip(queue, results, strict=False):
+                    t.published.append(
+                        PublishedBatch(
+                            txn_id=t.txn_id,
+                            topic=h.topic,
+                            queue=h.queue,
+                            base_offset=r.base_offset,
+                            count=r.count,
+                            origin_offset=h.offset,
+                        )
                     )
-                )
-                self._half_done.mark(h.offset, h.count)
+                    self._half_done.mark(h.offset, h.count)
             queue = queue[len(results) :]
             if error is not None:
                 log.warning("publishing a committed transaction failed (%s); retrying", error)
