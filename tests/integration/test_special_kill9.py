@@ -166,6 +166,13 @@ async def _final_check(address: str, ledger: Ledger, where: str) -> None:
         txn = await _raw_records(address, TXN)
         async with aio.Admin(address) as admin:
             where += f" timers: {await admin.timer_status()}"
+            # If something is missing: does the broker hold fewer records, or did the read
+            # stop short?
+            bounds = [
+                (q.queue, q.min_offset, q.max_offset)
+                for q in (await admin.describe_topic(TXN)).queue_info
+            ]
+            where += f" {TXN} queues (queue, min, max): {bounds}, read {len(txn)} messages"
     counts = Counter(v for v, _, _ in timed)
     assert live <= set(counts), f"{where}: delayed lost: {sorted(live - set(counts))[:5]}"
     assert not ledger.cancelled & set(counts), f"{where}: a cancelled message was delivered"
