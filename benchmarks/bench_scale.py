@@ -8,16 +8,16 @@ Every server is a separate process bound to 127.0.0.1 on a free port, with its f
 temporary directory (under `--dir`, default the system temp dir); servers are stopped by
 their PID afterwards, also on Ctrl+C and on errors (`peers.Server`). The flush mode is
 `sync` throughout (acknowledge after fdatasync). Every message is 100 B; every batch is
-256 of them (`send_batch_nowait`), with 8 batches in flight per producer.
+256 of them (`send_batch_nowait`), with 32 batches in flight per producer.
 
 * P1 baseline: bench_broker's workload 3 at 100 B (one producer, one queue, batches of
-  256 with 8 in flight, values from its pool), on the same server as P6, taking turns
+  256 with 32 in flight, values from its pool), on the same server as P6, taking turns
   with it, with the same producer and loop (`produce_spread`), so that P1 and P6 differ
   only in the queues. (bench_broker's `tq_produce` creates and deletes a topic around
   each run; on a broker holding thousands of queues each topic change costs tens of ms
-  of broker CPU, which would blur the CPU per message measured here.) Note that a
-  producer keeps at most 5 batches on the wire per queue, so P1 has 5 in flight, where
-  P6 has all 8 on different queues.
+  of broker CPU, which would blur the CPU per message measured here.) The producer's
+  window per queue (32) equals what is in flight, so P1 and P6 both have 32 batches on
+  the wire.
 * P6: 10,000 queues (`--queues`), in topics of at most 1,000 queues (see
   `P6_QUEUES_PER_TOPIC`). One producer sends its batches to the queues in round robin.
   Measured: how long creating the queues takes; the broker's RSS (VmRSS) before, right
@@ -111,7 +111,7 @@ SERVING = re.compile(r"serving on (?P<address>\S+)")
 # ----------------------------------------------------------------- the load (as P1)
 SIZE = 100
 BATCH = bench_broker.BATCH  # 256 messages per send_batch
-IN_FLIGHT = bench_broker.BATCHES_IN_FLIGHT  # 8 batches in flight per producer
+IN_FLIGHT = bench_broker.TQ_BATCHES_IN_FLIGHT  # 32 batches in flight per producer
 RUNS = 3
 SECONDS = 5.0  # per throughput measurement
 SECONDS_QUICK = 1.0

@@ -22,7 +22,7 @@ from tidemq.core.limits import MAX_QUEUES_PER_TOPIC
 from tidemq.protocol.commands import FetchRequest, FetchResponse
 
 if TYPE_CHECKING:
-    from tests.integration.conftest import BrokerEnv, Loop, ThreadedBroker
+    from tests.integration.conftest import BrokerEnv, Loop, StartBroker, ThreadedBroker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -543,5 +543,34 @@ def test_a_topic_with_the_most_queues_routes_and_serves(loop: Loop, broker: Brok
         got = await _read(consumer, 1)
         await consumer.close()
         assert [m.value for m in got] == [b"far"]
+
+    loop.run(main())
+
+
+def test_an_idempotent_producer_keeps_no_more_in_flight_than_the_broker_remembers(
+    loop: Loop, start_broker: StartBroker
+) -> None:
+    """The broker says its idempotence window with the producer id; a producer asking
+    for more in flight keeps to it (so a retried batch is always recognised), and every
+    batch is stored once, in order."""
+    env = start_broker(store_overrides={"idempotence_window": 3})
+
+    async def main() -> None:
+        async with aio.Admin(env.address) as admin:
+            await admin.create_topic("w", 1)
+        with pytest.raises(ValueError, match=r"max_in_flight_per_queue must be 1\.\.32"):
+            aio.Producer(env.address, max_in_flight_per_queue=33)
+        producer = aio.Producer(env.address, max_in_flight_per_queue=32)
+        futures = [
+            await producer.send_batch_nowait("w", [b"%d-%d" % (b, i) for i in range(10)])
+            for b in range(40)
+        ]
+        receipts = [await f for f in futures]
+        assert [r[0].offset for r in receipts] == list(range(0, 400, 10))
+        assert producer.window_for(env.address) == 3
+        plain = aio.Producer(env.address, max_in_flight_per_queue=32, idempotent=False)
+        assert plain.window_for(env.address) == 32  # nothing to remember: as asked
+        await producer.close()
+        await plain.close()
 
     loop.run(main())

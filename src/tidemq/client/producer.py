@@ -8,10 +8,12 @@
   with BatchTooLarge at once. (A frame over the broker's frame limit would only get the
   connection closed, which looks retriable: the batch would be resent until retries ran
   out and then fail as BrokerNotAvailable, taking the queue's other batches with it.)
-* Sender: up to `max_in_flight_per_queue` batches in flight per queue, acknowledged in
-  order. A retriable failure (connection lost, timeout, disk full) waits for the window to
-  settle, backs off, re-reads routes, and resends every unacknowledged batch in order.
-  With `idempotent=True` (default) each batch carries (producer id, epoch, sequence), so a
+* Sender: up to `max_in_flight_per_queue` (32) batches in flight per queue, acknowledged
+  in order; an idempotent producer keeps no more than the broker remembers per (producer,
+  queue), which the broker says when it hands out the producer id. A retriable failure
+  (connection lost, timeout, disk full) waits for the window to settle, backs off,
+  re-reads routes, and resends every unacknowledged batch in order. With
+  `idempotent=True` (default) each batch carries (producer id, epoch, sequence), so a
   resent batch that was in fact stored gets its original offsets back instead of being
   written twice.
 * Fast path (`send`, and the sync `Producer.send`/`send_async`): when the queue's sender is
@@ -139,7 +141,7 @@ class AsyncProducer:
         idempotent: bool = True,
         acks: str | int = "all",
         compression: str = "none",
-        max_in_flight_per_queue: int = 5,
+        max_in_flight_per_queue: int = 32,
         delivery_timeout_ms: int = 120_000,
         max_request_bytes: int = 16 << 20,
         client_config: ClientConfig | None = None,
@@ -171,8 +173,11 @@ class AsyncProducer:
             )
         if compression not in _CODECS:
             raise ValueError(f"compression must be one of {', '.join(_CODECS)}")
-        if not 1 <= max_in_flight_per_queue <= 5 and idempotent:
-            raise ValueError("an idempotent producer keeps at most 5 batches in flight per queue")
+        if not 1 <= max_in_flight_per_queue <= limits.MAX_IN_FLIGHT_PER_QUEUE:
+            raise ValueError(
+                f"max_in_flight_per_queue must be 1..{limits.MAX_IN_FLIGHT_PER_QUEUE}, "
+                f"got {max_in_flight_per_queue}"
+            )
         self._cluster = cluster or ClusterClient(bootstrap, client_config)
         self._own_cluster = cluster is None
         self._linger_s = linger_ms / 1000
@@ -187,6 +192,8 @@ class AsyncProducer:
         self._senders: dict[tuple[str, int], _QueueSender] = {}
         self._round_robin = itertools.count()
         self._producer_ids: dict[str, tuple[int, int]] = {}
+        #: Per broker: how many batches it remembers per (producer, queue).
+        self._broker_windows: dict[str, int] = {}
         #: Until when the fast path may use the cached routes without an awaited lookup.
         self._routes_trusted_until = 0.0
         self._closed = False
@@ -540,7 +547,15 @@ class AsyncProducer:
         if renew or address not in self._producer_ids:
             resp = await self._cluster.call(address, InitProducerRequest(), InitProducerResponse)
             self._producer_ids[address] = (resp.producer_id, resp.epoch)
+            self._broker_windows[address] = max(1, resp.window)
         return self._producer_ids[address]
+
+    def window_for(self, address: str) -> int:
+        """Batches in flight per queue on this broker: as many as asked, and for an
+        idempotent producer no more than the broker remembers (5 until it said)."""
+        if not self._idempotent:
+            return self._window
+        return min(self._window, self._broker_windows.get(address, 5))
 
 
 class _QueueSender:
@@ -722,7 +737,8 @@ class _QueueSender:
                 try:
                     address = await self._p.cluster.broker_for(self._topic, self._queue)
                     self._p.routes_checked()
-                    while self._waiting and len(inflight) < self._p._window:
+                    window = self._p.window_for(address)
+                    while self._waiting and len(inflight) < window:
                         batch = self._waiting.popleft()
                         if batch.stamp is None or batch.stamp[0] != address or self._restamp:
                             await self._stamp(batch, address, renew=self._restamp)

@@ -8,6 +8,7 @@ __all__ = [
     "MAX_HEADERS_PER_MESSAGE",
     "MAX_HEADER_KEY_BYTES",
     "MAX_HEADER_VALUE_BYTES",
+    "MAX_IN_FLIGHT_PER_QUEUE",
     "MAX_KEYS_PER_MESSAGE",
     "MAX_PROPERTIES_BYTES",
     "MAX_QUEUES_PER_TOPIC",
@@ -40,5 +41,9 @@ MAX_TOPIC_NAME_BYTES = 127
 TOPIC_NAME_PATTERN = r"^[A-Za-z0-9%_.-]{1,127}$"
 #: Queues per topic: bounded so that a typo cannot create millions of index directories.
 MAX_QUEUES_PER_TOPIC = 4096
+#: Batches one producer may have in flight per queue. An idempotent producer keeps at most
+#: as many as the broker remembers per (producer, queue) (`store.idempotence_window`, sent
+#: in the InitProducer answer), so that a retry is always recognised.
+MAX_IN_FLIGHT_PER_QUEUE = 32
 #: Smallest commit-log segment; tests use small segments, production 1 GiB.
 MIN_SEGMENT_BYTES = 4096

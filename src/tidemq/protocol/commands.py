@@ -188,6 +188,9 @@ class InitProducerRequest(_Msg):
 class InitProducerResponse(_Msg):
     producer_id: int
     epoch: int
+    #: Batches the broker remembers per (producer, queue): an idempotent producer keeps at
+    #: most this many in flight per queue (brokers that do not say remember 5).
+    window: int = 5
 
 
 # ------------------------------------------------------------------ topics

@@ -147,7 +147,8 @@ class DataHandlers:
         # Every producer instance gets a fresh id at epoch 0: its sequences start over,
         # and nothing can confuse it with an earlier instance.
         producer_id = await self._gateway.call(lambda s: s.allocate_producer_id())
-        return InitProducerResponse(producer_id=producer_id, epoch=0)
+        window = self._config.store.idempotence_window
+        return InitProducerResponse(producer_id=producer_id, epoch=0, window=window)
 
 
 def _message_kind(req: ProduceRequest) -> MessageType:
