@@ -26,8 +26,9 @@ from tidemq.core.errors import (
     TopicNotFound,
 )
 from tidemq.net.client import ClientConnection
+from tidemq.protocol.codec import decode_request, encode_response
 from tidemq.protocol.commands import GetRoutesRequest, GetRoutesResponse
-from tidemq.protocol.frame import Frame
+from tidemq.protocol.frame import Frame, FrameDecoder
 
 if TYPE_CHECKING:
     from tests.integration.conftest import BrokerEnv, Loop, ThreadedBroker
@@ -411,3 +412,83 @@ def test_connection_timeouts_slots_and_loss() -> None:
             await server.wait_closed()
 
     asyncio.run(main())
+
+
+def test_requests_leave_in_the_order_they_asked_for_a_slot() -> None:
+    """Two slots free up in one read while a request waits: the slot handed to the waiting
+    request is not taken by a later one, which would otherwise be written first (a
+    producer's batches would then arrive out of sequence)."""
+
+    async def main() -> None:
+        seen: list[str] = []
+        both = asyncio.Event()
+        writers: list[asyncio.StreamWriter] = []
+
+        async def server_side(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writers.append(writer)
+            decoder = FrameDecoder(1 << 20)
+            held: list[bytes | memoryview] = []
+            while True:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                for frame in decoder.feed(data):
+                    _, req = decode_request(frame)
+                    seen.append(req.topics[0])
+                    answer = encode_response(frame.code, frame.correlation_id, _ROUTES)
+                    if len(seen) > 2:
+                        writer.writelines(answer)
+                        continue
+                    held.extend(answer)  # hold the first two, then answer both at once
+                    if len(seen) == 2:
+                        both.set()
+                        writer.writelines(held)
+
+        server = await asyncio.start_server(server_side, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conn = await ClientConnection.open(
+            f"127.0.0.1:{port}", max_frame_bytes=1 << 20, max_in_flight=2
+        )
+        later: list[asyncio.Future[object]] = []
+
+        free_after_second: list[bool] = []
+
+        def after_second(frame: Frame | None, error: BaseException | None) -> None:
+            # Both slots are free again here, but one is promised to "b", still waiting.
+            free_after_second.append(conn.has_free_slot)
+            later.append(
+                asyncio.ensure_future(
+                    conn.request(GetRoutesRequest(topics=["c"]), GetRoutesResponse, timeout_s=5)
+                )
+            )
+
+        try:
+            conn.request_nowait(
+                GetRoutesRequest(topics=["a1"]), b"", timeout_s=5, callback=lambda f, e: None
+            )
+            conn.request_nowait(
+                GetRoutesRequest(topics=["a2"]), b"", timeout_s=5, callback=after_second
+            )
+            waiting = asyncio.ensure_future(
+                conn.request(GetRoutesRequest(topics=["b"]), GetRoutesResponse, timeout_s=5)
+            )
+            await asyncio.wait_for(both.wait(), 5)
+            await asyncio.wait_for(waiting, 5)
+            deadline = time.monotonic() + 5
+            while not later and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert later, "the second answer never came"
+            await asyncio.wait_for(later[0], 5)
+            assert free_after_second == [False]
+            assert seen == ["a1", "a2", "b", "c"]
+        finally:
+            conn.close()
+            for writer in writers:
+                writer.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(main())
+
+
+_ROUTES = GetRoutesResponse(routes=[], brokers={})

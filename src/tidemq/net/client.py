@@ -89,6 +89,10 @@ class ClientConnection:
         #: handed: its future gets a result).
         self._free_slots = max_in_flight
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
+        #: Slots handed to waiters that have not run again yet. Until they have written
+        #: their requests, no later request may take a freed slot: requests leave in the
+        #: order they asked (a producer's sequence numbers depend on it).
+        self._handed = 0
         self._transport: asyncio.Transport | None = None
         self._closed_reason: str | None = None
         #: Called with frames the server initiates (transaction check-back).
@@ -122,7 +126,10 @@ class ClientConnection:
     @property
     def has_free_slot(self) -> bool:
         """Whether a request sent now would go out at once (not wait for a slot)."""
-        return self._free_slots > 0 and not self._slot_waiters
+        return self._slot_free_now()
+
+    def _slot_free_now(self) -> bool:
+        return self._free_slots > 0 and not self._slot_waiters and not self._handed
 
     async def request(
         self,
@@ -133,7 +140,7 @@ class ClientConnection:
         timeout_s: float,
     ) -> tuple[T, bytes]:
         """Send a request; return the decoded response header and the raw body."""
-        if self._free_slots > 0 and not self._slot_waiters:
+        if self._slot_free_now():
             self._free_slots -= 1
         else:
             await self._wait_for_slot()
@@ -164,7 +171,7 @@ class ClientConnection:
         RequestTimeout or BrokerNotAvailable; exactly once, from the event loop, never
         from within this call. Raises BrokerNotAvailable, without calling back, when the
         connection is closed."""
-        if not (self._free_slots > 0 and not self._slot_waiters):
+        if not self._slot_free_now():
             raise RuntimeError(f"no free request slot on the connection to {self.address}")
         self._free_slots -= 1
         self._start(request, body, timeout_s, None, callback)
@@ -202,14 +209,17 @@ class ClientConnection:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
+                self._handed -= 1
                 self._release_slot()  # handed a slot, then cancelled before using it
             raise
+        self._handed -= 1  # the caller writes its request now, before any later one
 
     def _release_slot(self) -> None:
         while self._slot_waiters:
             waiter = self._slot_waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # the slot passes to the first request waiting
+                self._handed += 1
                 return
         self._free_slots += 1
 
