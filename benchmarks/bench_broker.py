@@ -79,7 +79,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peers
+import tidemq
 from tidemq.aio import Admin, Producer, StreamConsumer
+from tidemq.core.malloc_tuning import MMAP_THRESHOLD, TRIM_THRESHOLD
 
 RESULTS = Path(__file__).resolve().parent / "results" / "broker.json"
 SIZES = (100, 1024)
@@ -1245,6 +1247,10 @@ def loadavg() -> str:
 
 
 def client_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
+    """The client processes' event loop (uvloop when installed). Also sets the malloc
+    thresholds the user guide recommends for producers of large batches (every client of
+    the run, tidemq's and the peers', is in this process and gets them)."""
+    tidemq.tune_malloc()
     try:
         uvloop: Any = importlib.import_module("uvloop")
     except ImportError:
@@ -1271,6 +1277,8 @@ def environment(env: Env, loop_name: str) -> dict[str, Any]:
         "filesystem": filesystem_of(root),
         "directory": str(root),
         "client_loop": loop_name,
+        "client_malloc": "tidemq.tune_malloc(): glibc mmap threshold "
+        f"{MMAP_THRESHOLD >> 20} MiB, trim threshold {TRIM_THRESHOLD >> 20} MiB",
         "server_uvloop": server_uvloop(),
         "tidemq_flush": "sync and async (async: fdatasync every flush_interval_ms=500)",
         "redis_persistence": "appendonly yes, appendfsync everysec, save ''; "

@@ -31,6 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peers
+import tidemq
 from tidemq import aio
 from tidemq.client.simple_consumer import AsyncSimpleConsumer
 
@@ -145,6 +146,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int)
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
+    tidemq.tune_malloc()  # as bench_broker.py: what the guide recommends for producers
     total = args.messages or (50_000 if args.quick else 200_000)
     runs = args.runs or (1 if args.quick else 3)
     print("config:", json.dumps({"messages": total, "runs": runs, "batch": BATCH,

@@ -28,6 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peers
+import tidemq
 from tidemq.aio import Admin, Producer
 
 BATCH = 256
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--windows", default="5,32")
     parser.add_argument("--flush", choices=("sync", "async"), default="sync")
     args = parser.parse_args()
+    tidemq.tune_malloc()  # as bench_broker.py: what the guide recommends for producers
     windows = [int(w) for w in args.windows.split(",")]
     print(
         f"tidemq --flush {args.flush}; one producer, one queue, batches of {BATCH} x {SIZE} B; "

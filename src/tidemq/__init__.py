@@ -29,6 +29,7 @@ from tidemq.core.errors import (
     UnknownMessage,
     UnknownTransaction,
 )
+from tidemq.core.malloc_tuning import tune_malloc
 from tidemq.core.message import BatchReceipts, Message, MessageBatch, Receipt
 from tidemq.core.version import __version__
 
@@ -59,4 +60,5 @@ __all__ = [
     "UnknownMessage",
     "UnknownTransaction",
     "__version__",
+    "tune_malloc",
 ]

@@ -3,6 +3,7 @@ and the limits (frame size, header size) with the errors they raise."""
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import msgspec
@@ -148,6 +149,37 @@ def test_byte_by_byte_and_buffered_bytes() -> None:
     (frame,) = decoder.feed(wire[-1:])
     assert (frame.header, frame.body) == (b"abc", b"defg")
     assert decoder.buffered_bytes == 0
+
+
+def test_a_trickled_frame_costs_about_its_size_in_memory() -> None:
+    # A peer sending a large frame a few bytes per read must not cost an object per read.
+    body = bytes(range(256)) * 1024  # 256 KiB
+    wire = _frame(body=body)
+    decoder = FrameDecoder(LIMIT)
+    tracemalloc.start()
+    try:
+        last = len(wire) - 1
+        for i in range(0, last, 3):
+            assert decoder.feed(wire[i : min(i + 3, last)]) == []
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 1.2 * len(wire), f"{held} bytes held for a {len(wire)}-byte frame"
+    (frame,) = decoder.feed(wire[last:])
+    assert frame.body == body
+    assert decoder.buffered_bytes == 0
+
+
+def test_large_frames_across_reads_of_every_size() -> None:
+    frames = [_frame(corr=i, header=b"h" * i, body=bytes([i]) * (70_000 + i)) for i in range(5)]
+    wire = b"".join(frames)
+    for read in (1000, 4096, 65_536, 70_017, 262_144):
+        decoder = FrameDecoder(LIMIT)
+        got = [f for i in range(0, len(wire), read) for f in decoder.feed(wire[i : i + read])]
+        assert [(f.correlation_id, f.header, f.body) for f in got] == [
+            (i, b"h" * i, bytes([i]) * (70_000 + i)) for i in range(5)
+        ]
+        assert decoder.buffered_bytes == 0
 
 
 def test_feed_accepts_bytearray_and_memoryview() -> None:

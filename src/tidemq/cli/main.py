@@ -24,6 +24,7 @@ from tidemq.cli import (
     commands_topic,
     pipeline_common,
 )
+from tidemq.core.malloc_tuning import tune_malloc
 from tidemq.core.version import __version__
 
 __all__ = ["app"]
@@ -51,6 +52,7 @@ def _root(
     ),
 ) -> None:
     """tidemq: a RocketMQ-style stream store."""
+    tune_malloc()  # every command is a process of ours, and some move large batches
 
 
 commands_server.register(app)

@@ -98,6 +98,8 @@ _I32_MAX: Final = (1 << 31) - 1
 _I64_MIN: Final = -(1 << 63)
 _I64_MAX: Final = (1 << 63) - 1
 _PAD: Final = tuple(bytes(i) for i in range(8))
+#: A body smaller than this is joined before its CRC; a larger one is not copied twice.
+_JOIN_BELOW: Final = 64 * 1024
 
 
 class Codec(IntEnum):
@@ -376,13 +378,20 @@ def _assemble(
         raise BatchTooLarge(
             f"batch body of {size} bytes exceeds the format limit of {limits.MAX_BATCH_BYTES}"
         )
-    stored = _compress(codec, b"".join(parts))
-    total = ENVELOPE.size + len(stored)
+    if codec is not Codec.NONE:
+        parts = [_compress(codec, b"".join(parts))]
+    elif size < _JOIN_BELOW:
+        parts = [b"".join(parts)]  # small: one CRC call beats one per section
+    total = ENVELOPE.size + sum(map(len, parts))
     if total > max_batch_bytes:
         raise BatchTooLarge(f"batch of {total} bytes exceeds the limit of {max_batch_bytes}")
     head = ENVELOPE.pack(MAGIC, VERSION, codec, 0, 0, count, size, tag_summary, base_ts, max_ts)
-    crc = crc32c.crc32c(stored, crc32c.crc32c(head[_CRC_START:], crc32c.crc32c(head[:4])))
-    return b"".join((head[:4], _U32.pack(crc), head[_CRC_START:], stored))
+    # The CRC runs over the sections in place and the payload is joined once: one copy of
+    # the values (their column), not two (the body, then the payload around it).
+    crc = crc32c.crc32c(head[_CRC_START:], crc32c.crc32c(head[:4]))
+    for part in parts:
+        crc = crc32c.crc32c(part, crc)
+    return b"".join((head[:4], _U32.pack(crc), head[_CRC_START:], *parts))
 
 
 def encode_batch(
