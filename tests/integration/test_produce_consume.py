@@ -382,7 +382,8 @@ def test_long_poll_wakes_when_data_arrives(loop: Loop, broker: BrokerEnv) -> Non
 
 def test_append_made_durable_by_a_checkpoint_is_acknowledged(loop: Loop, broker: BrokerEnv) -> None:
     """Sync flush mode: a checkpoint (which flushes on the loop) can make an append durable
-    before the flusher gets to it; the append is still answered, and fetches wake."""
+    before the flusher gets to it; the append is still answered, and fetches wake. (The
+    append is over the gateway's inline-sync size, so the flusher thread owns its sync.)"""
 
     async def main() -> None:
         await _create(broker.address, queues=1)
@@ -399,7 +400,7 @@ def test_append_made_durable_by_a_checkpoint_is_acknowledged(loop: Loop, broker:
             )
             await loop.wait_until(lambda: broker.broker._polling.parked == 1, what="the park")
             gateway = broker.broker._gateway
-            payload = encode_batch([MessageRecord(b"v", None, None, (), (), 1)])
+            payload = encode_batch([MessageRecord(b"v" * 20_000, None, None, (), (), 1)])
             append = asyncio.create_task(gateway.append(TOPIC, 0, payload))
             await asyncio.sleep(0)  # the append runs up to its wait for the flusher...
             assert gateway.store.flushed_position < gateway.store.end_position
