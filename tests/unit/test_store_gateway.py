@@ -17,7 +17,7 @@ from tidemq.core.batch import encode_values
 from tidemq.core.errors import StorageFailure
 from tidemq.store.config import FlushMode, StoreConfig
 from tidemq.store.message_store import MessageStore
-from tidemq.testing.files import FaultFileSystem
+from tidemq.testing.files import FaultFile, FaultFileSystem
 
 DATA = Path("/data")
 SEGMENT = DATA / "commitlog" / "00000000000000000000.log"
@@ -107,3 +107,33 @@ def test_a_failed_fdatasync_fails_the_append_and_fences_the_store(
     assert (
         _surviving_offsets(fs, tmp_path / "meta.sqlite") == 1
     )  # the acknowledged append, and nothing else
+
+
+def test_back_to_back_small_appends_share_an_fdatasync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Synced on the loop one by one, 40 appends that arrive together would cost 40
+    # fdatasyncs; the first is synced on the loop, the rest queue up behind it and go to
+    # the flusher together (group commit).
+    syncs: list[Path] = []
+    real_sync = FaultFile.sync
+
+    def counting_sync(self: FaultFile) -> None:
+        syncs.append(self.path)
+        real_sync(self)
+
+    monkeypatch.setattr(FaultFile, "sync", counting_sync)
+    fs = FaultFileSystem()
+
+    async def main() -> None:
+        store, gateway, _ = await _with_gateway(fs, tmp_path / "meta.sqlite")
+        before = syncs.count(SEGMENT)
+        results = await asyncio.gather(
+            *(gateway.append("t", 0, _payload(100, i)) for i in range(40))
+        )
+        assert all(r.end_position <= store.flushed_position for r in results)
+        assert syncs.count(SEGMENT) - before <= 10, f"{syncs.count(SEGMENT) - before} syncs"
+        await gateway.close()
+
+    asyncio.run(main())
+    assert _surviving_offsets(fs, tmp_path / "meta.sqlite") == 40

@@ -9,9 +9,9 @@ the GIL, runs on a flusher thread (except a small one, below):
   The flusher coroutine starts an fdatasync whenever records are waiting and none is
   running; appends keep landing meanwhile and the next fdatasync covers all of them
   together (group commit: one sync per round, however many producers). A small append
-  (up to `_INLINE_SYNC_MAX_BYTES` unflushed) made while no fdatasync runs is synced on
-  the loop instead: cheaper than two thread hops when a producer sends one message at a
-  time.
+  (up to `_INLINE_SYNC_MAX_BYTES` unflushed) made while no fdatasync runs, and not right
+  after the previous such sync, is synced on the loop instead: cheaper than two thread
+  hops when a producer sends one message at a time.
 * In async flush mode appends return at once; the flusher syncs every `flush_interval_ms`.
 * Readable data wakes parked fetches: after each completed flush in sync mode (readers see
   only flushed records there), at once in async mode.
@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Final, TypeVar
 
@@ -49,6 +50,13 @@ _TICK_INTERVAL_S: Final = 0.05
 #: CPU) cost more than the fdatasync of a page or two. Larger appends go to the flusher
 #: thread, so the loop keeps reading and appending while the disk works (group commit).
 _INLINE_SYNC_MAX_BYTES: Final = 16 * 1024
+#: ... but only when no append waits for the flusher (it joins them) and the previous sync
+#: on the loop ended at least this long ago. Appends
+#: that arrive back to back (several producers at once, which queued up while the loop
+#: was syncing) go to the flusher, where one fdatasync covers them all; synced on the loop
+#: one by one, each would cost a whole fdatasync. A producer sending one message per round
+#: trip comes back no sooner than its own processing and two loopback hops, well over this.
+_INLINE_SYNC_MIN_GAP_S: Final = 100e-6
 
 
 class StoreGateway:
@@ -68,6 +76,7 @@ class StoreGateway:
         self._unflushed_queues: set[tuple[str, int]] = set()
         self._work = asyncio.Event()
         self._flushing = False  # an fdatasync is running on the flusher thread
+        self._inline_synced_at = 0.0  # perf_counter() when the last sync on the loop ended
         self._closed = False
         self._flusher = loop.create_task(self._flush_loop())
         self._ticker = loop.create_task(self._tick_loop())
@@ -108,9 +117,13 @@ class StoreGateway:
             return result  # a retried batch that is durable already
         if (
             not self._flushing
+            and not self._waiting
             and result.end_position - self._store.flushed_position <= _INLINE_SYNC_MAX_BYTES
+            and time.perf_counter() - self._inline_synced_at >= _INLINE_SYNC_MIN_GAP_S
         ):
             self._sync_inline((topic, queue_id))
+            # Not loop.time(): uvloop's is in milliseconds, cached per iteration.
+            self._inline_synced_at = time.perf_counter()
             return result
         future: asyncio.Future[None] = self._loop.create_future()
         self._waiting.append((result.end_position, future))
