@@ -163,7 +163,10 @@ class _Driver:
     """One driver process (and its JVM, in its process group), and its `KILL9` lines."""
 
     def __init__(self, tmp: Path, name: str, args: list[str]) -> None:
-        script = tmp / "driver.py"
+        # A file per driver: rewriting one shared file while an earlier driver's
+        # interpreter is still reading it gave that driver an empty script (exit 0, no
+        # output; seen once in CI).
+        script = tmp / f"{name}.py"
         script.write_text(_DRIVER)
         self.name = name
         self.log = tmp / f"{name}.log"
