@@ -20,8 +20,6 @@ import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from tidemq.core.malloc_tuning import tune_malloc
-
 __all__ = ["Service", "configure_logging", "loop_factory", "serve"]
 
 log = logging.getLogger("tidemq.cli.server")
@@ -57,7 +55,6 @@ def configure_logging(level: str) -> None:
 
 def serve(make: Callable[[], Service]) -> None:
     """Run the service `make()` builds until a signal stops it."""
-    tune_malloc()
     factory = loop_factory()
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(_serve(make))
