@@ -3,15 +3,15 @@
 The store is single-threaded and its operations (appends to the page cache, index lookups,
 preads) take microseconds, so they run right on the event loop: no thread hop, no lock,
 no GIL hand-off per request. Only fdatasync, which takes a millisecond or more and releases
-the GIL, runs on a flusher thread (except a small one, below):
+the GIL, runs on the flusher thread (`sync_thread.py`; except a small one, below):
 
 * In sync flush mode an append returns only when a flush covering its end has completed.
-  The flusher coroutine starts an fdatasync whenever records are waiting and none is
-  running; appends keep landing meanwhile and the next fdatasync covers all of them
-  together (group commit: one sync per round, however many producers). A small append
-  (up to `_INLINE_SYNC_MAX_BYTES` unflushed) made while no fdatasync runs, and not right
-  after the previous such sync, is synced on the loop instead: cheaper than two thread
-  hops when a producer sends one message at a time.
+  Each such append hands the flusher thread the log's new end; the thread syncs back to
+  back while there is more, and appends keep landing meanwhile, so the next fdatasync
+  covers all of them together (group commit: one sync per round, however many producers).
+  A small append (up to `_INLINE_SYNC_MAX_BYTES` unflushed) made while no fdatasync runs,
+  and not right after the previous such sync, is synced on the loop instead: cheaper than
+  two thread hops when a producer sends one message at a time.
 * In async flush mode appends return at once; the flusher syncs every `flush_interval_ms`.
 * Readable data wakes parked fetches: after each completed flush in sync mode (readers see
   only flushed records there), at once in async mode.
@@ -24,13 +24,13 @@ A failed fdatasync fences the store: every waiting append fails with StorageFail
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Final, TypeVar
 
+from tidemq.broker.sync_thread import SyncThread
 from tidemq.core.errors import StoreClosed, TidemqError
 from tidemq.store.config import FlushMode
 from tidemq.store.message_store import AppendResult, MessageStore
@@ -70,15 +70,17 @@ class StoreGateway:
         self._loop = loop
         self._on_data = on_data
         self._sync = store.config.flush_mode is FlushMode.SYNC
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, "tidemq-fsync")
         # (end position, future) of appends waiting for durability, in append order
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+        # queues appended to since the last flush request, and (target, queues) of each
+        # request, in order: a completed flush wakes the fetches of the queues it covers
         self._unflushed_queues: set[tuple[str, int]] = set()
-        self._work = asyncio.Event()
-        self._flushing = False  # an fdatasync is running on the flusher thread
+        self._requested: list[tuple[int, set[tuple[str, int]]]] = []
+        self._requested_target = 0  # the newest target handed to the flusher thread
         self._inline_synced_at = 0.0  # perf_counter() when the last sync on the loop ended
         self._closed = False
-        self._flusher = loop.create_task(self._flush_loop())
+        self._stopped = False  # the flusher thread has ended: its late reports are moot
+        self._flusher = SyncThread(loop, self._synced, self._sync_failed)
         self._ticker = loop.create_task(self._tick_loop())
 
     @property
@@ -128,7 +130,7 @@ class StoreGateway:
         future: asyncio.Future[None] = self._loop.create_future()
         self._waiting.append((result.end_position, future))
         self._unflushed_queues.add((topic, queue_id))
-        self._work.set()
+        self._request_flush()
         await future
         return result
 
@@ -161,46 +163,41 @@ class StoreGateway:
         future: asyncio.Future[None] = self._loop.create_future()
         self._waiting.append((end, future))
         self._unflushed_queues.update(touched)
-        self._work.set()
+        self._request_flush()
         await future
         return results, error
 
     # ------------------------------------------------------------------ flushing
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._work.wait()
-            self._work.clear()
-            await self._flush_once()
+    @property
+    def _flushing(self) -> bool:
+        """A sync handed to the flusher thread has not reported yet."""
+        return self._requested_target > self._store.flushed_position
 
-    async def _flush_once(self) -> None:
-        store = self._store
-        if store.flushed_position >= store.end_position:
-            # Nothing left to sync, but not necessarily nothing to complete: a checkpoint
-            # flushes on the loop, and may have made waiting appends durable after they
-            # woke this flusher. They complete (and their queues' fetches wake) here, or
-            # they would wait until some later append's flush.
-            touched, self._unflushed_queues = self._unflushed_queues, set()
-            self._complete(store.flushed_position, touched)
-            return
+    def _request_flush(self) -> None:
+        """Have the flusher thread sync the log to its current end (merged with any
+        request that has not started yet)."""
         try:
-            target, sync = store.begin_flush()
+            target, sync = self._store.begin_flush()
         except TidemqError as exc:
             self._fail_waiting(exc)
             return
-        touched, self._unflushed_queues = self._unflushed_queues, set()
-        self._flushing = True
-        try:
-            await self._loop.run_in_executor(self._executor, sync)
-        except OSError as exc:
-            self._fail_waiting(store.fail_flush(exc))
+        self._requested.append((target, self._unflushed_queues))
+        self._unflushed_queues = set()
+        self._requested_target = target
+        self._flusher.request(target, sync)
+
+    def _synced(self, target: int) -> None:
+        """The flusher thread made the log durable up to `target` (on the loop)."""
+        if self._stopped:
             return
-        finally:
-            self._flushing = False
-        store.complete_flush(target)
-        self._complete(target, touched)
-        if self._waiting:
-            self._work.set()
+        self._store.complete_flush(target)  # not if the store was fenced meanwhile
+        self._complete(self._store.flushed_position)
+
+    def _sync_failed(self, exc: OSError) -> None:
+        if self._stopped:
+            return
+        self._fail_waiting(self._store.fail_flush(exc))
 
     def _sync_inline(self, queue: tuple[str, int]) -> None:
         """fdatasync on the loop, for a small append while the flusher is idle; completes
@@ -214,11 +211,10 @@ class StoreGateway:
             self._fail_waiting(error)
             raise error from None
         store.complete_flush(target)
-        touched, self._unflushed_queues = self._unflushed_queues, set()
-        touched.add(queue)
-        self._complete(target, touched)
+        self._unflushed_queues.add(queue)
+        self._complete(target)
 
-    def _complete(self, target: int, touched: set[tuple[str, int]]) -> None:
+    def _complete(self, target: int) -> None:
         """Appends that end at or before `target` are durable: answer them, and wake the
         fetches parked on the queues they touched."""
         done = 0
@@ -229,6 +225,17 @@ class StoreGateway:
                 future.set_result(None)
             done += 1
         del self._waiting[:done]
+        touched: set[tuple[str, int]] = set()
+        done = 0
+        for requested, queues in self._requested:
+            if requested > target:
+                break
+            touched |= queues
+            done += 1
+        del self._requested[:done]
+        if target >= self._store.end_position:  # everything appended is durable
+            touched |= self._unflushed_queues
+            self._unflushed_queues = set()
         if touched:
             self._on_data(touched)
 
@@ -242,10 +249,11 @@ class StoreGateway:
         while True:
             await asyncio.sleep(_TICK_INTERVAL_S)
             try:
-                if self._store.flush_due():
-                    await self._flush_once()
+                if self._store.flush_due() and not self._flushing:
+                    self._request_flush()
                 if self._store.checkpoint_due():
-                    self._store.checkpoint()
+                    self._store.checkpoint()  # flushes the whole log, on the loop
+                    self._complete(self._store.flushed_position)
             except StoreClosed:
                 return
             except Exception:
@@ -256,13 +264,20 @@ class StoreGateway:
         if self._closed:
             return
         self._closed = True
-        if self._waiting:
-            await self._flush_once()
-        for task in (self._flusher, self._ticker):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        self._ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._ticker
+        # Ends after the sync it was asked for last, which covers every waiting append;
+        # blocks the loop for at most that one fdatasync, at shutdown.
+        error = self._flusher.stop()
+        self._stopped = True
         try:
-            self._store.close()
+            if error is not None:
+                self._fail_waiting(self._store.fail_flush(error))
+            elif self._waiting:
+                try:
+                    self._complete(self._store.flush())
+                except TidemqError as exc:
+                    self._fail_waiting(exc)
         finally:
-            self._executor.shutdown(wait=True)
+            self._store.close()

@@ -132,7 +132,10 @@ class CommitLog:
         return self._segments.end_position, self._segments.active_handle().sync
 
     def complete_flush(self, target: int) -> None:
-        self._flushed = max(self._flushed, target)
+        # A fenced log stays where it was: a sync that "succeeded" after another failed
+        # proves nothing (the kernel may have dropped the pages the failure was about).
+        if self._failure is None:
+            self._flushed = max(self._flushed, target)
 
     def fail_flush(self, error: OSError) -> StorageFailure:
         """Fence the log after a failed fdatasync; returns the error to report."""
