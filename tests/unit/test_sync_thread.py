@@ -110,10 +110,13 @@ def test_stop_runs_the_pending_sync_first() -> None:
 def test_stop_ends_the_thread(requests: int) -> None:
     async def main() -> None:
         rec = _Recorder()
+        before = set(threading.enumerate())  # other tests' brokers may still run theirs
         thread = SyncThread(asyncio.get_running_loop(), rec.on_synced, rec.on_failed)
+        (ours,) = [t for t in threading.enumerate() if t not in before and t.name == "tidemq-fsync"]
+        assert ours.is_alive()
         for target in range(requests):
             thread.request(target, lambda: None)
         thread.stop()
-        assert not any(t.name == "tidemq-fsync" and t.is_alive() for t in threading.enumerate())
+        assert not ours.is_alive()
 
     asyncio.run(main())
