@@ -299,7 +299,7 @@ def _record_commits(env: BrokerEnv, group: str, log: list[_CommitSeen]) -> None:
     broker = env.broker
     original = broker._handlers[RequestCode.COMMIT_OFFSETS]
 
-    async def recording(header: Any, body: bytes) -> Any:
+    async def recording(header: Any, body: bytes | memoryview) -> Any:
         assert isinstance(header, CommitOffsetsRequest)
         coordinator = broker._coordinator
         current = coordinator.describe(header.group).generation

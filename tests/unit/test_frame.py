@@ -3,6 +3,7 @@ and the limits (frame size, header size) with the errors they raise."""
 
 from __future__ import annotations
 
+import random
 import tracemalloc
 from typing import Any
 
@@ -180,6 +181,76 @@ def test_large_frames_across_reads_of_every_size() -> None:
             (i, b"h" * i, bytes([i]) * (70_000 + i)) for i in range(5)
         ]
         assert decoder.buffered_bytes == 0
+
+
+def _read_buffered(decoder: FrameDecoder, wire: bytes, reads: list[int]) -> list[Frame]:
+    """Deliver `wire` as a BufferedProtocol would: each read at most `reads[i]` bytes (in
+    turn, cycling) and at most what get_buffer() offers."""
+    frames: list[Frame] = []
+    pos = i = 0
+    while pos < len(wire):
+        buf = decoder.get_buffer()
+        n = min(len(buf), reads[i % len(reads)], len(wire) - pos)
+        buf[:n] = wire[pos : pos + n]
+        frames += decoder.buffer_updated(n)
+        pos += n
+        i += 1
+    return frames
+
+
+def test_buffered_reading_gives_the_frames_feed_gives() -> None:
+    rng = random.Random(5)
+    parts = [
+        _frame(corr=i, header=b"h" * rng.randrange(0, 300), body=rng.randbytes(size))
+        for i, size in enumerate([0, 10, 70_000, 65_519, 300_000, 5, 131_072, 1, 200_000])
+    ]
+    parts.append(_frame(corr=99, header=b"L" * (MAX_HEADER_BYTES + 1), body=b"x" * 100_000))
+    wire = b"".join(parts)
+    expected = [
+        (f.kind, f.flags, f.correlation_id, f.header, f.body)
+        for f in FrameDecoder(LIMIT).feed(wire)
+    ]
+    # [1] * 64 + [70_000]: byte by byte into a large frame's prefix, then most of it.
+    for reads in ([1] * 64 + [70_000], [3, 5000], [65_536], [7, 65_536, 100_000], [1 << 20]):
+        decoder = FrameDecoder(LIMIT)
+        got = _read_buffered(decoder, wire, reads)
+        assert [(f.kind, f.flags, f.correlation_id, f.header, bytes(f.body)) for f in got] == (
+            expected
+        ), reads
+        assert decoder.buffered_bytes == 0
+
+
+def test_a_large_frame_is_read_into_its_own_buffer_and_not_copied() -> None:
+    body = bytes(range(256)) * 1024  # 256 KiB
+    wire = _frame(body=body)
+    decoder = FrameDecoder(LIMIT)
+    (frame,) = _read_buffered(decoder, wire, [65_536])
+    assert isinstance(frame.body, memoryview)
+    assert frame.body.readonly
+    assert frame.body == body
+    # Later reads must not write over the body handed out.
+    (small,) = _read_buffered(decoder, _frame(body=b"z" * 1000), [65_536])
+    assert small.body == b"z" * 1000
+    assert frame.body == body
+
+
+def test_an_announced_frame_gets_its_own_buffer_only_once_an_eighth_arrived() -> None:
+    size = 1 << 20
+    wire = _frame(body=b"b" * (size - 100))
+    decoder = FrameDecoder(2 * LIMIT)
+    assert _read_buffered(decoder, wire[: len(wire) // 8 - 1000], [65_536]) == []
+    assert len(decoder.get_buffer()) <= 65_536, "a frame's buffer made before an eighth arrived"
+    rest = wire[len(wire) // 8 - 1000 :]
+    assert _read_buffered(decoder, rest[:2000], [2000]) == []
+    assert len(decoder.get_buffer()) == len(wire) - len(wire) // 8 - 1000, "no buffer of its own"
+    (frame,) = _read_buffered(decoder, rest[2000:], [1 << 20])
+    assert frame.body == b"b" * (size - 100)
+
+
+def test_buffered_reading_checks_the_prefix_like_feed() -> None:
+    decoder = FrameDecoder(LIMIT)
+    with pytest.raises(RemoteProtocolError, match="exceeds the limit"):
+        _read_buffered(decoder, PREFIX.pack(LIMIT, MAGIC, VERSION, 0, 0, 1, 0, 1), [65_536])
 
 
 def test_feed_accepts_bytearray_and_memoryview() -> None:

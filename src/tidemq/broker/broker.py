@@ -71,7 +71,7 @@ _CREATED_KEY = "broker.created_ms"
 #: How often retention runs.
 _RETENTION_INTERVAL_S = 60.0
 
-Handler = Callable[[Any, bytes], Awaitable[Any]]
+Handler = Callable[[Any, bytes | memoryview], Awaitable[Any]]
 
 
 class Broker:
@@ -378,7 +378,7 @@ class Broker:
         d, a, g = self._data, self._admin, self._groups
 
         def plain(fn: Callable[[Any], Awaitable[Any]]) -> Handler:
-            async def run(header: Any, body: bytes) -> Any:
+            async def run(header: Any, body: bytes | memoryview) -> Any:
                 return await fn(header)
 
             return run

@@ -155,7 +155,10 @@ class ClientConnection:
                 call.timer.cancel()
                 self._release_slot()
             raise
-        return decode_response(frame, expected), frame.body
+        body = frame.body
+        # This connection reads with FrameDecoder.feed, whose bodies are always bytes.
+        assert isinstance(body, bytes)
+        return decode_response(frame, expected), body
 
     def request_nowait(
         self,

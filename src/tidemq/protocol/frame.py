@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final, NoReturn
 
+import numpy as np
+
 from tidemq.core.errors import TidemqError
 
 __all__ = [
@@ -73,6 +75,13 @@ _KINDS: Final = tuple(FrameKind)
 #: shorter than _SMALL_CHUNK, which bounds the per-chunk overhead to a few percent.
 _SMALL_READ: Final = 1024
 _SMALL_CHUNK: Final = 16 * 1024
+#: Buffered reading (`get_buffer` / `buffer_updated`): the size of the shared read buffer,
+#: and the frames received straight into a buffer of their own instead: those of at least
+#: _DIRECT_MIN bytes, once an eighth of the frame has arrived (so a peer that announces a
+#: large frame and stops costs at most eight times what it sent, never the whole limit).
+_READ_BUFFER: Final = 64 * 1024
+_DIRECT_MIN: Final = 64 * 1024
+_DIRECT_SHARE: Final = 8
 
 
 class FrameFlags:
@@ -95,7 +104,9 @@ class Frame:
     code: int
     correlation_id: int
     header: bytes
-    body: bytes
+    #: bytes, or (buffered reading, a large frame) a read-only view of the frame's own
+    #: buffer: a batch's payload goes from the socket to the commit log with no copy.
+    body: bytes | memoryview
 
     @property
     def is_error(self) -> bool:
@@ -150,6 +161,11 @@ class FrameDecoder:
     reads is not appended to a growing buffer (a copy and a reallocation per read) and then
     sliced out of it (another copy). The body of a frame that fills a chunk exactly is that
     chunk, not copied at all.
+
+    Two ways in: `feed(data)` (asyncio.Protocol), or `get_buffer()` then
+    `buffer_updated(n)` (asyncio.BufferedProtocol). With the second, a large frame is read
+    straight into a buffer of its own, and its body is a view of that buffer: no copy at
+    all between the socket and the caller.
     """
 
     def __init__(self, max_frame_bytes: int) -> None:
@@ -161,10 +177,66 @@ class FrameDecoder:
         # Nothing is parsed until this many bytes are buffered: a prefix, or the whole
         # frame whose prefix was read (so a large frame is not re-parsed on every read).
         self._need = PREFIX.size
+        # Buffered reading: the shared read buffer (made on first use), and the frame being
+        # read straight into its own buffer (`_direct`, `_filled` bytes of it so far).
+        self._read_view: memoryview | None = None
+        self._direct: memoryview | None = None
+        self._filled = 0
 
     @property
     def buffered_bytes(self) -> int:
-        return self._size
+        return self._filled if self._direct is not None else self._size
+
+    def get_buffer(self) -> memoryview:
+        """Where the next read goes (BufferedProtocol.get_buffer); then `buffer_updated`."""
+        if self._direct is not None:
+            return self._direct[self._filled :]
+        if self._read_view is None:
+            self._read_view = memoryview(bytearray(_READ_BUFFER))
+        return self._read_view
+
+    def buffer_updated(self, nbytes: int) -> list[Frame]:
+        """`nbytes` were read into the last `get_buffer()`: the frames now whole."""
+        if self._direct is not None:
+            self._filled += nbytes
+            if self._filled < len(self._direct):
+                return []
+            return [self._direct_frame()]
+        assert self._read_view is not None, "buffer_updated before get_buffer"
+        frames = self.feed(self._read_view[:nbytes])  # copied out: the buffer is reused
+        need = self._need
+        if need >= _DIRECT_MIN and self._size * _DIRECT_SHARE >= need:
+            self._start_direct(need)
+        return frames
+
+    def _start_direct(self, size: int) -> None:
+        """Move the partial frame at the head (all that is buffered) into a buffer of its
+        own, `size` bytes, which the next reads fill."""
+        # numpy.empty: no zero-filling of memory that the reads overwrite anyway.
+        direct = np.empty(size, dtype=np.uint8).data.cast("B")
+        pos = 0
+        start = self._start
+        for chunk in self._chunks:
+            n = len(chunk) - start
+            direct[pos : pos + n] = memoryview(chunk)[start:]
+            pos += n
+            start = 0
+        self._chunks.clear()
+        self._start = self._size = 0
+        self._need = PREFIX.size
+        self._direct, self._filled = direct, pos
+
+    def _direct_frame(self) -> Frame:
+        buf = self._direct
+        assert buf is not None
+        self._direct, self._filled = None, 0
+        size, _, _, kind, flags, code, hsize, corr = PREFIX.unpack_from(buf)  # checked in feed
+        pos, rest = PREFIX.size, size - _AFTER_SIZE
+        if flags & FrameFlags.LONG_HEADER:
+            hsize = _long_header_size(bytes(buf[pos : pos + min(4, rest)]), hsize, rest)
+            pos += 4
+        header = bytes(buf[pos : pos + hsize])
+        return Frame(_KINDS[kind], flags, code, corr, header, buf[pos + hsize :].toreadonly())
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         if not data:

@@ -48,7 +48,9 @@ class DataHandlers:
         self._timers = timers
         self._transactions = transactions
 
-    async def produce(self, req: ProduceRequest, body: bytes) -> ProduceResponse:
+    async def produce(self, req: ProduceRequest, body: bytes | memoryview) -> ProduceResponse:
+        """`body`: the batch payload; a view of the request's own buffer when large (the
+        frame decoder reads big frames straight into one), appended without a copy."""
         info = await self._topics.check_queue(req.topic, req.queue, create=True)
         limit = self._topics.max_message_bytes(req.topic)
         if len(body) > limit:
@@ -59,7 +61,10 @@ class DataHandlers:
         kind = _message_kind(req)
         _check_type(req.topic, info.message_type, kind)
         if kind is MessageType.DELAY:
-            result = await self._timers.schedule(req.topic, req.queue, body, req.deliver_at_ms)
+            # The timer and transaction services take bytes: rare paths, one copy is fine.
+            result = await self._timers.schedule(
+                req.topic, req.queue, bytes(body), req.deliver_at_ms
+            )
             return ProduceResponse(
                 base_offset=result.base_offset,
                 count=result.count,
@@ -67,7 +72,7 @@ class DataHandlers:
                 origin_topic=TIMER_TOPIC,
             )
         if kind is MessageType.TRANSACTION:
-            result = await self._transactions.send(req.txn_id, req.topic, req.queue, body)
+            result = await self._transactions.send(req.txn_id, req.topic, req.queue, bytes(body))
             return ProduceResponse(
                 base_offset=result.base_offset,
                 count=result.count,
