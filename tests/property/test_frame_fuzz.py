@@ -5,6 +5,7 @@ back equal. (`benchmarks/fuzz_frames.py` runs the same idea for a million inputs
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from datetime import timedelta
 from typing import Any
@@ -125,6 +126,43 @@ def test_truncated_stream_yields_the_whole_frames_only(sent: list[Frame], cut: i
     assert sum(len(_wire(f)) for f in got) + decoder.buffered_bytes == cut
 
 
+def _read_buffered(decoder: FrameDecoder, stream: bytes, reads: list[int]) -> list[Frame]:
+    """Deliver `stream` as a BufferedProtocol would, each read at most `reads[i]` bytes
+    (cycling) and at most what get_buffer() offers; stop at a RemoteProtocolError."""
+    out: list[Frame] = []
+    pos = i = 0
+    while pos < len(stream):
+        buf = decoder.get_buffer()
+        n = min(len(buf), reads[i % len(reads)], len(stream) - pos)
+        buf[:n] = stream[pos : pos + n]
+        pos += n
+        i += 1
+        try:
+            out += decoder.buffer_updated(n)
+        except RemoteProtocolError:
+            break
+    return out
+
+
+large_bodies = st.integers(60_000, 300_000).map(lambda n: bytes([n % 251]) * n)
+
+
+@FUZZ
+@given(
+    st.lists(st.tuples(frames(), st.one_of(st.none(), large_bodies)), min_size=1, max_size=4),
+    st.lists(st.integers(1, 1 << 18), min_size=1, max_size=8),
+)
+def test_frames_round_trip_through_buffered_reads(
+    sent: list[tuple[Frame, bytes | None]], reads: list[int]
+) -> None:
+    frames_ = [f if body is None else dataclasses.replace(f, body=body) for f, body in sent]
+    decoder = FrameDecoder(ROUND_TRIP_LIMIT)
+    got = _read_buffered(decoder, b"".join(_wire(f) for f in frames_), reads)
+    assert [dataclasses.replace(f, body=bytes(f.body)) for f in got] == frames_
+    assert decoder.buffered_bytes == 0
+
+
+# ------------------------------------------------------------------ malformed bytes
 # ------------------------------------------------------------------ malformed bytes
 
 
@@ -158,6 +196,16 @@ def prefixed(draw: st.DrawFn) -> bytes:
 @given(st.lists(prefixed(), min_size=1, max_size=4), st.lists(st.integers(0, 1 << 16), max_size=6))
 def test_hostile_prefixes_raise_only_protocol_errors(parts: list[bytes], cuts: list[int]) -> None:
     for frame in _feed_all(FrameDecoder(LIMIT), _chunks(b"".join(parts), cuts)):
+        assert PREFIX.size + len(frame.header) + len(frame.body) <= LIMIT
+        _decode_quietly(frame)
+
+
+@FUZZ
+@given(st.lists(prefixed(), min_size=1, max_size=4), st.lists(st.integers(1, 1 << 16), min_size=1))
+def test_hostile_prefixes_through_buffered_reads_raise_only_protocol_errors(
+    parts: list[bytes], reads: list[int]
+) -> None:
+    for frame in _read_buffered(FrameDecoder(LIMIT), b"".join(parts), reads):
         assert PREFIX.size + len(frame.header) + len(frame.body) <= LIMIT
         _decode_quietly(frame)
 
