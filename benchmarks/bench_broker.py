@@ -1297,6 +1297,23 @@ def loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(all, steal) jiffies of the machine (/proc/stat; (0, 0) where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return sum(values), values[7] if len(values) > 7 else 0
+
+
+def steal_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the CPUs' time the hypervisor gave to other guests in between: on a
+    shared virtual machine, the first suspect when every system is slower than usual."""
+    total = after[0] - before[0]
+    return (after[1] - before[1]) / total if total > 0 else 0.0
+
+
 def client_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
     """The client processes' event loop (uvloop when installed). Also sets the malloc
     thresholds the user guide recommends for producers of large batches (every client of
@@ -1465,6 +1482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ceilings: dict[str, Any] = {}
     series: list[Series] = []
     t_start = time.perf_counter()
+    ticks = cpu_ticks()
     with contextlib.ExitStack() as stack:
         stack.callback(peers.stop_all)
         info = environment(env, loop_name)
@@ -1483,9 +1501,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\ninterrupted: stopping the servers", file=sys.stderr)
             raise
     info["loadavg_after"] = loadavg()
+    info["cpu_steal"] = round(steal_share(ticks, cpu_ticks()), 4)
     info["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     rows = print_throughput(series, ceilings) + print_latency(series)
-    print(f"\nload average before {info['loadavg_before']}, after {info['loadavg_after']}")
+    print(
+        f"\nload average before {info['loadavg_before']}, after {info['loadavg_after']}; "
+        f"CPU time stolen by the hypervisor during the run: {info['cpu_steal']:.1%}"
+    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps(

@@ -1337,6 +1337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_environment(info)
     out = Results()
     t_start = time.perf_counter()
+    ticks = bench_broker.cpu_ticks()
     with contextlib.ExitStack() as stack:
         stack.callback(peers.stop_all)
         try:
@@ -1347,10 +1348,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
     info["loadavg_after"] = bench_broker.loadavg()
     info["wall_seconds"] = round(time.perf_counter() - t_start, 1)
+    info["cpu_steal"] = round(bench_broker.steal_share(ticks, bench_broker.cpu_ticks()), 4)
     rows = print_targets(out.targets, info)
     print(
         f"\nload average before {info['loadavg_before']}, after {info['loadavg_after']}; "
-        f"{info['wall_seconds']} s"
+        f"{info['wall_seconds']} s; CPU time stolen by the hypervisor: {info['cpu_steal']:.1%}"
     )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
