@@ -1297,21 +1297,10 @@ def loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def cpu_ticks() -> tuple[int, int]:
-    """(all, steal) jiffies of the machine (/proc/stat; (0, 0) where there is none)."""
-    try:
-        with open("/proc/stat") as f:
-            values = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0, 0
-    return sum(values), values[7] if len(values) > 7 else 0
-
-
-def steal_share(before: tuple[int, int], after: tuple[int, int]) -> float:
-    """The share of the CPUs' time the hypervisor gave to other guests in between: on a
+def steal_share(used: peers.Jiffies) -> float:
+    """The share of the CPUs' time the hypervisor gave to other guests over `used`: on a
     shared virtual machine, the first suspect when every system is slower than usual."""
-    total = after[0] - before[0]
-    return (after[1] - before[1]) / total if total > 0 else 0.0
+    return used.steal / used.total if used.total > 0 else 0.0
 
 
 def client_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
@@ -1482,7 +1471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ceilings: dict[str, Any] = {}
     series: list[Series] = []
     t_start = time.perf_counter()
-    ticks = cpu_ticks()
+    jiffies = peers.machine_jiffies()
     with contextlib.ExitStack() as stack:
         stack.callback(peers.stop_all)
         info = environment(env, loop_name)
@@ -1501,7 +1490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\ninterrupted: stopping the servers", file=sys.stderr)
             raise
     info["loadavg_after"] = loadavg()
-    info["cpu_steal"] = round(steal_share(ticks, cpu_ticks()), 4)
+    info["cpu_steal"] = round(steal_share(peers.machine_jiffies() - jiffies), 4)
     info["wall_seconds"] = round(time.perf_counter() - t_start, 1)
     rows = print_throughput(series, ceilings) + print_latency(series)
     print(

@@ -29,21 +29,6 @@ import bench_broker as bb
 import peers
 
 
-def process_cpu(pid: int) -> tuple[float, float]:
-    """(user, system) seconds of a process."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / ticks, int(fields[12]) / ticks
-
-
-def machine_ticks() -> tuple[int, int]:
-    """(all, idle + iowait) jiffies of the whole machine."""
-    with open("/proc/stat") as f:
-        values = [int(x) for x in f.readline().split()[1:]]
-    return sum(values), values[3] + values[4]
-
-
 async def run(args: argparse.Namespace, server: peers.Server, env: bb.Env) -> None:
     limits = bb.Limits(args.seconds, 500_000_000)
     for r in range(args.runs):
@@ -51,13 +36,14 @@ async def run(args: argparse.Namespace, server: peers.Server, env: bb.Env) -> No
         if args.prefault:
             rate = bb.touch_fresh_memory(bb.prefault_bytes())
             touched = f" (touched fresh memory at {bb.human(rate)}B/s)"
-        s0, c0, m0 = process_cpu(server.pid), os.times(), machine_ticks()
+        s0, c0, m0 = peers.process_cpu(server.pid), os.times(), peers.machine_jiffies()
         t0 = time.perf_counter()
         rate = await bb.tq_produce(env, server.address, bb.W3, args.size, limits)
         elapsed = time.perf_counter() - t0
-        s1, c1, m1 = process_cpu(server.pid), os.times(), machine_ticks()
+        s1, c1, m1 = peers.process_cpu(server.pid), os.times(), peers.machine_jiffies()
         batches = max(rate * elapsed / bb.BATCH, 1.0)
-        busy = 1 - (m1[1] - m0[1]) / max(m1[0] - m0[0], 1)
+        used = m1 - m0
+        busy = used.busy / max(used.total, 1)
 
         def us(seconds: float) -> str:
             return f"{seconds / batches * 1e6:.0f}"  # noqa: B023 - used at once

@@ -207,10 +207,8 @@ def rss_bytes(pid: int) -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time the process has used (/proc/PID/stat)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time the process has used."""
+    return sum(peers.process_cpu(pid))
 
 
 def tidemq_command() -> list[str]:
@@ -1062,15 +1060,14 @@ async def p8_once(s: Settings, workers: Workers, setup: Setup, run: int) -> dict
         workers.expect("ready", P8_WORKER_TIMEOUT_S)
         pids = [srv.pid for srv in setup.servers] + workers.pids
         cpu0, t0 = {p: cpu_seconds(p) for p in pids}, time.perf_counter()
-        machine0 = machine_jiffies()
+        machine0 = peers.machine_jiffies()
         for conn in workers.conns:
             conn.send(("go",))
         results = workers.expect("done", s.seconds + MEASURE_GRACE_S)
         wall = time.perf_counter() - t0
         cpu = {p: (cpu_seconds(p) - cpu0[p]) / wall for p in pids}
-        busy_j, iowait_j, total_j = (
-            b - a for a, b in zip(machine0, machine_jiffies(), strict=True)
-        )
+        used = peers.machine_jiffies() - machine0
+        busy_j, iowait_j, total_j = used.busy, used.iowait, used.total
     finally:
         with contextlib.suppress(Exception):
             async with Admin(setup.bootstrap) as admin:
@@ -1129,14 +1126,6 @@ def fdatasync_scaling(s: Settings) -> dict[str, float]:
     with ThreadPoolExecutor(P8_BROKERS) as pool:
         many = sum(f.result() for f in [pool.submit(syncs) for _ in range(P8_BROKERS)])
     return {"one_writer_per_s": one, "many_writers_per_s": many, "ratio": many / one}
-
-
-def machine_jiffies() -> tuple[int, int, int]:
-    """(busy, iowait, total) CPU time of the whole machine, every tenant (/proc/stat)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle, iowait = fields[3], fields[4]
-    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
-    return total - idle - iowait, iowait, total
 
 
 async def p8_runs(
@@ -1337,7 +1326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_environment(info)
     out = Results()
     t_start = time.perf_counter()
-    ticks = bench_broker.cpu_ticks()
+    jiffies = peers.machine_jiffies()
     with contextlib.ExitStack() as stack:
         stack.callback(peers.stop_all)
         try:
@@ -1348,7 +1337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
     info["loadavg_after"] = bench_broker.loadavg()
     info["wall_seconds"] = round(time.perf_counter() - t_start, 1)
-    info["cpu_steal"] = round(bench_broker.steal_share(ticks, bench_broker.cpu_ticks()), 4)
+    info["cpu_steal"] = round(bench_broker.steal_share(peers.machine_jiffies() - jiffies), 4)
     rows = print_targets(out.targets, info)
     print(
         f"\nload average before {info['loadavg_before']}, after {info['loadavg_after']}; "

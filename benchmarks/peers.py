@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "PeerMissing",
@@ -50,6 +50,39 @@ _RUNNING: list[Server] = []
 
 class PeerMissing(RuntimeError):
     """A peer's server binary or Python client is not installed."""
+
+
+class Jiffies(NamedTuple):
+    """CPU time of the whole machine, every tenant, from /proc/stat (jiffies)."""
+
+    busy: int
+    iowait: int
+    steal: int  # given by the hypervisor to other guests
+    total: int
+
+    def __sub__(self, earlier: tuple[int, ...]) -> Jiffies:
+        return Jiffies(*(a - b for a, b in zip(self, earlier, strict=True)))
+
+
+def machine_jiffies() -> Jiffies:
+    """Now; all zeros where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return Jiffies(0, 0, 0, 0)
+    fields += [0] * (8 - len(fields))
+    idle, iowait, steal = fields[3], fields[4], fields[7]
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
+    return Jiffies(total - idle - iowait, iowait, steal, total)
+
+
+def process_cpu(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds a process has used (/proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
 def free_port() -> int:
