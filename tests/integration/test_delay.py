@@ -4,6 +4,7 @@ and survival of a broker restart."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -121,6 +122,32 @@ def test_cancel_before_and_after_delivery(loop: Loop, broker: BrokerEnv) -> None
             assert far is not None
             with pytest.raises(UnknownMessage, match="no delayed message"):
                 await producer.cancel(message_id(TIMER_TOPIC, 0, far[2] + 1000))
+
+    loop.run(main())
+
+
+def test_a_second_cancel_after_the_checkpoint_trimmed_the_batch(
+    loop: Loop, start_broker: StartBroker
+) -> None:
+    # The checkpoint trims the timer topic up to its first pending batch, so the cancelled
+    # batch is gone from the log: the answer must still be "already cancelled", not
+    # "unknown" (CI once saw the checkpoint land between two cancels).
+    env = start_broker(service_checkpoint_interval_ms=50)
+
+    async def main() -> None:
+        await _create(env.address)
+        async with aio.Producer(env.address) as producer:
+            first = await producer.send(TOPIC, b"first", delay=600.0, queue=0)
+            await producer.send(TOPIC, b"second", delay=900.0, queue=0)
+            await producer.cancel(first.message_id)
+            assert first.origin is not None
+            deadline = time.monotonic() + 10
+            store = env.broker._gateway.store
+            while store.queue_bounds(TIMER_TOPIC, 0)[0] <= first.origin[2]:
+                assert time.monotonic() < deadline, "the checkpoint never trimmed the batch"
+                await asyncio.sleep(0.05)
+            with pytest.raises(AlreadyDelivered, match="already delivered or cancelled"):
+                await producer.cancel(first.message_id)
 
     loop.run(main())
 

@@ -214,6 +214,12 @@ class TimerService:
                 f"{message_id} is not the id of a delayed message: only the ids that sending "
                 "with delay= or deliver_at= returned can be cancelled"
             )
+        if offset < self._done.low:
+            # Every offset below the low watermark is delivered or cancelled, and the
+            # checkpoint may already have trimmed its batch from the timer topic.
+            raise AlreadyDelivered(
+                f"delayed message {message_id} was already delivered or cancelled"
+            )
         base = await self._gateway.call(lambda s: _batch_base(s, offset))
         if base is None:
             raise UnknownMessage(f"no delayed message {message_id} on this broker")
