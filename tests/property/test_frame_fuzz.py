@@ -147,7 +147,8 @@ def _read_buffered(decoder: FrameDecoder, stream: bytes, reads: list[int]) -> li
 large_bodies = st.integers(60_000, 300_000).map(lambda n: bytes([n % 251]) * n)
 
 
-@FUZZ
+# Fewer examples: each moves up to a megabyte through the decoder (300 took 12 s).
+@settings(FUZZ, max_examples=100)
 @given(
     st.lists(st.tuples(frames(), st.one_of(st.none(), large_bodies)), min_size=1, max_size=4),
     st.lists(st.integers(1, 1 << 18), min_size=1, max_size=8),
