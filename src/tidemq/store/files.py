@@ -8,18 +8,20 @@ Contract (what the store relies on, and what a fake must model):
 
 * `FileHandle.append` writes all bytes at the end of the file or raises; after an OSError
   the file may hold a prefix of them (the caller truncates back).
-* Nothing is durable until `FileHandle.sync` (file data) and, for a created, renamed or
-  removed name, `FileSystem.sync_dir` of its directory.
+* Nothing is durable until `FileHandle.sync` or `FileSystem.sync_files` (file data) and,
+  for a created, renamed or removed name, `FileSystem.sync_dir` of its directory.
 * `replace` is atomic: after a crash the name holds the old or the new file.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 __all__ = ["FileHandle", "FileSystem", "OsFileSystem", "ensure_dir"]
 
@@ -66,6 +68,11 @@ class FileSystem(Protocol):
     def replace(self, source: Path, target: Path) -> None: ...
 
     def sync_dir(self, path: Path) -> None: ...
+
+    def sync_files(self, paths: Sequence[Path]) -> None:
+        """Make the data written to these files (open or closed) durable, as `sync` of
+        each would; it may sync more. Raises OSError on failure."""
+        ...
 
     def read_bytes(self, path: Path) -> bytes: ...
 
@@ -141,6 +148,31 @@ def _skip(buffers: Sequence[Buffer], count: int) -> list[Buffer]:
     return out
 
 
+#: From this many files on, `OsFileSystem.sync_files` makes one syncfs(2) call instead of
+#: an fdatasync per file. A checkpoint of a broker whose traffic is spread over thousands of
+#: queues writes thousands of index files; on ext4 each fdatasync of an appended file
+#: commits the journal on its own (0.1-0.3 ms each, all on the event loop), while one
+#: syncfs writes them all back and commits once. Below this, syncfs' walk over every dirty
+#: inode of the filesystem costs more than the few fdatasyncs.
+SYNCFS_MIN_FILES: Final = 8
+
+
+def _load_syncfs() -> Callable[[int], int] | None:
+    """libc's syncfs on Linux (which reports writeback errors since 5.8), else None."""
+    if sys.platform != "linux":
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int,)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_syncfs = _load_syncfs()
+
+
 class OsFileSystem:
     """The real filesystem."""
 
@@ -175,6 +207,28 @@ class OsFileSystem:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def sync_files(self, paths: Sequence[Path]) -> None:
+        if not paths:
+            return
+        if _syncfs is not None and len(paths) >= SYNCFS_MIN_FILES:
+            # One syncfs per filesystem the files are on (a queue directory may be a mount).
+            one_per_device = {os.stat(path).st_dev: path for path in paths}
+            for path in one_per_device.values():
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                try:
+                    if _syncfs(fd) != 0:
+                        code = ctypes.get_errno()
+                        raise OSError(code, f"syncfs: {os.strerror(code)}", str(path))
+                finally:
+                    os.close(fd)
+            return
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
 
     def read_bytes(self, path: Path) -> bytes:
         return path.read_bytes()

@@ -390,11 +390,23 @@ class MessageStore:
         self._check_open()
         flushed = self.flush()
         ends: dict[tuple[int, int], int] = {}
+        written: list[Path] = []
         for key in self._dirty_queues:
             index = self._queues.get(key)
             if index is not None:
-                index.write_pending(sync=True)
+                path = index.write_pending(sync=False)
+                if path is not None:
+                    written.append(path)
                 ends[key] = index.next_offset
+        # All together: with traffic over thousands of queues, one fdatasync per index file
+        # held the loop for most of each checkpoint (see OsFileSystem.sync_files).
+        try:
+            self._fs.sync_files(written)
+        except OSError as exc:
+            # As for the log (fsyncgate): the entries were handed to the kernel and marked
+            # written, and a retry could "succeed" on pages the kernel dropped. Fence; a
+            # restart re-derives every index past the last good checkpoint from the log.
+            raise self._log.fail_flush(exc) from None
         self._dirty_queues.clear()
         self._meta.save_producer_state(self._producers.take_dirty())
         cp = Checkpoint(flushed, flushed, self._log.last_store_time_ms)

@@ -85,6 +85,7 @@ class QueueIndex:
         self._dir = directory
         self._per_file = entries_per_file
         self._cache = cache
+        self._path_memo: tuple[int, Path] = (-1, directory)
         ensure_dir(fs, directory)
         self._files: list[int] = sorted(
             int(n[: -len(_SUFFIX)])
@@ -102,7 +103,11 @@ class QueueIndex:
     # ------------------------------------------------------------------ state
 
     def _path(self, first: int) -> Path:
-        return self._dir / _file_name(first)
+        # Remembers the last one: each checkpoint asks for the newest file's path again,
+        # and building a Path costs more than the write (thousands of queues per checkpoint).
+        if self._path_memo[0] != first:
+            self._path_memo = (first, self._dir / _file_name(first))
+        return self._path_memo[1]
 
     def _load_bounds(self) -> None:
         """Set next_offset and last_position from the files (the newest whole entry)."""
@@ -180,12 +185,14 @@ class QueueIndex:
     def has_pending(self) -> bool:
         return self._tail is not None and self._tail_written < len(self._tail_bases)
 
-    def write_pending(self, *, sync: bool) -> None:
-        """Write the in-memory entries not yet in the file (at checkpoints)."""
+    def write_pending(self, *, sync: bool) -> Path | None:
+        """Write the in-memory entries not yet in the file (at checkpoints); the file
+        written, if any. Without `sync` the caller makes it durable (`fs.sync_files`)."""
         if not self.has_pending():
-            return
+            return None
         assert self._tail is not None
-        handle = self._fs.open(self._path(self._files[-1]))
+        path = self._path(self._files[-1])
+        handle = self._fs.open(path)
         try:
             handle.append((memoryview(self._tail)[self._tail_written * _W :],))
             if sync:
@@ -193,6 +200,7 @@ class QueueIndex:
         finally:
             handle.close()
         self._tail_written = len(self._tail_bases)
+        return path
 
     # ------------------------------------------------------------------ reading
 

@@ -410,6 +410,16 @@ class FaultFileSystem:
             _apply_change(self._durable_names, change)
         self._log = rest[::-1]
 
+    def sync_files(self, paths: Sequence[Path]) -> None:
+        """`sync` of each file, in order (the real one may sync the whole filesystem: the
+        contract is only these files); OSError(EIO) at the first armed sync fault."""
+        for path in paths:
+            handle = self.open(path)
+            try:
+                handle.sync()
+            finally:
+                handle.close()
+
     def read_bytes(self, path: Path) -> bytes:
         self._check_power()
         return bytes(self._file(_norm(path)).data)
