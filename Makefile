@@ -27,8 +27,10 @@ check: $(STAMP)
 java:
 	sh scripts/ensure-java.sh
 
+# Two workers: most tests wait on servers, sleeps and subprocesses, so two share the two
+# cores well (13 min serial, 8 min on two). The Spark tests all go to one worker (one JVM).
 test: check java
-	$(VENV)/bin/pytest -W error -q
+	$(VENV)/bin/pytest -W error -q -n 2 --dist loadgroup
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks

@@ -27,3 +27,11 @@ def replay_seed(request: pytest.FixtureRequest) -> int | None:
 def soak() -> bool:
     """True under `make soak`: simulations and kill loops run many more cycles."""
     return os.environ.get("TIDEMQ_SOAK") == "1"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Under pytest-xdist (`make test` runs two workers) every Spark test goes to the same
+    # worker: one JVM and one SparkSession for all of them, not one per worker.
+    for item in items:
+        if item.get_closest_marker("spark") is not None:
+            item.add_marker(pytest.mark.xdist_group("spark"))
