@@ -39,6 +39,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_codec.py
 	$(PY) benchmarks/bench_store.py
+	$(PY) benchmarks/bench_checkpoint.py
 	$(PY) benchmarks/bench_broker.py
 	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_special.py
