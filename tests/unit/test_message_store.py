@@ -105,6 +105,16 @@ def _open(
     return MessageStore.open(config, fs=fs, clock=clock or FakeClock())
 
 
+def _open_on_fault_fs(
+    tmp_path: Path, **overrides: Any
+) -> tuple[StoreConfig, Path, FaultFileSystem, MessageStore]:
+    """A store on a fresh `FaultFileSystem` (metadata on the real disk, which it does not
+    model): its config, metadata path, file system and the store."""
+    config = StoreConfig(data_dir=Path("/data"), **overrides)
+    meta, fs = tmp_path / "meta.sqlite", FaultFileSystem()
+    return config, meta, fs, MessageStore.open(config, fs=fs, clock=FakeClock(), metadata_path=meta)
+
+
 def _values(*values: bytes) -> bytes:
     return encode_values(list(values), timestamp_ms=T0)
 
@@ -562,10 +572,7 @@ def test_lost_index_is_rebuilt_from_what_retention_left(tmp_path: Path) -> None:
 def test_records_recovered_after_kill9_survive_a_later_power_loss(tmp_path: Path) -> None:
     """Recovery calls the whole recovered log flushed and checkpoints it, so it must sync
     it first: after kill -9 the unflushed tail was only in the page cache."""
-    config = StoreConfig(data_dir=Path("/data"), segment_size_bytes=4096)
-    meta = tmp_path / "meta.sqlite"
-    fs = FaultFileSystem()
-    store = MessageStore.open(config, fs=fs, clock=FakeClock(), metadata_path=meta)
+    config, meta, fs, store = _open_on_fault_fs(tmp_path, segment_size_bytes=4096)
     store.create_topic("t", 1)
     store.append("t", 0, _values(b"a"))
     store.checkpoint()
@@ -760,12 +767,7 @@ def _index_files(fs: FaultFileSystem, data_dir: Path) -> dict[str, int]:
 def test_a_checkpoint_over_many_queues_makes_every_index_durable(tmp_path: Path) -> None:
     """The checkpoint writes the index files of all touched queues, then syncs them
     together (`sync_files`): after a power loss each file still holds its entries."""
-    config, meta, fs = (
-        StoreConfig(data_dir=Path("/data")),
-        tmp_path / "meta.sqlite",
-        FaultFileSystem(),
-    )
-    store = MessageStore.open(config, fs=fs, clock=FakeClock(), metadata_path=meta)
+    config, meta, fs, store = _open_on_fault_fs(tmp_path)
     store.create_topic("wide", 40)
     for q in range(40):
         for _ in range(q % 3 + 1):
@@ -784,12 +786,7 @@ def test_a_checkpoint_over_many_queues_makes_every_index_durable(tmp_path: Path)
 def test_a_failed_index_sync_fences_the_store(tmp_path: Path) -> None:
     """As a failed log fdatasync: the entries are with the kernel, which may have dropped
     them, so the store refuses more work; a reopen re-derives the indexes from the log."""
-    config, meta, fs = (
-        StoreConfig(data_dir=Path("/data")),
-        tmp_path / "meta.sqlite",
-        FaultFileSystem(),
-    )
-    store = MessageStore.open(config, fs=fs, clock=FakeClock(), metadata_path=meta)
+    config, meta, fs, store = _open_on_fault_fs(tmp_path)
     store.create_topic("wide", 10)
     for q in range(10):
         store.append("wide", q, _values(b"a", b"b"))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, Protocol
 
-__all__ = ["FileHandle", "FileSystem", "OsFileSystem", "ensure_dir"]
+__all__ = ["FileHandle", "FileSystem", "OsFileSystem", "ensure_dir", "sync_each"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -79,6 +79,16 @@ class FileSystem(Protocol):
     def disk_usage(self, path: Path) -> tuple[int, int]:
         """(total bytes, free bytes) of the filesystem holding `path`."""
         ...
+
+
+def sync_each(fs: FileSystem, paths: Sequence[Path]) -> None:
+    """`sync_files` the plain way: open, sync and close each file in turn."""
+    for path in paths:
+        handle = fs.open(path)
+        try:
+            handle.sync()
+        finally:
+            handle.close()
 
 
 def ensure_dir(fs: FileSystem, path: Path) -> None:
@@ -223,12 +233,7 @@ class OsFileSystem:
                 finally:
                     os.close(fd)
             return
-        for path in paths:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
+        sync_each(self, paths)
 
     def read_bytes(self, path: Path) -> bytes:
         return path.read_bytes()

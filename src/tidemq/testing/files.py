@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from tidemq.store.files import Buffer
+from tidemq.store.files import Buffer, sync_each
 
 __all__ = ["CrashMode", "FaultFile", "FaultFileSystem", "SimulatedCrash"]
 
@@ -413,12 +413,7 @@ class FaultFileSystem:
     def sync_files(self, paths: Sequence[Path]) -> None:
         """`sync` of each file, in order (the real one may sync the whole filesystem: the
         contract is only these files); OSError(EIO) at the first armed sync fault."""
-        for path in paths:
-            handle = self.open(path)
-            try:
-                handle.sync()
-            finally:
-                handle.close()
+        sync_each(self, paths)
 
     def read_bytes(self, path: Path) -> bytes:
         self._check_power()
