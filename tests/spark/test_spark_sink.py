@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from tidemq import Admin, Producer, TransactionProducer
 
@@ -153,3 +154,39 @@ def test_sink_id_required(
     )
     with pytest.raises(Exception, match="'sinkId' is required"):
         writer.start().awaitTermination(30)
+
+
+def test_stream_to_a_missing_topic_fails_when_the_query_starts(
+    spark: SparkSession, admin: Admin, topic_name: str, options: Options, tmp_path: Path
+) -> None:
+    admin.create_topic(topic_name, 1)  # the source: empty, so no row ever reaches a task
+    missing = topic_name + "-missing"
+    stream = spark.readStream.format("tidemq").options(**options(subscribe=topic_name)).load()
+
+    def start(**extra: str) -> StreamingQuery:
+        return (
+            stream.select("value")
+            .writeStream.format("tidemq")
+            .options(**options(topic=missing, sinkId=missing, **extra))
+            .option("checkpointLocation", str(tmp_path / f"checkpoint-{len(extra)}"))
+            .start()
+        )
+
+    def run_until_it_fails() -> None:
+        query = start()
+        try:
+            query.awaitTermination(60)
+        finally:
+            query.stop()
+
+    with pytest.raises(Exception, match=f"topic '{missing}' .*does not exist.*createTopic"):
+        run_until_it_fails()
+    assert missing not in {t.name for t in admin.list_topics()}
+
+    query = start(createTopic="true", **{"createTopic.queues": "2"})
+    try:
+        assert query.awaitTermination(5) is False
+        assert query.isActive
+    finally:
+        query.stop()
+    assert admin.describe_topic(missing).queues == 2

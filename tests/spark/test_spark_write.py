@@ -81,3 +81,36 @@ def test_topic_option_overrides_and_errors(
     )
     with pytest.raises(Exception, match="exactly-once sink"):
         writer.start().awaitTermination(30)
+
+
+def test_missing_topic_fails_before_any_row_is_sent(
+    spark: SparkSession, admin: Admin, topic_name: str, options: Options, load: Load
+) -> None:
+    df = spark.createDataFrame([(b"x",), (b"y",)], "value binary")
+    # The `topic` option is checked when the write starts, on the driver.
+    with pytest.raises(Exception, match=f"topic '{topic_name}' .*does not exist.*createTopic"):
+        df.write.format("tidemq").options(**options(topic=topic_name)).mode("append").save()
+    assert topic_name not in {t.name for t in admin.list_topics()}
+    # Topics from the `topic` column are known row by row: the task that meets one fails.
+    per_row = spark.createDataFrame([(b"x", topic_name + "-col")], "value binary, topic string")
+    with pytest.raises(Exception, match="named by the DataFrame's 'topic' column does not exist"):
+        per_row.write.format("tidemq").options(**options()).mode("append").save()
+
+
+def test_create_topic_option(
+    spark: SparkSession, admin: Admin, topic_name: str, options: Options, load: Load
+) -> None:
+    df = spark.createDataFrame([(b"x",), (b"y",)], "value binary")
+    create = options(topic=topic_name, createTopic="true", **{"createTopic.queues": "3"})
+    df.write.format("tidemq").options(**create).mode("append").save()
+    assert admin.describe_topic(topic_name).queues == 3
+    df.write.format("tidemq").options(**create).mode("append").save()  # exists now: fine
+    assert sorted(r.value for r in load(subscribe=topic_name).collect()) == [b"x", b"x", b"y", b"y"]
+    # With the `topic` column, the tasks create what their rows name (8 queues by default).
+    per_row = spark.createDataFrame([(b"z", topic_name + "-col")], "value binary, topic string")
+    per_row.write.format("tidemq").options(**options(createTopic="true")).mode("append").save()
+    assert admin.describe_topic(topic_name + "-col").queues == 8
+    with pytest.raises(Exception, match=r"'createTopic\.queues' needs the option createTopic=true"):
+        df.write.format("tidemq").options(
+            **options(topic=topic_name, **{"createTopic.queues": "2"})
+        ).mode("append").save()

@@ -1,12 +1,23 @@
-"""Every Python block in docs/guide runs as written. Pages that talk to a server get a
-fresh one (a real broker on a random port; the page's 127.0.0.1:9876 is rewritten).
-A block fenced ```python no-run is shown, not run (it needs Spark or a cluster)."""
+"""Every Python block in docs/guide runs as written, two ways:
+
+* each page on its own, against a fresh server (a broker on its own thread, on a random
+  port; the page's 127.0.0.1:9876 is rewritten);
+* every page in the order of README's "Documentation" list, one after the other, against
+  ONE `tidemq server` process (what `make run` starts), each page in a fresh namespace:
+  what a newcomer does who follows the guide from the top. So pages must not step on each
+  other (each creates topics and groups of its own).
+
+A block fenced ```python no-run is shown, not run (it needs Spark or a cluster).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +27,39 @@ from tidemq.broker.broker import Broker
 from tidemq.broker.config import BrokerConfig
 from tidemq.store.config import StoreConfig
 
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide"
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "guide"
+README = ROOT / "README.md"
 BLOCK = re.compile(r"```python([ \t][^\n]*)?\n(.*?)```", re.DOTALL)
 DEFAULT_ADDRESS = "127.0.0.1:9876"
+SERVER = [sys.executable, "-m", "tidemq.cli.main", "server"]
+_SERVING = re.compile(r"^serving on (\S+:\d+)$", re.MULTILINE)
+START_TIMEOUT_S = 30.0
+
+
+def runnable_blocks(page: Path) -> list[str]:
+    """The page's python blocks that are not fenced `no-run`, in order."""
+    text = page.read_text()
+    return [code for info, code in BLOCK.findall(text) if "no-run" not in (info or "").split()]
+
+
+def readme_order() -> list[Path]:
+    """The guide pages in the order README's "Documentation" section lists them."""
+    text = README.read_text()
+    start = text.index("## Documentation")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end >= 0 else len(text)]
+    names = re.findall(r"\(docs/guide/([^)#]+\.md)\)", section)
+    return [GUIDE / name for name in dict.fromkeys(names)]
+
+
+def run_page(page: Path, address: str) -> str:
+    """Run the page's blocks in one fresh namespace, with `address` for 127.0.0.1:9876."""
+    namespace: dict[str, object] = {"__name__": "__guide__"}
+    for block in runnable_blocks(page):
+        code = block.replace(DEFAULT_ADDRESS, address)
+        exec(compile(code, str(page), "exec"), namespace)
+    return page.name
 
 
 @pytest.fixture
@@ -41,18 +82,70 @@ def server(tmp_path: Path) -> Iterator[str]:
         loop.close()
 
 
+@pytest.fixture
+def server_process(tmp_path: Path) -> Iterator[str]:
+    """`tidemq server --data-dir DIR` as `make run` starts it, on a free port."""
+    log = tmp_path / "server.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [*SERVER, "--data-dir", "data", "--port", "0", "--log-level", "warning"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=tmp_path,
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            found = _SERVING.search(log.read_text(errors="replace"))
+            if found:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"tidemq server did not start: {log.read_text(errors='replace')}")
+            time.sleep(0.05)
+        yield found.group(1)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+def test_readme_lists_every_page_with_examples() -> None:
+    """The order the newcomer follows must cover every page that has examples to run."""
+    listed = {p.name for p in readme_order()}
+    assert all((GUIDE / name).exists() for name in listed)
+    with_examples = {p.name for p in GUIDE.glob("*.md") if runnable_blocks(p)}
+    assert with_examples <= listed, f"add {sorted(with_examples - listed)} to README's list"
+
+
 @pytest.mark.parametrize("page", sorted(GUIDE.glob("*.md")), ids=lambda p: p.name)
 def test_guide_page_examples_run(
     page: Path, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ) -> None:
-    text = page.read_text()
-    blocks = [code for info, code in BLOCK.findall(text) if "no-run" not in info.split()]
+    blocks = runnable_blocks(page)
     if not blocks:
         pytest.skip("no runnable python examples on this page")
+    address = DEFAULT_ADDRESS
     if DEFAULT_ADDRESS in "".join(blocks):
         address = request.getfixturevalue("server")
-        blocks = [b.replace(DEFAULT_ADDRESS, address) for b in blocks]
-    namespace: dict[str, object] = {"__name__": "__guide__"}
-    for block in blocks:
-        exec(compile(block, str(page), "exec"), namespace)
+    run_page(page, address)
     assert capsys.readouterr().out  # the examples print what they show
+
+
+@pytest.mark.timeout(300)
+def test_guide_pages_run_in_readme_order_on_one_server(
+    server_process: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done: list[str] = []
+    for page in readme_order():
+        try:
+            done.append(run_page(page, server_process))
+        except Exception as exc:
+            after = ", ".join(done) or "nothing"
+            raise AssertionError(
+                f"{page.name} failed on a server that has run {after}: {exc!r}"
+            ) from exc
+        assert capsys.readouterr().out or not runnable_blocks(page), page.name

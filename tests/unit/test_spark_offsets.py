@@ -176,5 +176,9 @@ def test_resolve_positions() -> None:
     times = {("t", 0): 30, ("t", 1): 10}
     assert resolve_positions(ts, bounds, option="x", default="latest", times=times) == times
     past = OffsetSpec("offsets", (("t", ((1, 11),)),))
-    with pytest.raises(OptionError, match=r"'endingOffsets': offset 11 of t/1 is past"):
+    with pytest.raises(
+        OptionError,
+        match=r"'endingOffsets': offset 11 of t/1 is past the queue's end \(10\): the queue "
+        r"holds offsets 0 to 9\. Give an offset of at most 10, or -1 for the queue's end",
+    ):
         resolve_positions(past, bounds, option="endingOffsets", default="latest")

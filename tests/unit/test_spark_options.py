@@ -147,3 +147,24 @@ def test_write_options() -> None:
     assert parse_write_options({"bootstrap": "h:1"}).topic is None
     with pytest.raises(OptionError, match="'topic': 'a b'"):
         parse_write_options({"bootstrap": "h:1", "topic": "a b"})
+
+
+def test_create_topic_options() -> None:
+    opts = parse_write_options({"bootstrap": "h:1", "topic": "out"})
+    assert (opts.create_topic, opts.create_queues) == (False, 8)
+    opts = parse_write_options({"bootstrap": "h:1", "createtopic": "TRUE"})
+    assert (opts.create_topic, opts.create_queues) == (True, 8)
+    opts = parse_write_options(
+        {"bootstrap": "h:1", "createTopic": "true", "createTopic.queues": "3"}
+    )
+    assert (opts.create_topic, opts.create_queues) == (True, 3)
+    with pytest.raises(OptionError, match="'createTopic' must be true or false"):
+        parse_write_options({"bootstrap": "h:1", "createTopic": "yes"})
+    with pytest.raises(OptionError, match=r"'createTopic\.queues' needs the option createTopic"):
+        parse_write_options({"bootstrap": "h:1", "createTopic.queues": "3"})
+    with pytest.raises(OptionError, match=r"'createTopic\.queues' must be >= 1"):
+        parse_write_options({"bootstrap": "h:1", "createTopic": "true", "createTopic.queues": "0"})
+    with pytest.raises(OptionError, match=r"'createTopic\.queues' must be <= 4096"):
+        parse_write_options(
+            {"bootstrap": "h:1", "createTopic": "true", "createTopic.queues": "5000"}
+        )

@@ -118,9 +118,11 @@ def resolve_positions(
         elif value == LATEST:
             out[tq] = hi
         elif value > hi:
+            held = f"holds offsets {lo} to {hi - 1}" if hi > lo else f"is empty (at {hi})"
             raise OptionError(
                 f"option {option!r}: offset {value} of {tq[0]}/{tq[1]} is past the queue's end "
-                f"({hi})"
+                f"({hi}): the queue {held}. Give an offset of at most {hi}, or -1 for the "
+                "queue's end (latest)"
             )
         else:
             out[tq] = value

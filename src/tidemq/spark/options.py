@@ -26,7 +26,9 @@ Reading:
 ``fetchMaxBytes``      bytes per fetch request (default 8 MiB)
 ====================== ================================================================
 
-Writing: ``bootstrap`` as above, ``topic`` (overrides the ``topic`` column).
+Writing: ``bootstrap`` as above, ``topic`` (overrides the ``topic`` column),
+``createTopic`` (``false`` by default: a missing topic fails the query when it starts;
+``true`` creates it, with ``createTopic.queues`` queues, default 8).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ LATEST: Final = -1
 
 BOOTSTRAP_NAMES: Final = ("bootstrap", "tidemq.bootstrap.servers", "kafka.bootstrap.servers")
 DEFAULT_FETCH_MAX_BYTES: Final = 8 << 20
+#: Queues of a topic the writer creates (`createTopic=true`), as `Admin.create_topic`'s.
+DEFAULT_CREATE_QUEUES: Final = 8
 # Kafka source options tidemq does not implement yet: refused rather than ignored, so that
 # nobody believes they took effect.
 _UNSUPPORTED: Final = (
@@ -142,6 +146,9 @@ class WriteOptions:
     bootstrap: str
     #: Overrides the DataFrame's `topic` column when set.
     topic: str | None
+    #: Create a missing target topic (with `create_queues` queues) instead of failing.
+    create_topic: bool = False
+    create_queues: int = DEFAULT_CREATE_QUEUES
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -370,9 +377,23 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     opts = _lower(options)
     topic = _get(opts, "topic")
+    create = _bool("createTopic", _get(opts, "createTopic"), False)
+    queues_text = _get(opts, "createTopic.queues")
+    queues = DEFAULT_CREATE_QUEUES
+    if queues_text is not None:
+        if not create:
+            raise OptionError("option 'createTopic.queues' needs the option createTopic=true")
+        queues = _int("createTopic.queues", queues_text, minimum=1)
+        if queues > limits.MAX_QUEUES_PER_TOPIC:
+            raise OptionError(
+                f"option 'createTopic.queues' must be <= {limits.MAX_QUEUES_PER_TOPIC}, "
+                f"got {queues}"
+            )
     return WriteOptions(
         bootstrap=_bootstrap(opts),
         topic=None if topic is None else _topic_name("topic", topic.strip()),
+        create_topic=create,
+        create_queues=queues,
     )
 
 

@@ -3,6 +3,9 @@
 tidemq offers no non-transactional streaming writer on purpose: a micro-batch replayed
 after a failure would be written twice. This one is built on transactions:
 
+* The writer is built on the driver when the query starts: a ``topic`` option naming a
+  topic that does not exist fails the query then, before anything is written, unless
+  ``createTopic=true`` (`tidemq.spark.write.check_target_topic`).
 * ``sinkId`` (required) names the sink: its marker, the last batch id it published, is
   stored by the brokers atomically with the commit that publishes the batch. The
   transaction group is ``spark-sink-<sinkId>``.
@@ -50,7 +53,15 @@ from tidemq.client.transaction import AsyncTransaction, AsyncTransactionProducer
 from tidemq.core.errors import TidemqError, TopicNotFound, TransactionStateError
 from tidemq.spark._runtime import runtime
 from tidemq.spark.options import OptionError, WriteOptions, parse_write_options
-from tidemq.spark.write import WRITE_COLUMNS, Routes, SendGroup, check_write_columns, group_rows
+from tidemq.spark.write import (
+    WRITE_COLUMNS,
+    Routes,
+    SendGroup,
+    check_target_topic,
+    check_write_columns,
+    group_rows,
+    routes_for_batch,
+)
 
 __all__ = [
     "SINK_ID_PATTERN",
@@ -338,9 +349,8 @@ def write_transaction(
                     batch, topic=options.write.topic, routes=routes, counter=counter
                 )
             except TopicNotFound:
-                routes = rt.run(producer.cluster.refresh_routes(force=True))
-                groups = group_rows(
-                    batch, topic=options.write.topic, routes=routes, counter=counter
+                routes, groups = routes_for_batch(
+                    producer.cluster, options.write, batch, counter=counter
                 )
             counter += 1
             if pending is not None:  # one Arrow batch in flight: order within queues holds
@@ -383,6 +393,7 @@ class TidemqStreamWriter(DataSourceStreamArrowWriter):
                 "no topic to write to: set the option 'topic' or give the DataFrame a 'topic' "
                 "column"
             )
+        check_target_topic(self._options.write)
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         context = TaskContext.get()

@@ -61,7 +61,12 @@ from tidemq.spark.options import (
 )
 from tidemq.spark.planning import OffsetRange, plan_partitions, ranges_between
 from tidemq.spark.sink import exactly_once_stream_writer
-from tidemq.spark.write import WRITE_COLUMNS, check_write_columns, write_batches
+from tidemq.spark.write import (
+    WRITE_COLUMNS,
+    check_target_topic,
+    check_write_columns,
+    write_batches,
+)
 
 __all__ = [
     "QueueRangePartition",
@@ -214,6 +219,7 @@ class TidemqBatchWriter(DataSourceArrowWriter):
                 "no topic to write to: set the option 'topic' or give the DataFrame a 'topic' "
                 "column"
             )
+        check_target_topic(self._options)
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         context = TaskContext.get()

@@ -12,6 +12,12 @@ for the whole Arrow batch (Kafka's sticky partitioner: unkeyed rows stay togethe
 Rows keep their order within a queue. `send_batch` takes one headers mapping per batch,
 so rows with headers are cut into runs of equal headers.
 
+Target topics: `check_target_topic` runs on the driver when a write starts (the data
+source's `writer()` / `streamWriter()`): a `topic` option naming a topic that does not
+exist fails the query there, naming it, unless `createTopic=true` (then it is created).
+Topics that come from the `topic` column are only known row by row: a missing one fails
+the task that meets it (with the same message), or is created by it with `createTopic`.
+
 `write_batches` sends non-transactionally: a Spark task retried after a failure sends its
 rows again (at least once). The exactly-once streaming sink is `tidemq.spark.sink`.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,9 +37,10 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tidemq.client.admin import AsyncAdmin
 from tidemq.client.cluster import ClusterClient
 from tidemq.client.producer import AsyncProducer
-from tidemq.core.errors import TopicNotFound
+from tidemq.core.errors import TopicAlreadyExists, TopicNotFound
 from tidemq.spark._runtime import runtime
 from tidemq.spark.options import WriteOptions
 
@@ -40,8 +48,11 @@ __all__ = [
     "WRITE_COLUMNS",
     "SendGroup",
     "WriteResult",
+    "check_target_topic",
     "check_write_columns",
+    "ensure_topics",
     "group_rows",
+    "routes_for_batch",
     "write_batches",
 ]
 
@@ -305,6 +316,67 @@ def group_rows(
     return groups
 
 
+def _missing_message(missing: Sequence[str], *, from_column: bool) -> str:
+    names = ", ".join(repr(m) for m in missing)
+    what = (
+        f"topic {names} named by the DataFrame's 'topic' column"
+        if from_column
+        else f"the write's topic {names} (option 'topic')"
+    )
+    verb = "do" if from_column and len(missing) > 1 else "does"
+    return (
+        f"tidemq: {what} {verb} not exist. Create it first (tidemq topic create NAME "
+        "--queues N, or Admin.create_topic), or set the option createTopic=true (with "
+        "createTopic.queues, default 8) to have the writer create it"
+    )
+
+
+async def ensure_topics(
+    cluster: ClusterClient, options: WriteOptions, topics: Sequence[str], *, from_column: bool
+) -> Any:
+    """The route table, with every topic of `topics` in it: missing topics are created
+    when `options.create_topic`, else TopicNotFound names them."""
+    routes = await cluster.refresh_routes(force=True)
+    missing = sorted({t for t in topics if t not in routes})
+    if not missing:
+        return routes
+    if not options.create_topic:
+        raise TopicNotFound(_missing_message(missing, from_column=from_column))
+    admin = AsyncAdmin(options.bootstrap)
+    try:
+        for name in missing:
+            # TopicAlreadyExists: another task or writer created it meanwhile.
+            with contextlib.suppress(TopicAlreadyExists):
+                await admin.create_topic(name, options.create_queues)
+    finally:
+        await admin.close()
+    return await cluster.refresh_routes(force=True)
+
+
+def check_target_topic(options: WriteOptions) -> None:
+    """Driver side, when a write starts: the `topic` option's topic exists (or is created
+    with `createTopic=true`). Without the option nothing can be checked yet."""
+    if options.topic is None:
+        return
+    rt = runtime()
+    rt.run(
+        ensure_topics(rt.cluster(options.bootstrap), options, [options.topic], from_column=False)
+    )
+
+
+def routes_for_batch(
+    cluster: ClusterClient, options: WriteOptions, batch: Any, *, counter: int
+) -> tuple[Routes, list[SendGroup]]:
+    """After `group_rows` met a topic missing from `stale` routes: look again (creating
+    missing topics with `createTopic`) and group the batch with the new routes."""
+    rt = runtime()
+    topics, _ = _topics(batch, options.topic)
+    routes: Routes = rt.run(
+        ensure_topics(cluster, options, topics, from_column=options.topic is None)
+    )
+    return routes, group_rows(batch, topic=options.topic, routes=routes, counter=counter)
+
+
 async def _producer(bootstrap: str, cluster: ClusterClient) -> AsyncProducer:
     """A producer on the runtime's loop, sharing the process's client (closing it leaves
     the client open)."""
@@ -350,8 +422,7 @@ def write_batches(
                 groups = group_rows(batch, topic=options.topic, routes=routes, counter=counter)
             except TopicNotFound:
                 # Routes cached before the topic was created: look again, once.
-                routes = rt.run(cluster.refresh_routes(force=True))
-                groups = group_rows(batch, topic=options.topic, routes=routes, counter=counter)
+                routes, groups = routes_for_batch(cluster, options, batch, counter=counter)
             counter += 1
             if groups:
                 in_flight.append((groups, rt.submit(_send(producer, groups))))
