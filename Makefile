@@ -1,7 +1,10 @@
 # tidemq developer commands. Every target creates the virtual environment when missing.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+CKSUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
+# Everything (dev tools, Spark, server) for test/check/bench; only the server for run.
+STAMP := $(VENV)/.installed-$(CKSUM)
+SERVER_STAMP := $(VENV)/.installed-server-$(CKSUM)
 
 .PHONY: run test check java format bench soak clean
 
@@ -10,11 +13,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,spark,server]'
 	rm -f $(VENV)/.installed-*
+	touch $@ $(SERVER_STAMP)
+
+# `make run` installs what the server needs only: tidemq with its `server` extra (uvloop).
+$(SERVER_STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[server]'
+	rm -f $(VENV)/.installed-server-*
 	touch $@
 
 venv: $(STAMP)
 
-run: $(STAMP)
+run: $(SERVER_STAMP)
 	$(VENV)/bin/tidemq server --data-dir ./data
 
 check: $(STAMP)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
+import functools
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any
 
 import typer
@@ -16,6 +17,7 @@ from tidemq.cli.common import (
     CLIENT_CONFIG,
     DEFAULT_BOOTSTRAP,
     Bootstrap,
+    CliError,
     CliUsageError,
     Output,
     OutputOpt,
@@ -23,13 +25,14 @@ from tidemq.cli.common import (
     command,
     info,
 )
+from tidemq.cli.produce_lines import LineFormatError, ProduceFailed, Stats, read_lines, send_lines
 from tidemq.client.sync import Admin, GroupConsumer, Producer, StreamConsumer
+from tidemq.cluster.route import queue_for_key
+from tidemq.core.errors import TopicNotFound
 from tidemq.core.message import Message, Receipt
 
 __all__ = ["consume", "produce", "register"]
 
-#: --batch: sends outstanding before the producer is flushed and receipts collected.
-_BATCH_WINDOW = 10_000
 #: Longest single poll, so --timeout-ms and Ctrl+C are noticed promptly.
 _POLL_MS = 1_000
 
@@ -46,21 +49,6 @@ def _shown(data: bytes | None) -> str:
 # ------------------------------------------------------------------ produce
 
 
-def _emit_receipt(receipt: Receipt, output: Output) -> None:
-    if output is Output.JSON:
-        line = json.dumps(
-            {
-                "topic": receipt.topic,
-                "queue": receipt.queue,
-                "offset": receipt.offset,
-                "message_id": receipt.message_id,
-            }
-        )
-    else:
-        line = f"{receipt.queue}\t{receipt.offset}\t{receipt.message_id}"
-    sys.stdout.write(line + "\n")
-
-
 def produce(
     *,
     topic: TopicArg = None,
@@ -69,16 +57,20 @@ def produce(
         str | None,
         typer.Option(
             "--key-separator",
+            metavar="SEP",
             help="Split each line at the first SEP into key and value.",
             show_default=False,
         ),
     ] = None,
     key: Annotated[
         str | None,
-        typer.Option("--key", "-k", help="One key for every message.", show_default=False),
+        typer.Option(
+            "--key", "-k", metavar="KEY", help="One key for every message.", show_default=False
+        ),
     ] = None,
     tag: Annotated[
-        str | None, typer.Option("--tag", help="Tag every message.", show_default=False)
+        str | None,
+        typer.Option("--tag", metavar="TAG", help="Tag every message.", show_default=False),
     ] = None,
     queue: Annotated[
         int | None,
@@ -88,8 +80,12 @@ def produce(
     ] = None,
     batch: Annotated[
         bool,
-        typer.Option("--batch", help="Pipeline sends (batched by the producer); flush at the end."),
-    ] = False,
+        typer.Option(
+            "--batch/--no-batch",
+            help="Keep many sends on their way (the default); --no-batch waits for each "
+            "receipt before the next send.",
+        ),
+    ] = True,
     print_receipts: Annotated[
         bool,
         typer.Option("--print-receipts", help="Print each message's queue, offset and id."),
@@ -97,48 +93,112 @@ def produce(
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     output: OutputOpt = Output.TABLE,
 ) -> None:
-    """Send each line of stdin as a message."""
+    """Send each line of stdin as a message; print a summary on stderr."""
     name = topic_name(topic, topic_opt)
     if key_separator == "":
         raise CliUsageError("--key-separator must not be empty")
     if key is not None and key_separator is not None:
         raise CliUsageError("give --key or --key-separator, not both")
-    separator = key_separator.encode() if key_separator is not None else None
-    fixed_key = key.encode() if key is not None else None
-    pending: list[concurrent.futures.Future[Receipt]] = []
 
-    def settle() -> None:
-        for future in pending:
-            receipt = future.result()
-            if print_receipts:
-                _emit_receipt(receipt, output)
-        pending.clear()
-        sys.stdout.flush()
+    def receipts(done: Sequence[Receipt]) -> None:
+        _emit_receipts(done, output)
 
-    with Producer(
-        check_bootstrap(bootstrap), client_config=CLIENT_CONFIG, linger_ms=5 if batch else 0
-    ) as producer:
-        for number, raw in enumerate(sys.stdin.buffer, 1):
-            value = raw.removesuffix(b"\n").removesuffix(b"\r")
-            message_key = fixed_key
-            if separator is not None:
-                head, found, tail = value.partition(separator)
-                if not found:
-                    raise CliUsageError(f"line {number} has no key separator {key_separator!r}")
-                message_key, value = head, tail
-            if batch:
-                future = producer.send_async(name, value, key=message_key, tag=tag, queue=queue)
-                pending.append(future)
-                if len(pending) >= _BATCH_WINDOW:
-                    producer.flush()
-                    settle()
-            else:
-                receipt = producer.send(name, value, key=message_key, tag=tag, queue=queue)
-                if print_receipts:
-                    _emit_receipt(receipt, output)
-                    sys.stdout.flush()
-        producer.flush()
-        settle()
+    address = check_bootstrap(bootstrap)
+    queue_of = _key_hashing(address, name) if key_separator and batch and queue is None else None
+    with (
+        Producer(address, client_config=CLIENT_CONFIG, linger_ms=5 if batch else 0) as producer,
+        _progress() as progress,
+    ):
+        try:
+            stats = send_lines(
+                producer,
+                name,
+                read_lines(sys.stdin.buffer),
+                key=key.encode() if key is not None else None,
+                separator=key_separator.encode() if key_separator is not None else None,
+                tag=tag,
+                queue=queue,
+                queue_of=queue_of,
+                one_by_one=not batch,
+                window=None if batch else 0,
+                on_receipts=receipts if print_receipts else None,
+                on_progress=progress,
+            )
+        except LineFormatError as exc:
+            raise CliUsageError(str(exc)) from None
+        except ProduceFailed as exc:
+            s = exc.stats
+            raise CliError(
+                f"{exc}; {s.acknowledged} of {s.sent} message(s) sent were acknowledged"
+            ) from None
+    info(stats.summary())
+
+
+def _key_hashing(address: str, topic: str) -> Callable[[bytes], int] | None:
+    """The queue each key maps to, as the producer maps it (`queue_for_key` over the
+    topic's queue count), so that keyed lines can go as one batch per queue; None when
+    the topic is not found (the sends then fail, and say how many were acknowledged)."""
+    with Admin(address, client_config=CLIENT_CONFIG) as admin:
+        try:
+            count = admin.describe_topic(topic).queues
+        except TopicNotFound:
+            return None
+    # Keys repeat: a cache saves hashing each again (the producer's hot path, per line).
+    return functools.lru_cache(maxsize=1 << 16)(functools.partial(_queue_for_key, count))
+
+
+def _queue_for_key(count: int, key: bytes) -> int:
+    return queue_for_key(key, count)
+
+
+def _emit_receipts(receipts: Sequence[Receipt], output: Output) -> None:
+    if output is Output.JSON:
+        lines = [
+            json.dumps(
+                {"topic": r.topic, "queue": r.queue, "offset": r.offset, "message_id": r.message_id}
+            )
+            for r in receipts
+        ]
+    else:
+        lines = [f"{r.queue}\t{r.offset}\t{r.message_id}" for r in receipts]
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.flush()
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[Stats], None] | None]:
+    """A live count on stderr when it is a terminal; None (no progress) otherwise."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    # Only on a terminal: not worth its import time for every other command.
+    from rich.console import Console  # noqa: PLC0415
+    from rich.progress import (  # noqa: PLC0415
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    bar = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=Console(file=sys.stderr),
+        transient=True,
+    )
+    task = bar.add_task("sending", total=None)
+
+    def update(stats: Stats) -> None:
+        bar.update(
+            task,
+            completed=stats.acknowledged,
+            description=f"{stats.acknowledged:,} acknowledged of {stats.sent:,} sent "
+            f"({stats.rate:,.0f} msg/s)",
+        )
+
+    with bar:
+        yield update
 
 
 # ------------------------------------------------------------------ consume

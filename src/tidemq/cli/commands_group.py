@@ -19,6 +19,7 @@ from tidemq.cli.common import (
     command,
     emit_json,
     emit_table,
+    is_internal,
     say,
 )
 from tidemq.client.sync import Admin
@@ -27,7 +28,9 @@ __all__ = ["app"]
 
 app = typer.Typer(help="List, describe and reset consumer groups.", no_args_is_help=True)
 
-GroupArg = Annotated[str, typer.Argument(metavar="GROUP", show_default=False)]
+GroupArg = Annotated[
+    str, typer.Argument(metavar="GROUP", help="The consumer group.", show_default=False)
+]
 
 
 def _admin(bootstrap: str) -> Admin:
@@ -39,10 +42,20 @@ def _assignment(queues: list[tuple[str, int]]) -> str:
 
 
 @command(app, "list")
-def list_(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Output.TABLE) -> None:
-    """List consumer groups (active or with committed offsets)."""
+def list_(
+    show_all: Annotated[
+        bool,
+        typer.Option(
+            "--all", "-a", help="Also list internal groups (%REDRIVE%..., ...%BROADCAST%...)."
+        ),
+    ] = False,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """List consumer groups: active, with committed offsets, or consuming by pop (simple
+    and push consumers); internal ones only with --all."""
     with _admin(bootstrap) as admin:
-        groups = admin.list_groups()
+        groups = [g for g in admin.list_groups() if show_all or not is_internal(g)]
     if output is Output.JSON:
         emit_json(groups)
     else:
@@ -119,9 +132,16 @@ def _target(
 def reset_offsets(
     *,
     group: GroupArg,
-    topic: Annotated[str, typer.Option("--topic", "-t", help="The topic whose offsets to reset.")],
-    to_earliest: Annotated[bool, typer.Option("--to-earliest")] = False,
-    to_latest: Annotated[bool, typer.Option("--to-latest")] = False,
+    topic: Annotated[
+        str,
+        typer.Option("--topic", "-t", metavar="TOPIC", help="The topic whose offsets to reset."),
+    ],
+    to_earliest: Annotated[
+        bool, typer.Option("--to-earliest", help="The oldest message each queue retains.")
+    ] = False,
+    to_latest: Annotated[
+        bool, typer.Option("--to-latest", help="The end of each queue (skip everything).")
+    ] = False,
     to_datetime: Annotated[
         str | None,
         typer.Option(
@@ -132,7 +152,14 @@ def reset_offsets(
         ),
     ] = None,
     to_offset: Annotated[
-        int | None, typer.Option("--to-offset", min=0, metavar="N", show_default=False)
+        int | None,
+        typer.Option(
+            "--to-offset",
+            min=0,
+            metavar="N",
+            help="This offset in every queue (clamped to what it retains).",
+            show_default=False,
+        ),
     ] = None,
     shift_by: Annotated[
         int | None,

@@ -11,7 +11,6 @@ import typer
 from tidemq.cli.common import (
     DEFAULT_BOOTSTRAP,
     Bootstrap,
-    CliError,
     CliUsageError,
     check_bootstrap,
     command,
@@ -25,7 +24,9 @@ from tidemq.cli.pipeline_common import (
     Once,
     app,
     load,
+    require_topics,
     session,
+    spark_failures,
 )
 
 __all__ = ["archive"]
@@ -35,9 +36,13 @@ __all__ = ["archive"]
 def archive(
     *,
     topic: Annotated[
-        list[str], typer.Option("--topic", "-t", help="Topic to archive (repeat for more).")
+        list[str],
+        typer.Option("--topic", "-t", metavar="TOPIC", help="Topic to archive (repeat for more)."),
     ],
-    output: Annotated[Path, typer.Option("--output", help="Root directory of the Parquet files.")],
+    output: Annotated[
+        Path,
+        typer.Option("--output", metavar="DIR", help="Root directory of the Parquet files."),
+    ],
     checkpoint: Checkpoint,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     master: Master = "local[*]",
@@ -49,31 +54,30 @@ def archive(
     if not topic:
         raise CliUsageError("give at least one --topic")
     pipeline = load("tidemq.spark.pipelines.archive")
-    errors = load("pyspark.errors")
-    spark, created = session(master, "tidemq-archive")
-    try:
-        query = pipeline.run_archive(
-            spark,
-            bootstrap=address,
-            topics=topic,
-            output=output,
-            checkpoint=checkpoint,
-            trigger="available_now" if once else "continuous",
-            max_offsets_per_trigger=max_offsets_per_trigger,
-        )
-        if not once:
-            info(f"archiving {', '.join(topic)} to {output}; Ctrl-C to stop")
-            try:
-                query.awaitTermination()
-            except KeyboardInterrupt:
-                query.stop()
-        batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
-        rows = sum(int(p["numInputRows"]) for p in batches)
-        say(f"archived {rows} message(s) in {len(batches)} micro-batch(es) to {output}")
-    except ValueError as exc:  # the source's OptionError, a bad argument
-        raise CliUsageError(str(exc)) from None
-    except errors.PySparkException as exc:
-        raise CliError(f"the archive query failed: {exc}") from None
-    finally:
-        if created:
-            spark.stop()
+    require_topics(address, topic)
+    with spark_failures("the archive query"):
+        spark, created = session(master, "tidemq-archive")
+        try:
+            query = pipeline.run_archive(
+                spark,
+                bootstrap=address,
+                topics=topic,
+                output=output,
+                checkpoint=checkpoint,
+                trigger="available_now" if once else "continuous",
+                max_offsets_per_trigger=max_offsets_per_trigger,
+            )
+            if not once:
+                info(f"archiving {', '.join(topic)} to {output}; Ctrl-C to stop")
+                try:
+                    query.awaitTermination()
+                except KeyboardInterrupt:
+                    query.stop()
+            batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+            rows = sum(int(p["numInputRows"]) for p in batches)
+            say(f"archived {rows} message(s) in {len(batches)} micro-batch(es) to {output}")
+        except ValueError as exc:  # the source's OptionError, a bad argument
+            raise CliUsageError(str(exc)) from None
+        finally:
+            if created:
+                spark.stop()

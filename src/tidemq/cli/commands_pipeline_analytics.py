@@ -11,7 +11,6 @@ import typer
 from tidemq.cli.common import (
     DEFAULT_BOOTSTRAP,
     Bootstrap,
-    CliError,
     CliUsageError,
     check_bootstrap,
     command,
@@ -25,7 +24,9 @@ from tidemq.cli.pipeline_common import (
     Once,
     app,
     load,
+    require_topics,
     session,
+    spark_failures,
 )
 
 __all__ = ["analytics", "generate_events"]
@@ -71,9 +72,13 @@ def generate_events(
 def analytics(
     *,
     topic: Annotated[
-        list[str], typer.Option("--topic", "-t", help="Topic of events (repeat for more).")
+        list[str],
+        typer.Option("--topic", "-t", metavar="TOPIC", help="Topic of events (repeat for more)."),
     ],
-    output: Annotated[Path, typer.Option("--output", help="Root directory of the Parquet files.")],
+    output: Annotated[
+        Path,
+        typer.Option("--output", metavar="DIR", help="Root directory of the Parquet files."),
+    ],
     checkpoint: Checkpoint,
     results_topic: Annotated[
         str, typer.Option("--results-topic", help="Topic for the results ('' for none).")
@@ -100,41 +105,40 @@ def analytics(
     if not topic:
         raise CliUsageError("give at least one --topic")
     pipeline = load("tidemq.spark.pipelines.analytics")
-    errors = load("pyspark.errors")
     try:
         config = pipeline.AnalyticsConfig(tumbling, sliding, slide, session_gap, watermark)
     except ValueError as exc:
         raise CliUsageError(str(exc)) from None
-    spark, created = session(master, "tidemq-analytics")
-    try:
-        run = pipeline.run_analytics(
-            spark,
-            bootstrap=address,
-            topics=topic,
-            output=output,
-            checkpoint=checkpoint,
-            results_topic=results_topic or None,
-            name=name,
-            config=config,
-            trigger="available_now" if once else "continuous",
-            max_offsets_per_trigger=max_offsets_per_trigger,
-        )
-        if not once:
-            info(f"analytics over {', '.join(topic)} to {output}; Ctrl-C to stop")
-            try:
-                run.await_termination()
-            except KeyboardInterrupt:
-                run.stop()
-        rows = run.rows()
-        say(
-            f"processed {rows['session']} event(s) ({rows['rejected']} read by the rejects "
-            f"query); results in {output}"
-            + (f" and topic {results_topic}" if results_topic else "")
-        )
-    except ValueError as exc:
-        raise CliUsageError(str(exc)) from None
-    except errors.PySparkException as exc:
-        raise CliError(f"the analytics queries failed: {exc}") from None
-    finally:
-        if created:
-            spark.stop()
+    require_topics(address, topic)
+    with spark_failures("the analytics queries"):
+        spark, created = session(master, "tidemq-analytics")
+        try:
+            run = pipeline.run_analytics(
+                spark,
+                bootstrap=address,
+                topics=topic,
+                output=output,
+                checkpoint=checkpoint,
+                results_topic=results_topic or None,
+                name=name,
+                config=config,
+                trigger="available_now" if once else "continuous",
+                max_offsets_per_trigger=max_offsets_per_trigger,
+            )
+            if not once:
+                info(f"analytics over {', '.join(topic)} to {output}; Ctrl-C to stop")
+                try:
+                    run.await_termination()
+                except KeyboardInterrupt:
+                    run.stop()
+            rows = run.rows()
+            say(
+                f"processed {rows['session']} event(s) ({rows['rejected']} read by the rejects "
+                f"query); results in {output}"
+                + (f" and topic {results_topic}" if results_topic else "")
+            )
+        except ValueError as exc:
+            raise CliUsageError(str(exc)) from None
+        finally:
+            if created:
+                spark.stop()

@@ -26,7 +26,9 @@ from tidemq.cli.pipeline_common import (
     Once,
     app,
     load,
+    require_topics,
     session,
+    spark_failures,
 )
 from tidemq.client.sync import Admin
 from tidemq.core.errors import TopicNotFound
@@ -86,7 +88,8 @@ def generate_changes(
 def db_sync(
     *,
     topic: Annotated[
-        list[str], typer.Option("--topic", "-t", help="Topic of change events (repeatable).")
+        list[str],
+        typer.Option("--topic", "-t", metavar="TOPIC", help="Topic of change events (repeatable)."),
     ],
     target: Annotated[
         str,
@@ -110,42 +113,41 @@ def db_sync(
     if not topic:
         raise CliUsageError("give at least one --topic")
     pipeline = load("tidemq.spark.pipelines.db_sync")
-    errors = load("pyspark.errors")
     shown = pipeline.describe_target(target)
     try:
         pipeline.shard_urls(target, shards)  # a bad template fails before Spark starts
     except ValueError as exc:
         raise CliUsageError(str(exc)) from None
-    spark, created = session(master, "tidemq-db-sync")
-    try:
-        query = pipeline.run_db_sync(
-            spark,
-            bootstrap=address,
-            topics=topic,
-            target=target,
-            shards=shards,
-            checkpoint=checkpoint,
-            trigger="available_now" if once else "continuous",
-            max_offsets_per_trigger=max_offsets_per_trigger,
-        )
-        if not once:
-            info(f"syncing {', '.join(topic)} to {shown}; Ctrl-C to stop")
-            try:
-                query.awaitTermination()
-            except KeyboardInterrupt:
-                query.stop()
-        batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
-        rows = sum(int(p["numInputRows"]) for p in batches)
-        say(
-            f"synced {rows} change event(s) in {len(batches)} micro-batch(es) "
-            f"to {shards} shard(s) of {shown}"
-        )
-    except ValueError as exc:  # the source's OptionError, a bad argument
-        raise CliUsageError(str(exc)) from None
-    except pipeline.TargetError as exc:
-        raise CliError(f"the target cannot be used: {exc}") from None
-    except errors.PySparkException as exc:
-        raise CliError(f"the db-sync query failed: {exc}") from None
-    finally:
-        if created:
-            spark.stop()
+    require_topics(address, topic)
+    with spark_failures("the db-sync query"):
+        spark, created = session(master, "tidemq-db-sync")
+        try:
+            query = pipeline.run_db_sync(
+                spark,
+                bootstrap=address,
+                topics=topic,
+                target=target,
+                shards=shards,
+                checkpoint=checkpoint,
+                trigger="available_now" if once else "continuous",
+                max_offsets_per_trigger=max_offsets_per_trigger,
+            )
+            if not once:
+                info(f"syncing {', '.join(topic)} to {shown}; Ctrl-C to stop")
+                try:
+                    query.awaitTermination()
+                except KeyboardInterrupt:
+                    query.stop()
+            batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+            rows = sum(int(p["numInputRows"]) for p in batches)
+            say(
+                f"synced {rows} change event(s) in {len(batches)} micro-batch(es) "
+                f"to {shards} shard(s) of {shown}"
+            )
+        except ValueError as exc:  # the source's OptionError, a bad argument
+            raise CliUsageError(str(exc)) from None
+        except pipeline.TargetError as exc:
+            raise CliError(f"the target cannot be used: {exc}") from None
+        finally:
+            if created:
+                spark.stop()

@@ -18,6 +18,7 @@ from tidemq.cli.common import (
     command,
     emit_json,
     emit_table,
+    is_internal,
     parse_pairs,
     say,
 )
@@ -37,10 +38,19 @@ class TopicType(enum.StrEnum):
     TRANSACTION = "transaction"
 
 
-TopicArg = Annotated[str | None, typer.Argument(metavar="TOPIC", show_default=False)]
+TopicArg = Annotated[
+    str | None,
+    typer.Argument(metavar="TOPIC", help="The topic (or give --topic).", show_default=False),
+]
 TopicOpt = Annotated[
     str | None,
-    typer.Option("--topic", "-t", help="The topic (instead of the argument).", show_default=False),
+    typer.Option(
+        "--topic",
+        "-t",
+        metavar="TOPIC",
+        help="The topic (instead of the argument).",
+        show_default=False,
+    ),
 ]
 Configs = Annotated[
     list[str] | None,
@@ -93,11 +103,25 @@ def create(
     *,
     topic: TopicArg = None,
     topic_opt: TopicOpt = None,
-    queues: Annotated[int, typer.Option("--queues", "--partitions", min=1)] = 8,
+    queues: Annotated[
+        int, typer.Option("--queues", "--partitions", min=1, help="How many queues.")
+    ] = 8,
     topic_type: Annotated[
-        TopicType, typer.Option("--type", case_sensitive=False, help="The message type.")
+        TopicType,
+        typer.Option(
+            "--type",
+            case_sensitive=False,
+            help="The message type; mixed takes every kind of message.",
+        ),
     ] = TopicType.MIXED,
     config: Configs = None,
+    if_not_exists: Annotated[
+        bool,
+        typer.Option(
+            "--if-not-exists",
+            help="No error if the topic exists (it is left as it is, even if it differs).",
+        ),
+    ] = False,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     output: OutputOpt = Output.TABLE,
 ) -> None:
@@ -105,21 +129,41 @@ def create(
     name = topic_name(topic, topic_opt)
     configs = parse_pairs(config or (), "--config")
     with _admin(bootstrap) as admin:
+        existed = False
+        if if_not_exists:
+            # Asked first only to say which happened; create_topic(exist_ok=True) is the
+            # check that counts (the topic may be created in between).
+            existed = name in {t.name for t in admin.list_topics()}
         created = admin.create_topic(
-            name, queues, message_type=topic_type.value.upper(), config=configs
+            name,
+            queues,
+            message_type=topic_type.value.upper(),
+            config=configs,
+            exist_ok=if_not_exists,
         )
     if output is Output.JSON:
         emit_json(created)
+        return
+    plural = "" if created.queues == 1 else "s"
+    if existed:
+        kind = created.message_type
+        say(f"Topic {name!r} exists already ({created.queues} queue{plural}, {kind}).")
     else:
-        plural = "" if created.queues == 1 else "s"
         say(f"Created topic {name!r} with {created.queues} queue{plural}.")
 
 
 @command(app, "list")
-def list_(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Output.TABLE) -> None:
-    """List topics."""
+def list_(
+    show_all: Annotated[
+        bool,
+        typer.Option("--all", "-a", help="Also list internal topics (%RETRY%..., %DLQ%..., ...)."),
+    ] = False,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """List topics; internal ones only with --all."""
     with _admin(bootstrap) as admin:
-        topics = admin.list_topics()
+        topics = [t for t in admin.list_topics() if show_all or not is_internal(t.name)]
     if output is Output.JSON:
         emit_json(topics)
         return

@@ -1,14 +1,19 @@
 """What every command shares: the client options, output (rich tables or JSON), error
-reporting and exit codes (0 ok, 1 error, 2 usage)."""
+reporting and exit codes (0 ok, 1 error, 2 usage).
+
+Every failure is one `error: <message>` line on stderr; the traceback too only with the
+global `--debug` or `TIDEMQ_DEBUG=1`."""
 
 from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import json
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, ParamSpec, TypeVar
 
@@ -21,9 +26,11 @@ from rich.table import Table
 from tidemq.cli.config import ConfigUsageError
 from tidemq.client.cluster import ClientConfig
 from tidemq.core.errors import TidemqError
+from tidemq.core.names import is_user_name
 
 __all__ = [
     "CLIENT_CONFIG",
+    "DEBUG_ENV",
     "DEFAULT_BOOTSTRAP",
     "Bootstrap",
     "CliError",
@@ -32,12 +39,15 @@ __all__ = [
     "OutputOpt",
     "check_bootstrap",
     "command",
+    "debugging",
     "emit_json",
     "emit_table",
     "info",
+    "is_internal",
     "parse_pairs",
     "reports_errors",
     "say",
+    "set_debug",
     "to_builtins",
 ]
 
@@ -45,6 +55,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9876"
+
+#: Environment variable that turns on `--debug` (any value but "", "0", "false", "no").
+DEBUG_ENV = "TIDEMQ_DEBUG"
 
 #: Commands fail fast when nothing listens: a few quick retries, not the library's eight.
 CLIENT_CONFIG = ClientConfig(retries=2, connect_timeout_ms=5_000)
@@ -78,6 +91,13 @@ class CliUsageError(Exception):
 
 class CliError(Exception):
     """A failure the CLI finds itself (a group that does not exist): exit 1."""
+
+
+def is_internal(name: str) -> bool:
+    """A name of tidemq's own (`%RETRY%g`, `%DLQ%g`, `%SYS%...`, `%REDRIVE%g`,
+    `g%BROADCAST%member`): topics and groups tidemq makes, hidden from `list` unless
+    `--all`. User names cannot contain `%`."""
+    return not is_user_name(name)
 
 
 _ADDRESS = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:\d{1,5}$")
@@ -142,32 +162,63 @@ def info(message: str) -> None:
     sys.stderr.flush()
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    sys.stderr.write(f"error: {message}\n")
+#: The global options of this process (one process runs one command).
+_global_options: dict[str, bool] = {"debug": False}
+
+
+def set_debug(on: bool) -> None:
+    """The global `--debug`: failures print their traceback before the `error:` line."""
+    _global_options["debug"] = on
+
+
+def debugging() -> bool:
+    """`--debug` was given, or `TIDEMQ_DEBUG` is set (to anything but "", 0, false, no)."""
+    if _global_options["debug"]:
+        return True
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _fail(message: str, code: int, exc: BaseException | None = None) -> typer.Exit:
+    if exc is not None and debugging():
+        # The whole chain, also what `raise ... from None` hid: that is what --debug is for.
+        cause: BaseException | None = exc
+        seen: set[int] = set()
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            cause.__suppress_context__ = False
+            cause = cause.__cause__ or cause.__context__
+        traceback.print_exception(exc, file=sys.stderr)
+    first_line = message.strip().splitlines()[0] if message.strip() else "failed"
+    sys.stderr.write(f"error: {first_line}\n")
     sys.stderr.flush()
     return typer.Exit(code)
 
 
 def reports_errors(command: Callable[P, R]) -> Callable[P, R]:
-    """Wrap a command so tidemq errors become `error: <message>` on stderr and an exit
-    code, without a traceback: 2 for usage and configuration mistakes, 1 for the rest."""
+    """Wrap a command so its failures become one `error: <message>` line on stderr and an
+    exit code, without a traceback (unless `debugging()`): 2 for usage and configuration
+    mistakes, 1 for the rest, unexpected exceptions included."""
 
     @functools.wraps(command)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise  # typer's own: exit codes, usage errors
         except (CliUsageError, ConfigUsageError) as exc:
-            raise _fail(str(exc), 2) from None
+            raise _fail(str(exc), 2, exc) from None
         except CliError as exc:
-            raise _fail(str(exc), 1) from None
+            raise _fail(str(exc), 1, exc) from None
         except TidemqError as exc:
-            raise _fail(str(exc) or type(exc).__name__, 1) from None
+            raise _fail(str(exc) or type(exc).__name__, 1, exc) from None
         except BrokenPipeError:
             # `tidemq consume ... | head`: the reader left; that is not an error.
             _silence_stdout()
             raise typer.Exit(0) from None
         except OSError as exc:  # the port is taken, the data dir is not writable, ...
-            raise _fail(str(exc), 1) from None
+            raise _fail(str(exc), 1, exc) from None
+        except Exception as exc:  # a bug, or a library's failure nobody mapped
+            raise _fail(f"{type(exc).__name__}: {exc}", 1, exc) from None
 
     return run
 
@@ -178,10 +229,18 @@ def command(
     """`@app.command()` with `reports_errors`."""
 
     def register(fn: Callable[P, R]) -> Callable[P, R]:
-        app.command(name)(reports_errors(fn))
+        app.command(name, short_help=_first_paragraph(fn.__doc__))(reports_errors(fn))
         return fn
 
     return register
+
+
+def _first_paragraph(doc: str | None) -> str | None:
+    """A command's line in its group's list: the docstring's first paragraph, whole (click
+    would cut it at the terminal's width with "...")."""
+    if not doc:
+        return None
+    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
 
 
 def _silence_stdout() -> None:

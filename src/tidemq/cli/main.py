@@ -24,6 +24,7 @@ from tidemq.cli import (
     commands_topic,
     pipeline_common,
 )
+from tidemq.cli.common import DEBUG_ENV, set_debug
 from tidemq.core.malloc_tuning import tune_malloc
 from tidemq.core.version import __version__
 
@@ -35,6 +36,7 @@ app = typer.Typer(
     "produce and consume.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -50,8 +52,14 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help=f"On failure, print the traceback too (or set {DEBUG_ENV}=1).",
+    ),
 ) -> None:
     """tidemq: a RocketMQ-style stream store."""
+    set_debug(debug)
     tune_malloc()  # every command is a process of ours, and some move large batches
 
 

@@ -7,25 +7,46 @@ The commands live in `commands_pipeline*.py`, one module per pipeline; each regi
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import re
 import sys
+import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from tidemq.cli.common import CliError
+from tidemq.cli.common import CLIENT_CONFIG, CliError, debugging
+from tidemq.client.sync import Admin
 
-__all__ = ["Checkpoint", "Master", "MaxOffsets", "Once", "app", "load", "session"]
+__all__ = [
+    "Checkpoint",
+    "Master",
+    "MaxOffsets",
+    "Once",
+    "app",
+    "load",
+    "require_topics",
+    "session",
+    "spark_error_message",
+    "spark_failures",
+]
 
 app = typer.Typer(help="Spark pipelines (needs the `spark` extra).", no_args_is_help=True)
 
 # Options every pipeline command takes, the same way.
 Checkpoint = Annotated[
-    Path, typer.Option("--checkpoint", help="Spark checkpoint directory (reuse to resume).")
+    Path,
+    typer.Option(
+        "--checkpoint", metavar="DIR", help="Spark checkpoint directory (reuse to resume)."
+    ),
 ]
-Master = Annotated[str, typer.Option("--master", help="Spark master URL.")]
+Master = Annotated[
+    str, typer.Option("--master", metavar="URL", help="Spark master URL, e.g. local[4].")
+]
 Once = Annotated[
     bool,
     typer.Option(
@@ -35,7 +56,13 @@ Once = Annotated[
 ]
 MaxOffsets = Annotated[
     int | None,
-    typer.Option("--max-offsets-per-trigger", min=1, help="Messages per micro-batch at most."),
+    typer.Option(
+        "--max-offsets-per-trigger",
+        min=1,
+        metavar="N",
+        help="Messages per micro-batch at most.",
+        show_default="no limit",
+    ),
 ]
 
 
@@ -50,8 +77,20 @@ def load(module: str) -> Any:
         ) from None
 
 
+def require_topics(address: str, topics: Iterable[str]) -> None:
+    """Fail (`TopicNotFound`) before Spark starts when a topic does not exist: a pipeline
+    over a missing topic would otherwise read nothing and report success."""
+    with Admin(address, client_config=CLIENT_CONFIG) as admin:
+        for topic in dict.fromkeys(topics):
+            admin.describe_topic(topic)
+
+
 def session(master: str, app_name: str) -> tuple[Any, bool]:
-    """The active SparkSession, or a new one (UTC, no UI); True when this created it."""
+    """The active SparkSession, or a new one (UTC, no UI); True when this created it.
+
+    A new session's JVM writes its logs (and the Python workers' tracebacks) to a file
+    in the temporary directory, not to this terminal, unless `--debug`: a failure is
+    reported as one `error:` line (see `spark_failures`)."""
     from pyspark.sql import SparkSession  # noqa: PLC0415 - pyspark on demand
 
     active = SparkSession.getActiveSession()
@@ -59,14 +98,91 @@ def session(master: str, app_name: str) -> tuple[Any, bool]:
         return active, False
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    session = (
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "resolves to a loopback"
+    builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-        .getOrCreate()
     )
-    session.sparkContext.setLogLevel("ERROR")
-    return session, True
+    with _jvm_output(app_name):
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR" if debugging() else "OFF")
+    return spark, True
+
+
+@contextlib.contextmanager
+def _jvm_output(app_name: str) -> Iterator[None]:
+    """While the JVM starts, stderr (fd 2, which it inherits) points at a log file."""
+    if debugging():
+        yield
+        return
+    fd, path = tempfile.mkstemp(prefix=f"{app_name}-", suffix=".log")
+    _logs.append(path)
+    saved = os.dup(2)
+    try:
+        sys.stderr.flush()
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+#: Log files of the JVMs this process started (one, in practice).
+_logs: list[str] = []
+
+_TRACEBACK = "Traceback (most recent call last):"
+#: `module.Error: message` (a Python exception line) or `java.pkg.Error: message`.
+_EXCEPTION_LINE = re.compile(r"^(?:Caused by: )?((?:[A-Za-z_$][\w$]*\.)*)([A-Za-z_$][\w$]*): (.*)$")
+_SQLSTATE = re.compile(r"(?:\s*SQLSTATE: \w+)+\s*$")
+#: Wrappers whose messages only say that something else failed.
+_WRAPPERS = ("py4j.Py4JException", "org.apache.spark.SparkException")
+
+
+def spark_error_message(text: str) -> str:
+    """One line out of a Spark or Py4J error's text: the Python exception that failed the
+    job when there is one (the last line of the last Python traceback, without its module
+    path), else the innermost Java `Caused by:`, else the first line."""
+    lines = text.splitlines()
+    found: str | None = None
+    in_traceback = False
+    for line in lines:
+        if line.strip() == _TRACEBACK or line.endswith(_TRACEBACK):
+            in_traceback = True
+        elif in_traceback and line and not line[0].isspace():
+            in_traceback = False
+            found = line
+    if found is None:
+        causes = [
+            line
+            for line in lines
+            if line.startswith("Caused by: ") and not line[11:].startswith(_WRAPPERS)
+        ]
+        found = causes[-1] if causes else next((x for x in lines if x.strip()), "")
+    found = _SQLSTATE.sub("", found.strip())
+    matched = _EXCEPTION_LINE.match(found)
+    if matched is not None and matched.group(1):
+        found = f"{matched.group(2)}: {matched.group(3)}"  # no module or package path
+    return found or "failed"
+
+
+@contextlib.contextmanager
+def spark_failures(what: str) -> Iterator[None]:
+    """Spark's and Py4J's exceptions as one `CliError` line: `<what> failed: <message>`
+    (and where the JVM's log is). Without a failure, that log is removed."""
+    spark_errors = (load("pyspark.errors").PySparkException, load("py4j.protocol").Py4JError)
+    try:
+        yield
+    except spark_errors as exc:
+        where = f" (Spark's log: {_logs[-1]})" if _logs else ""
+        raise CliError(f"{what} failed: {spark_error_message(str(exc))}{where}") from exc
+    else:
+        while _logs:
+            with contextlib.suppress(OSError):
+                os.unlink(_logs.pop())

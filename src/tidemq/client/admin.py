@@ -15,6 +15,7 @@ and its commit sends that message again next time).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from tidemq.core.errors import (
     ConfigError,
     InvalidRequest,
     TidemqError,
+    TopicAlreadyExists,
     TopicNotFound,
 )
 from tidemq.core.message import Message
@@ -133,7 +135,14 @@ class AsyncAdmin:
         *,
         message_type: str = "MIXED",
         config: Mapping[str, str] | None = None,
+        exist_ok: bool = False,
     ) -> TopicInfoMsg:
+        """Create topic `name` with `queues` queues spread over the live brokers.
+
+        `exist_ok=True` (Kafka's `--if-not-exists`): when the topic exists already, return
+        its info instead of raising `TopicAlreadyExists`. It is returned as it is, even if
+        its queue count, message type or configs differ from the ones asked for; compare
+        them if that matters."""
         if not 1 <= queues <= limits.MAX_QUEUES_PER_TOPIC:
             # The brokers check this too, but with no queue to place none would be asked.
             raise ConfigError(f"queues must be 1..{limits.MAX_QUEUES_PER_TOPIC}, got {queues}")
@@ -153,8 +162,18 @@ class AsyncAdmin:
             )
             return await self._cluster.call(address, request, TopicInfoMsg)
 
-        results = await asyncio.gather(*(create(a, h) for a, h in plan.items() if h))
-        await self._cluster.refresh_routes(force=True)
+        if exist_ok:
+            with contextlib.suppress(TopicNotFound):
+                return await self.describe_topic(name)
+        try:
+            results = await asyncio.gather(*(create(a, h) for a, h in plan.items() if h))
+        except TopicAlreadyExists:
+            if not exist_ok:
+                raise
+            # Created meanwhile by someone else (or on some of the brokers only).
+            return await self.describe_topic(name)
+        finally:
+            await self._cluster.refresh_routes(force=True)
         return _merge(results)
 
     async def alter_topic(
