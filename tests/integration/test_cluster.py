@@ -21,7 +21,7 @@ from tidemq import aio
 from tidemq.broker.broker import Broker
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.cluster.service import NameServerService
-from tidemq.core.errors import BrokerNotAvailable, QueueNotFound
+from tidemq.core.errors import BrokerNotAvailable, QueueNotFound, TopicNotFound
 from tidemq.protocol.commands import (
     CreateTopicRequest,
     DescribeTopicRequest,
@@ -396,3 +396,123 @@ def test_pop_retries_stay_on_the_broker_of_their_queue(loop: Loop, cluster: Clus
         await consumer.close()
 
     loop.run(main())
+
+
+def test_a_client_drops_a_broker_whose_connection_fails_until_it_answers_again(
+    loop: Loop, cluster: ClusterEnv
+) -> None:
+    b = cluster.addresses[1]
+
+    async def main() -> None:
+        async with aio.Admin(cluster.bootstrap) as admin:
+            await admin.create_topic(TOPIC, 4)
+        client = ClusterClient(cluster.bootstrap)
+        try:
+            await client.refresh_routes(force=True)
+            conn = await client.connection(b)
+            conn.close()  # as when broker-b's socket closes
+            # Noticed at the next lookup: broker-b's queues leave this client's routes.
+            assert client.routes.queues(TOPIC) == [0, 2]
+            assert set(client.routes.brokers) == {"broker-a"}
+            # broker-b lives (its connection was only closed, as for idleness): a probe
+            # connects, and a lookup of its queue waits for that answer instead of failing.
+            assert await client.broker_for(TOPIC, 1) == b
+            assert client.routes.queues(TOPIC) == [0, 1, 2, 3]
+
+            # broker-b stops listening (its heartbeats go on): it stays out of the routes
+            # while connecting fails, though the name server still lists it.
+            await cluster.brokers[1]._server.stop_accepting()
+            (await client.connection(b)).close()
+            with pytest.raises(BrokerNotAvailable):
+                await client.call(b, DescribeTopicRequest(name=TOPIC), TopicInfoMsg)
+            assert client.routes.queues(TOPIC) == [0, 2]
+            routes = await client.refresh_routes(force=True)
+            assert routes.queues(TOPIC) == [0, 2]
+            assert "broker-b" in cluster.nameserver.nameserver.brokers()
+        finally:
+            await client.close()
+
+    loop.run(main())
+
+
+def test_a_topic_whose_broker_lapsed_is_no_route_right_now_not_unknown(
+    loop: Loop, cluster: ClusterEnv
+) -> None:
+    b = cluster.addresses[1]
+    ns = cluster.nameserver.nameserver
+
+    async def main() -> None:
+        client = ClusterClient(cluster.bootstrap)
+        try:
+            await client.call(
+                b,
+                CreateTopicRequest(
+                    name="only-b", queues=2, message_type="MIXED", config={}, hosted_queues=[]
+                ),
+                TopicInfoMsg,
+            )
+            registration = cluster.brokers[1]._registration
+            assert registration._task is not None
+            registration._task.cancel()  # broker-b goes silent (paused, cut off)
+            await loop.wait_until(lambda: set(ns.brokers()) == {"broker-a"}, what="lapse")
+            await loop.wait_until(lambda: [s.name for s in ns.status()] == ["broker-a"])
+            routes = await client.refresh_routes(force=True)
+            assert "only-b" in routes
+            assert routes.queues("only-b") == []
+            with pytest.raises(BrokerNotAvailable):
+                await client.broker_for("only-b", 0)
+            with pytest.raises(TopicNotFound):
+                await client.broker_for("never-created", 0)
+            registration.start()
+            await loop.wait_until(lambda: len(ns.brokers()) == 2, what="broker-b back")
+            assert await client.broker_for("only-b", 1) == b
+        finally:
+            await client.close()
+
+    loop.run(main())
+
+
+def test_a_paused_name_server_extends_the_leases_instead_of_dropping_brokers(
+    loop: Loop, cluster: ClusterEnv
+) -> None:
+    service = cluster.nameserver
+    ns = service.nameserver
+
+    async def main() -> None:
+        for b in cluster.brokers:  # nobody heartbeats; the name server is "stopped"
+            assert b._registration._task is not None
+            b._registration._task.cancel()
+        time.sleep(CLUSTER_TTL_MS / 1000 + 1.0)  # blocks this loop: the service's too
+        service.check_pause()  # what the sweep or the next request does first
+        assert set(ns.brokers()) == {"broker-a", "broker-b"}
+        assert service.pauses == 1
+        # Silent for a TTL after the pause: now they go.
+        await loop.wait_until(lambda: ns.brokers() == {}, what="lapse after the pause")
+
+    loop.run(main())
+
+
+def test_a_broker_heartbeats_as_often_as_its_name_server_asks(loop: Loop, tmp_path: Path) -> None:
+    ns = NameServerService(
+        port=0, broker_ttl_ms=CLUSTER_TTL_MS, heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS
+    )
+    bootstrap = loop.run(ns.start())
+    # The broker's own settings are the defaults (a beat per second): slower than this
+    # name server's TTL allows.
+    broker = Broker(broker_config(tmp_path / "b", broker_name="b", name_servers=(bootstrap,)))
+    try:
+        loop.run(broker.start())
+
+        async def main() -> None:
+            await wait_until(lambda: "b" in ns.nameserver.brokers(), what="registration")
+            assert broker._registration._interval_s == CLUSTER_HEARTBEAT_MS / 1000
+            # Registered for three TTLs without lapsing once.
+            until = time.monotonic() + 3 * CLUSTER_TTL_MS / 1000
+            while time.monotonic() < until:
+                assert "b" in ns.nameserver.brokers()
+                await asyncio.sleep(0.05)
+
+        loop.run(main())
+    finally:
+        loop.run(broker.stop())
+        loop.run(ns.stop())

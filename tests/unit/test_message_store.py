@@ -30,6 +30,7 @@ from tidemq.core.errors import (
 from tidemq.core.record import parse_header
 from tidemq.store.config import FlushMode, StoreConfig
 from tidemq.store.files import SYNCFS_MIN_FILES, Buffer, FileSystem, OsFile, OsFileSystem
+from tidemq.store.format.index_entry import ENTRY as INDEX_ENTRY
 from tidemq.store.message_store import AppendResult, MessageStore, ReadStatus, queue_dir
 from tidemq.store.producer_state import ProducerStamp
 from tidemq.testing.files import FaultFileSystem
@@ -201,7 +202,11 @@ def test_unknown_queue_raises_queue_not_found(store: MessageStore, queue: int) -
 
 
 @pytest.mark.parametrize(
-    "name", ["", "a/b", "has space", "x" * 128, "ünïcode", "tab\there", "nul\0", "a:b"]
+    "name",
+    [
+        *["", "a/b", "has space", "x" * 128, "ünïcode", "tab\there", "nul\0", "a:b"],
+        *[".", "..", "-rf", ".hidden", "A-z_0.9%", "%x", "%RETRY%", "%SYS%lower", "a\n"],
+    ],
 )
 def test_invalid_topic_names_are_rejected(store: MessageStore, name: str) -> None:
     with pytest.raises(InvalidTopicName):
@@ -209,7 +214,9 @@ def test_invalid_topic_names_are_rejected(store: MessageStore, name: str) -> Non
     assert [t.name for t in store.topics()] == ["orders"]
 
 
-@pytest.mark.parametrize("name", ["x" * 127, "A-z_0.9%", "..", "-"])
+@pytest.mark.parametrize(
+    "name", ["x" * 127, "A-z_0.9", "_", "a..b", "%RETRY%g", "%DLQ%g-1", "%SYS%TIMER"]
+)
 def test_valid_unusual_topic_names_are_accepted(store: MessageStore, name: str) -> None:
     store.create_topic(name, 1)
     assert store.append(name, 0, _values(b"x")).base_offset == 0
@@ -820,3 +827,30 @@ def test_os_sync_files_syncs_real_files_and_names_a_missing_one(tmp_path: Path, 
     fs.sync_files([])
     with pytest.raises(FileNotFoundError):
         fs.sync_files([*paths, tmp_path / "missing"])
+
+
+def test_an_index_append_cut_short_by_a_full_disk_leaves_no_partial_entry(
+    tmp_path: Path,
+) -> None:
+    """ENOSPC after part of an index entry was written: the part is taken back out, so
+    the next checkpoint's entries land where they belong and a reopened store reads the
+    queue whole (before, the retry appended after the partial bytes)."""
+    config, meta, fs, store = _open_on_fault_fs(tmp_path)
+    store.create_topic("t", 1)
+    for value in (b"a", b"b", b"c"):
+        store.append("t", 0, _values(value))
+    (info,) = store.topics()
+    index = queue_dir(config.data_dir, info, 0) / f"{0:020d}.idx"
+    fs.fail_append(path=index, written=17)
+    with pytest.raises((DiskFull, OSError)):
+        store.checkpoint()
+    store.checkpoint()  # space again: the same entries are written, once
+    handle = fs.open(index)
+    assert handle.size() == 3 * INDEX_ENTRY.size  # no partial entry in front of them
+    handle.close()
+    store.close()
+    store = MessageStore.open(config, fs=fs, clock=FakeClock(), metadata_path=meta)
+    assert [base for base, _ in _read_all(store, "t", 0)] == [0, 1, 2]
+    store.append("t", 0, _values(b"d"))
+    assert store.queue_bounds("t", 0) == (0, 4)
+    store.close()

@@ -16,6 +16,8 @@ from tidemq.protocol.commands import BrokerStatus, TopicRoute
 from tidemq.testing.clock import ManualClock
 
 TTL = 30_000
+INTERVAL = 10_000
+STALE = 600_000
 
 
 @pytest.fixture
@@ -25,18 +27,33 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def ns(clock: ManualClock) -> NameServer:
-    return NameServer(clock)
+    return NameServer(
+        clock, broker_ttl_ms=TTL, heartbeat_interval_ms=INTERVAL, stale_topic_ms=STALE
+    )
 
 
 def _reg(topic: str, total: int, hosted: list[int] | None = None) -> TopicRegistration:
     return (topic, total, "NORMAL", hosted or [])
 
 
+def _stale(topic: str, total: int) -> TopicRoute:
+    return TopicRoute(topic=topic, queues=total, message_type="NORMAL", brokers={})
+
+
+def _served(topic: str, total: int, address: str) -> TopicRoute:
+    return TopicRoute(
+        topic=topic,
+        queues=total,
+        message_type="NORMAL",
+        brokers=dict.fromkeys(range(total), address),
+    )
+
+
 # ------------------------------------------------------------------ registration
 
 
 def test_register_returns_interval_and_ttl_and_lists_the_broker(ns: NameServer) -> None:
-    assert ns.register("b1", "10.0.0.1:8081", [_reg("orders", 4)]) == (10_000, TTL)
+    assert ns.register("b1", "10.0.0.1:8081", [_reg("orders", 4)]) == (INTERVAL, TTL)
     assert ns.brokers() == {"b1": "10.0.0.1:8081"}
     assert ns.routes() == [
         TopicRoute(
@@ -67,7 +84,8 @@ def test_unregister(ns: NameServer) -> None:
     assert ns.unregister("b1") is True
     assert ns.unregister("b1") is False
     assert ns.brokers() == {}
-    assert ns.routes() == []
+    # The topic is not deleted: "no route right now", for a while.
+    assert ns.routes() == [TopicRoute(topic="orders", queues=2, message_type="NORMAL", brokers={})]
 
 
 @pytest.mark.parametrize(
@@ -140,7 +158,7 @@ def test_register_limits_topics_per_broker(ns: NameServer) -> None:
 def test_max_brokers_counts_live_brokers_and_makes_room_from_lapsed_ones(
     clock: ManualClock,
 ) -> None:
-    ns = NameServer(clock, max_brokers=2)
+    ns = NameServer(clock, broker_ttl_ms=TTL, heartbeat_interval_ms=INTERVAL, max_brokers=2)
     ns.register("b1", "h:1", [])
     ns.register("b2", "h:2", [])
     with pytest.raises(InvalidRequest, match="max_brokers"):
@@ -177,7 +195,7 @@ def test_broker_silent_longer_than_the_ttl_is_expired(ns: NameServer, clock: Man
     clock.advance(1)
     assert ns.expire() == ["b1"]
     assert ns.brokers() == {}
-    assert ns.routes() == []
+    assert ns.routes() == [_stale("orders", 1)]
     assert ns.status() == []
 
 
@@ -198,7 +216,7 @@ def test_a_lapsed_broker_disappears_from_routes_before_expire_runs(
     ns.register("b2", "h:2", [_reg("payments", 1)])
     clock.advance(TTL // 2 + 1)
     assert ns.brokers() == {"b2": "h:2"}
-    assert [r.topic for r in ns.routes()] == ["payments"]
+    assert ns.routes() == [_stale("orders", 1), _served("payments", 1, "h:2")]
     assert ns.coordinator() == "h:2"
     # status still shows it, with its silence, until expire() forgets it
     assert ns.status() == [
@@ -359,3 +377,86 @@ def test_status_lists_brokers_by_name_with_their_topic_counts(
         BrokerStatus(name="b1", address="h:1", last_heartbeat_ms_ago=0, topics=0),
         BrokerStatus(name="b2", address="h:2", last_heartbeat_ms_ago=1_500, topics=2),
     ]
+
+
+# ------------------------------------------------------------------ stale topics and pauses
+
+
+def test_defaults_drop_a_dead_broker_within_five_seconds(clock: ManualClock) -> None:
+    ns = NameServer(clock)
+    interval, ttl = ns.register("b1", "h:1", [_reg("orders", 1)])
+    assert ttl <= 5_000
+    assert ttl >= 3 * interval  # three beats may be missed
+    clock.advance(ttl + 1)
+    assert ns.brokers() == {}
+
+
+def test_a_lapsed_brokers_topic_stays_known_without_a_route_for_a_bounded_time(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 4)])
+    clock.advance(TTL + 1)
+    # Lapsed, not yet expired: already "no route right now", never "unknown".
+    assert ns.routes(["orders"]) == [_stale("orders", 4)]
+    assert ns.expire() == ["b1"]
+    assert ns.routes(["orders"]) == [_stale("orders", 4)]
+    clock.advance(STALE - 1)
+    ns.expire()
+    assert ns.routes() == [_stale("orders", 4)]
+    clock.advance(1)
+    ns.expire()
+    assert ns.routes() == []
+    assert ns.routes(["orders"]) == []
+
+
+def test_a_returning_broker_serves_its_stale_topic_again(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 2)])
+    clock.advance(TTL + 1)
+    ns.expire()
+    ns.register("b1", "h:9", [_reg("orders", 2)])
+    assert ns.routes() == [_served("orders", 2, "h:9")]
+    ns.register("b1", "h:9", [])  # then deleted: the stale entry went when it returned
+    assert ns.routes() == []
+
+
+def test_a_topic_dropped_from_a_registration_is_unknown_at_once(ns: NameServer) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 1), _reg("gone", 1)])
+    ns.register("b1", "h:1", [_reg("orders", 1)])  # "gone" was deleted
+    assert [r.topic for r in ns.routes()] == ["orders"]
+    assert ns.routes(["gone"]) == []
+
+
+def test_a_partly_lapsed_topic_lists_the_live_brokers_queues(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 2, [0])])
+    ns.register("b2", "h:2", [_reg("orders", 2, [1])])
+    clock.advance(TTL // 2)
+    ns.register("b2", "h:2", [_reg("orders", 2, [1])])
+    clock.advance(TTL // 2 + 1)
+    ns.expire()
+    assert ns.routes() == [
+        TopicRoute(topic="orders", queues=2, message_type="NORMAL", brokers={1: "h:2"})
+    ]
+
+
+def test_stale_topics_can_be_turned_off(clock: ManualClock) -> None:
+    ns = NameServer(clock, stale_topic_ms=0)
+    ns.register("b1", "h:1", [_reg("orders", 1)])
+    ns.unregister("b1")
+    assert ns.routes() == []
+
+
+def test_extend_leases_does_not_count_the_name_servers_own_pause(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    ns.register("b1", "h:1", [_reg("orders", 1)])
+    clock.advance(45_000)  # the name server was stopped for 45 s
+    ns.extend_leases(45_000)
+    assert ns.expire() == []
+    assert ns.brokers() == {"b1": "h:1"}
+    assert ns.status()[0].last_heartbeat_ms_ago == 0
+    clock.advance(TTL + 1)  # and silent for a TTL after the pause: gone
+    assert ns.expire() == ["b1"]

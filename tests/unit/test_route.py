@@ -170,3 +170,43 @@ def test_built_from_a_name_server_answer_after_a_msgpack_round_trip() -> None:
     assert [table.broker_for("orders", q) for q in range(4)] == ["h:1", "h:1", "h:2", "h:2"]
     assert table.coordinator == "h:1"
     assert table.select_queue("orders", b"order-42", 0) == 4_064_620_166 % 4
+
+
+# ------------------------------------------------------------------ brokers marked down
+
+
+def test_without_takes_a_brokers_queues_and_name_out_and_keeps_the_rest() -> None:
+    table = _table()
+    down = table.without({"h:2"})
+    assert down.queues("orders") == [0, 1, 2, 3]
+    assert down.queue_count("orders") == 8  # the topic keeps its queue count
+    assert down.queues("partial") == [0]
+    assert dict(down.brokers) == {"b1": "h:1"}
+    assert down.coordinator == "h:1"
+    key = next(k for k in (bytes([i]) for i in range(256)) if queue_for_key(k, 8) >= 4)
+    with pytest.raises(BrokerNotAvailable):
+        down.select_queue("orders", key, 0)  # its queue's broker is down: not moved
+    assert table.queues("orders") == list(range(8))  # the original is unchanged
+    assert table.without(()) is table
+
+
+def test_a_topic_with_no_served_queue_is_no_route_right_now_not_unknown() -> None:
+    table = _table().without({"h:1", "h:2"})
+    assert "orders" in table
+    with pytest.raises(BrokerNotAvailable):
+        table.select_queue("orders", None, 0)
+    with pytest.raises(TopicNotFound):
+        table.select_queue("never-created", None, 0)
+    assert BrokerNotAvailable.retriable
+    assert not TopicNotFound.retriable
+
+
+def test_addresses_and_unserved_queues() -> None:
+    assert _table().addresses() == {"h:1", "h:2"}
+    assert _table().has_unserved_queues  # "partial" and "dark"
+    full = RouteTable(
+        [TopicRoute(topic="t", queues=2, message_type="NORMAL", brokers={0: "a:1", 1: "b:1"})],
+        {"a": "a:1", "b": "b:1"},
+    )
+    assert not full.has_unserved_queues
+    assert full.without({"b:1"}).has_unserved_queues

@@ -20,6 +20,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.groups import GroupCoordinator
 from tidemq.broker.handlers.admin import AdminHandlers
@@ -46,6 +48,7 @@ from tidemq.cluster.service import NAMESERVER_CODES, NameServerHandlers
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import (
     ConfigError,
+    DiskFull,
     InvalidRequest,
     TidemqError,
     TopicAlreadyExists,
@@ -54,7 +57,13 @@ from tidemq.core.errors import (
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
-from tidemq.protocol.commands import Empty, PopNackRequest, PopQueueStatus, PopStatusResponse
+from tidemq.protocol.commands import (
+    Empty,
+    PopNackRequest,
+    PopQueueStatus,
+    PopStatusResponse,
+    StatusResponse,
+)
 from tidemq.protocol.frame import Frame
 from tidemq.store.files import FileSystem
 from tidemq.store.message_store import MessageStore
@@ -172,11 +181,9 @@ class Broker:
         self._timers.start()
         self._server = TcpServer(
             self._dispatch,
-            ServerLimits(
-                max_frame_bytes=cfg.max_frame_bytes,
-                max_in_flight=cfg.max_in_flight_requests,
-                max_connections=cfg.max_connections,
-            ),
+            _server_limits(cfg),
+            # Network timeouts run on the real clock, not the broker's: a test that moves a
+            # ManualClock by hours (timers, retention) must not close its idle connections.
         )
         host, port = await self._server.start(cfg.host, cfg.port)
         self.address = cfg.advertised_address or f"{host}:{port}"
@@ -218,7 +225,11 @@ class Broker:
             self._topics.on_change = self._registration.changed
             self._registration.start()
         self._groups = GroupHandlers(
-            self._coordinator, self._gateway, self._topics, self._cluster_queue_counts
+            self._coordinator,
+            self._gateway,
+            self._topics,
+            self._cluster_queue_counts,
+            pop_groups=self._pop.groups,
         )
         self._handlers = self._handler_table()
         self._tasks.append(loop.create_task(self._sweep()))
@@ -324,6 +335,8 @@ class Broker:
             await asyncio.sleep(self.config.service_checkpoint_interval_ms / 1000)
             try:
                 self._save_services()
+            except DiskFull:
+                pass  # the store logs a full disk once, when it starts and when it ends
             except Exception:
                 log.exception("saving the timer and transaction state failed")
 
@@ -393,7 +406,7 @@ class Broker:
             RequestCode.DELETE_TOPIC: plain(a.delete_topic),
             RequestCode.LIST_TOPICS: plain(a.list_topics),
             RequestCode.DESCRIBE_TOPIC: plain(a.describe_topic),
-            RequestCode.STATUS: plain(lambda _: a.status()),
+            RequestCode.STATUS: plain(lambda _: self._status()),
             RequestCode.JOIN_GROUP: plain(g.join),
             RequestCode.HEARTBEAT: plain(g.heartbeat),
             RequestCode.LEAVE_GROUP: plain(g.leave),
@@ -420,6 +433,15 @@ class Broker:
             ),
         }
 
+    async def _status(self) -> StatusResponse:
+        """The admin handler's status, with the connection limits and their usage."""
+        status = await self._admin.status()
+        server_limits, usage = self._server.status()
+        limits = {key: getattr(self.config, key) for key in _STATUS_LIMITS}
+        # As enforced (at most max_connections).
+        limits["max_connections_per_address"] = server_limits["max_connections_per_address"]
+        return msgspec.structs.replace(status, limits=limits, usage=usage)
+
     async def _pop_nack(self, req: PopNackRequest) -> Empty:
         await self._pop.nack(
             req.group,
@@ -442,12 +464,54 @@ class Broker:
             return self._ns_handlers.handle(code, header), b""
         if code is RequestCode.REGISTER_CHECKER:
             return self._special.register_checker(header, conn), b""
+        if code is RequestCode.FETCH:
+            # The answer's bytes are charged to the connection's response budget.
+            return await self._data.fetch(header, budget=conn.budget)
         if code is RequestCode.CHECK_TXN:
             raise InvalidRequest("CHECK_TXN goes from the broker to a client, not the other way")
         result = await self._handlers[code](header, frame.body)
         if isinstance(result, tuple):
             return result
         return result, b""
+
+
+#: The limits the STATUS answer reports, by their config key (`broker.<key>`).
+_STATUS_LIMITS = (
+    "max_connections",
+    "max_connections_per_address",
+    "max_in_flight_requests",
+    "requests_per_turn",
+    "max_inbound_bytes",
+    "max_response_bytes",
+    "max_response_bytes_per_connection",
+    "max_response_bytes_per_address",
+    "write_buffer_high_bytes",
+    "max_frame_bytes",
+    "max_message_bytes",
+    "max_fetch_bytes",
+    "max_parked_fetches",
+    "frame_read_timeout_ms",
+    "connection_idle_timeout_ms",
+    "write_stall_timeout_ms",
+)
+
+
+def _server_limits(cfg: BrokerConfig) -> ServerLimits:
+    return ServerLimits(
+        max_frame_bytes=cfg.max_frame_bytes,
+        max_in_flight=cfg.max_in_flight_requests,
+        max_connections=cfg.max_connections,
+        max_connections_per_address=min(cfg.max_connections_per_address, cfg.max_connections),
+        frame_read_timeout_ms=cfg.frame_read_timeout_ms,
+        idle_timeout_ms=cfg.connection_idle_timeout_ms,
+        write_stall_timeout_ms=cfg.write_stall_timeout_ms,
+        write_buffer_high_bytes=cfg.write_buffer_high_bytes,
+        max_response_bytes=cfg.max_response_bytes,
+        max_response_bytes_per_connection=cfg.max_response_bytes_per_connection,
+        max_response_bytes_per_address=cfg.max_response_bytes_per_address,
+        max_inbound_bytes=cfg.max_inbound_bytes,
+        requests_per_turn=cfg.requests_per_turn,
+    )
 
 
 def _created_ms(store: MessageStore) -> int:

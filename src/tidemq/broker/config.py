@@ -10,6 +10,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidemq.core.errors import ConfigError
+from tidemq.core.limits import (
+    NET_FRAME_READ_TIMEOUT_MS,
+    NET_IDLE_TIMEOUT_MS,
+    NET_MAX_CONNECTIONS_PER_ADDRESS,
+    NET_MAX_INBOUND_BYTES,
+    NET_MAX_RESPONSE_BYTES,
+    NET_MAX_RESPONSE_BYTES_PER_ADDRESS,
+    NET_MAX_RESPONSE_BYTES_PER_CONNECTION,
+    NET_REQUESTS_PER_TURN,
+    NET_WRITE_BUFFER_HIGH_BYTES,
+    NET_WRITE_STALL_TIMEOUT_MS,
+)
 from tidemq.store.config import StoreConfig
 
 __all__ = ["FRAME_OVERHEAD_BYTES", "BrokerConfig"]
@@ -45,14 +57,37 @@ class BrokerConfig:
     max_parked_fetches: int = 100_000
     max_in_flight_requests: int = 32
     max_connections: int = 1024
+    #: Connection limits (the table is in docs/design/protocol.md, "Connection limits";
+    #: tidemq.core.limits gives the reason for each default). Connections from one IP address
+    #: (at most max_connections).
+    max_connections_per_address: int = NET_MAX_CONNECTIONS_PER_ADDRESS
+    #: A frame begun must be complete within this; nothing in flight for this long closes
+    #: a connection (a parked fetch is in flight); a write buffer that does not shrink
+    #: for this long closes it.
+    frame_read_timeout_ms: int = NET_FRAME_READ_TIMEOUT_MS
+    connection_idle_timeout_ms: int = NET_IDLE_TIMEOUT_MS
+    write_stall_timeout_ms: int = NET_WRITE_STALL_TIMEOUT_MS
+    #: Above this a connection's write buffer stops it reading requests.
+    write_buffer_high_bytes: int = NET_WRITE_BUFFER_HIGH_BYTES
+    #: Bytes of answers being built or unsent, in total and per connection (a fetch gets
+    #: less than its max_bytes, or waits, when they are spent).
+    max_response_bytes: int = NET_MAX_RESPONSE_BYTES
+    max_response_bytes_per_connection: int = NET_MAX_RESPONSE_BYTES_PER_CONNECTION
+    #: ... and of the connections from one IP address together (at most the total).
+    max_response_bytes_per_address: int = NET_MAX_RESPONSE_BYTES_PER_ADDRESS
+    #: Bytes of requests received and not yet answered, over all connections.
+    max_inbound_bytes: int = NET_MAX_INBOUND_BYTES
+    #: Requests one connection starts per event-loop turn (fairness).
+    requests_per_turn: int = NET_REQUESTS_PER_TURN
     #: How long shutdown waits for in-flight requests.
     shutdown_timeout_ms: int = 10_000
     #: Consumer-group session bounds.
     group_session_timeout_ms_min: int = 1_000
     group_session_timeout_ms_max: int = 300_000
-    #: Name server: a broker silent this long drops out of routes.
-    broker_ttl_ms: int = 30_000
-    broker_heartbeat_interval_ms: int = 10_000
+    #: Name server: a broker silent this long drops out of routes (a dead broker is out
+    #: within 5 s); brokers heartbeat this often (at least twice per TTL).
+    broker_ttl_ms: int = 4_000
+    broker_heartbeat_interval_ms: int = 1_000
     #: Delay/timer messages: delivery is late by at most this (plus recovery after a
     #: restart), never early. RocketMQ's timer uses 1000 ms.
     timer_precision_ms: int = 100
@@ -99,6 +134,16 @@ class BrokerConfig:
             "max_parked_fetches",
             "max_in_flight_requests",
             "max_connections",
+            "max_connections_per_address",
+            "frame_read_timeout_ms",
+            "connection_idle_timeout_ms",
+            "write_stall_timeout_ms",
+            "write_buffer_high_bytes",
+            "max_response_bytes",
+            "max_response_bytes_per_connection",
+            "max_response_bytes_per_address",
+            "max_inbound_bytes",
+            "requests_per_turn",
             "broker_ttl_ms",
             "broker_heartbeat_interval_ms",
             "timer_precision_ms",
@@ -122,6 +167,15 @@ class BrokerConfig:
             raise ConfigError(
                 f"broker.max_message_bytes ({self.max_message_bytes}) exceeds "
                 f"store.max_batch_bytes ({self.store.max_batch_bytes})"
+            )
+        if self.max_response_bytes_per_connection > self.max_response_bytes:
+            raise ConfigError(
+                "broker.max_response_bytes_per_connection exceeds broker.max_response_bytes"
+            )
+        if self.max_inbound_bytes < self.max_frame_bytes:
+            raise ConfigError(
+                f"broker.max_inbound_bytes ({self.max_inbound_bytes}) is below the largest "
+                f"frame ({self.max_frame_bytes}: max_message_bytes/max_fetch_bytes + 64 KiB)"
             )
         if self.broker_heartbeat_interval_ms * 2 > self.broker_ttl_ms:
             raise ConfigError("broker.broker_ttl_ms must be at least twice the heartbeat interval")

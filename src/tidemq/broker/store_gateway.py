@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Final, TypeVar
 
 from tidemq.broker.sync_thread import SyncThread
-from tidemq.core.errors import StoreClosed, TidemqError
+from tidemq.core.errors import DiskFull, StoreClosed, TidemqError
 from tidemq.store.config import FlushMode
 from tidemq.store.message_store import AppendResult, MessageStore
 from tidemq.store.producer_state import ProducerStamp
@@ -246,6 +246,9 @@ class StoreGateway:
         self._waiting.clear()
 
     async def _tick_loop(self) -> None:
+        # A full disk fails every checkpoint (every tick, 20 a second) until space is
+        # freed: logged when it starts and when it ends, not at each tick.
+        disk_full = False
         while True:
             await asyncio.sleep(_TICK_INTERVAL_S)
             try:
@@ -254,8 +257,15 @@ class StoreGateway:
                 if self._store.checkpoint_due():
                     self._store.checkpoint()  # flushes the whole log, on the loop
                     self._complete(self._store.flushed_position)
+                    if disk_full:
+                        disk_full = False
+                        log.warning("checkpoints succeed again (disk space was freed)")
             except StoreClosed:
                 return
+            except DiskFull as exc:
+                if not disk_full:
+                    disk_full = True
+                    log.warning("checkpoint failed, retried until space is freed: %s", exc)
             except Exception:
                 log.exception("periodic store work failed")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -16,6 +16,7 @@ from tidemq.cli.common import (
     command,
     emit_json,
     emit_table,
+    say,
     to_builtins,
 )
 from tidemq.client.sync import Admin
@@ -44,9 +45,40 @@ def list_(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Output.T
     )
 
 
+#: Connection limits shown under the status table: (heading, limit key, usage key).
+_LIMIT_ROWS = (
+    ("connections", "max_connections", "connections"),
+    ("connections per address", "max_connections_per_address", ""),
+    ("requests in flight per connection", "max_in_flight_requests", ""),
+    ("requests started per loop turn", "requests_per_turn", ""),
+    ("request bytes unanswered", "max_inbound_bytes", "inbound_bytes"),
+    ("answer bytes unsent", "max_response_bytes", "response_bytes"),
+    ("answer bytes unsent per address", "max_response_bytes_per_address", ""),
+    ("answer bytes unsent per connection", "max_response_bytes_per_connection", ""),
+    ("write buffer high-water bytes", "write_buffer_high_bytes", ""),
+    ("frame bytes", "max_frame_bytes", ""),
+    ("parked fetches", "max_parked_fetches", ""),
+    ("frame read timeout ms", "frame_read_timeout_ms", "read-timeout"),
+    ("idle timeout ms", "connection_idle_timeout_ms", "idle"),
+    ("write stall timeout ms", "write_stall_timeout_ms", "write-stall"),
+)
+
+
 @command(app)
-def status(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Output.TABLE) -> None:
-    """Live brokers with their version, flush mode, log positions and connections."""
+def status(
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+    limits: Annotated[
+        bool,
+        typer.Option(
+            "--limits",
+            help="Also list each broker's connection limits, their use, and how many "
+            "connections each limit refused or closed.",
+        ),
+    ] = False,
+) -> None:
+    """Live brokers with their version, flush mode, log positions and connections (with
+    --limits: the connection limits and their use; JSON output always has them)."""
     rows: list[dict[str, Any]] = []
     with _admin(bootstrap) as admin:
         for b in admin.cluster_status():
@@ -72,7 +104,7 @@ def status(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Output.
             s["version"],
             s["flush_mode"],
             s["topics"],
-            s["connections"],
+            _connections(s),
             f"{s['uptime_ms'] // 1000} s",
             f"end {s['log_end_position']}, unflushed {unflushed}",
         ]
@@ -80,4 +112,37 @@ def status(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Output.
     emit_table(
         ["BROKER", "ADDRESS", "VERSION", "FLUSH", "TOPICS", "CONNECTIONS", "UPTIME", "LOG"],
         (cells(r) for r in rows),
+    )
+    if limits:
+        for r in rows:
+            if r["status"] is not None:
+                _emit_limits(r["name"], r["status"])
+
+
+def _connections(s: dict[str, Any]) -> str:
+    """ "12 / 1024": open connections and the limit (older brokers report no limits)."""
+    limit = s.get("limits", {}).get("max_connections")
+    return f"{s['connections']} / {limit}" if limit else str(s["connections"])
+
+
+def _emit_limits(broker: str, s: dict[str, Any]) -> None:
+    lim: dict[str, int] = s.get("limits", {})
+    usage: dict[str, int] = s.get("usage", {})
+    if not lim:
+        say(f"{broker}: this broker does not report its connection limits")
+        return
+    refused = usage.get("refused", 0)
+
+    def cells(heading: str, key: str, use: str) -> list[object]:
+        value = lim.get(key, "")
+        if not use:
+            return [heading, key, value, ""]
+        if use in ("read-timeout", "idle", "write-stall"):
+            return [heading, key, value, f"{usage.get(use, 0)} closed"]
+        return [heading, key, value, usage.get(use, 0)]
+
+    emit_table(
+        ["LIMIT", "KEY (broker.)", "VALUE", "IN USE / EVENTS"],
+        (cells(*row) for row in _LIMIT_ROWS),
+        title=f"{broker}: connection limits ({refused} connections refused since start)",
     )

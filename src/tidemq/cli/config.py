@@ -66,6 +66,9 @@ ALIASES: Final[dict[str, dict[str, str]]] = {
         "maxmessagesize": "max_message_bytes",
         "brokername": "broker_name",
         "listenport": "port",
+        "max.connections": "max_connections",
+        "max.connections.per.ip": "max_connections_per_address",
+        "connections.max.idle.ms": "connection_idle_timeout_ms",
     },
     "store": {
         "log.dirs": "data_dir",

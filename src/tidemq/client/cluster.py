@@ -1,12 +1,29 @@
 """What every client object shares: the bootstrap name server, connections by address, and
 the cached route table (refreshed on a timer and whenever a request says routes moved).
 
+Failure detection on the client side:
+
+* a broker whose connection fails (refused, reset, closed) is marked down at once: its
+  queues leave this client's routes (round-robin sends go to the other brokers) and the
+  routes are refreshed at once. The mark is cleared when the name server stops listing
+  that address (a later listing is a new registration: the broker is back) or after
+  `broker_down_ms`, when the broker is tried again;
+* routes are refreshed every `route_refresh_ms`, and every `route_refresh_degraded_ms`
+  while a broker is marked down or some queue has no live broker, so a returning broker
+  is used within about a second of registering;
+* a failed refresh keeps the routes already known (served as stale, logged once) and is
+  tried again after `route_refresh_degraded_ms`: a name server that is paused or away
+  never makes an existing topic look deleted. A due refresh runs in the background while
+  callers go on with the routes they have; a forced one is awaited.
+
 Asyncio only; the sync API runs these on a background loop (`client._loop`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import TypeVar
@@ -29,17 +46,28 @@ from tidemq.protocol.commands import (
     ListOffsetsResponse,
 )
 
-__all__ = ["ClientConfig", "ClusterClient"]
+__all__ = ["ClientConfig", "ClusterClient", "RouteTable"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+#: A probe of a broker marked down: a live broker accepts within this.
+_PROBE_CONNECT_TIMEOUT_MS = 1_000
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClientConfig:
     #: Longest wait for one request's answer (fetches add their long-poll wait).
     request_timeout_ms: int = 30_000
-    #: Routes are refreshed at least this often.
-    route_refresh_ms: int = 30_000
+    #: Routes are refreshed at least this often ...
+    route_refresh_ms: int = 5_000
+    #: ... and this often while a broker is down or a queue has no live broker.
+    route_refresh_degraded_ms: int = 1_000
+    #: A broker whose connection failed is left out of the routes this long at most.
+    broker_down_ms: int = 3_000
+    #: Longest wait for the name server's route answer.
+    route_request_timeout_ms: int = 5_000
     connect_timeout_ms: int = 10_000
     #: Largest frame accepted from a broker (a fetch answer).
     max_frame_bytes: int = 80 << 20
@@ -51,6 +79,12 @@ class ClientConfig:
     retry_backoff_max_ms: int = 2_000
 
 
+def _retrieve(task: asyncio.Task[RouteTable]) -> None:
+    """A background refresh's failure is seen by the next lookup, not left unretrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 class ClusterClient:
     def __init__(self, bootstrap: str, config: ClientConfig | None = None) -> None:
         split_address(bootstrap)  # a clear error now rather than at the first request
@@ -58,14 +92,24 @@ class ClusterClient:
         self.config = config or ClientConfig()
         self._conns: dict[str, ClientConnection] = {}
         self._opening: dict[str, asyncio.Lock] = {}
+        #: The name server's last answer, and that with the brokers marked down taken out.
+        self._fetched = RouteTable()
         self._routes = RouteTable()
-        self._routes_at = 0.0
+        self._have_routes = False
+        #: When (monotonic s) the routes are due for a refresh; 0: at the next lookup.
+        self._refresh_due = 0.0
         self._routes_lock: asyncio.Lock | None = None
+        self._refresher: asyncio.Task[RouteTable] | None = None
+        #: Address -> when (monotonic s) its connection failed.
+        self._down: dict[str, float] = {}
+        self._stale_logged = False
+        #: Connection attempts to brokers marked down, by address.
+        self._probes: dict[str, asyncio.Task[None]] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ connections
 
-    async def connection(self, address: str) -> ClientConnection:
+    async def connection(self, address: str, *, probe: bool = False) -> ClientConnection:
         if self._closed:
             raise BrokerNotAvailable("the client is closed")
         conn = self._conns.get(address)
@@ -75,14 +119,25 @@ class ClusterClient:
         async with lock:
             conn = self._conns.get(address)
             if conn is None or not conn.is_open:
-                conn = await ClientConnection.open(
-                    address,
-                    max_frame_bytes=self.config.max_frame_bytes,
-                    max_in_flight=self.config.max_in_flight,
-                    connect_timeout_s=self.config.connect_timeout_ms / 1000,
-                )
+                try:
+                    conn = await ClientConnection.open(
+                        address,
+                        max_frame_bytes=self.config.max_frame_bytes,
+                        max_in_flight=self.config.max_in_flight,
+                        connect_timeout_s=self._connect_timeout_s(probe),
+                    )
+                except BrokerNotAvailable:
+                    self.mark_down(address, probe=False)
+                    raise
                 self._conns[address] = conn
+                if self._down.pop(address, None) is not None:
+                    # It accepts connections again: back in the routes.
+                    self._routes = self._fetched.without(self._down.keys())
             return conn
+
+    def _connect_timeout_s(self, probe: bool) -> float:
+        ms = self.config.connect_timeout_ms
+        return min(ms, _PROBE_CONNECT_TIMEOUT_MS) / 1000 if probe else ms / 1000
 
     async def request(
         self,
@@ -95,7 +150,12 @@ class ClusterClient:
     ) -> tuple[T, bytes]:
         conn = await self.connection(address)
         timeout = (timeout_ms or self.config.request_timeout_ms) / 1000
-        return await conn.request(request, expected, body, timeout_s=timeout)
+        try:
+            return await conn.request(request, expected, body, timeout_s=timeout)
+        except BrokerNotAvailable:
+            if not conn.is_open:
+                self.mark_down(address)
+            raise
 
     async def call(
         self,
@@ -129,22 +189,113 @@ class ClusterClient:
 
     @property
     def routes(self) -> RouteTable:
+        """The routes as known now, without the brokers marked down (and those whose
+        connection was found closed just now)."""
+        self._check_connections()
         return self._routes
 
+    def _check_connections(self) -> None:
+        """Mark down the brokers whose pooled connection has closed (a killed broker's
+        socket is closed by its kernel): noticed at the next lookup, not the next send."""
+        closed = [address for address, conn in self._conns.items() if not conn.is_open]
+        for address in closed:
+            del self._conns[address]
+            self.mark_down(address)
+
+    def _refresh_interval_s(self) -> float:
+        degraded = bool(self._down) or self._routes.has_unserved_queues
+        ms = self.config.route_refresh_degraded_ms if degraded else self.config.route_refresh_ms
+        return min(ms, self.config.route_refresh_ms) / 1000
+
     async def refresh_routes(self, *, force: bool = False) -> RouteTable:
-        # The common case, fresh routes, answers without the lock (one per message sent).
-        if not force and time.monotonic() - self._routes_at < self.config.route_refresh_ms / 1000:
+        """The routes, fetched again from the name server if they are due (or `force`).
+        A due refresh with routes known runs in the background and the known routes are
+        returned; a forced one (or the first) is awaited. When the name server cannot be
+        reached, the known routes are returned (the first fetch raises instead)."""
+        # The common case, fresh routes, answers at once (one call per message sent).
+        self._check_connections()
+        if not force and time.monotonic() < self._refresh_due:
             return self._routes
+        if self._closed:
+            raise BrokerNotAvailable("the client is closed")
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+            self._refresher.add_done_callback(_retrieve)
+        if self._have_routes and not force:
+            # Do not hold this call up: the refresh finishes in the background.
+            self._refresh_due = time.monotonic() + self._refresh_interval_s()
+            return self._routes
+        return await asyncio.shield(self._refresher)
+
+    async def _refresh(self) -> RouteTable:
         if self._routes_lock is None:
             self._routes_lock = asyncio.Lock()
         async with self._routes_lock:
-            fresh = time.monotonic() - self._routes_at < self.config.route_refresh_ms / 1000
-            if fresh and not force:
+            timeout_ms = min(self.config.route_request_timeout_ms, self.config.request_timeout_ms)
+            try:
+                if self._have_routes:
+                    # One try: on failure the known routes serve until the next one.
+                    response, _ = await self.request(
+                        self.bootstrap, GetRoutesRequest(), GetRoutesResponse,
+                        timeout_ms=timeout_ms,
+                    )  # fmt: skip
+                else:
+                    response = await self.call(
+                        self.bootstrap, GetRoutesRequest(), GetRoutesResponse,
+                        timeout_ms=timeout_ms,
+                    )  # fmt: skip
+            except TidemqError as exc:
+                if not self._have_routes or not exc.retriable:
+                    raise
+                self._refresh_due = time.monotonic() + self.config.route_refresh_degraded_ms / 1000
+                if not self._stale_logged:
+                    self._stale_logged = True
+                    log.warning(
+                        "route refresh from %s failed (%s); using the routes known",
+                        self.bootstrap,
+                        exc,
+                    )
                 return self._routes
-            response = await self.call(self.bootstrap, GetRoutesRequest(), GetRoutesResponse)
-            self._routes = RouteTable.from_response(response)
-            self._routes_at = time.monotonic()
+            if self._stale_logged:
+                self._stale_logged = False
+                log.warning("route refresh from %s works again", self.bootstrap)
+            self._fetched = RouteTable.from_response(response)
+            self._have_routes = True
+            # A broker the name server no longer lists has been noticed there: if it is
+            # listed again, it registered again, so trust the listing.
+            listed = self._fetched.addresses()
+            now = time.monotonic()
+            down_s = self.config.broker_down_ms / 1000
+            self._down = {
+                a: at for a, at in self._down.items() if a in listed and now - at < down_s
+            }
+            self._routes = self._fetched.without(self._down.keys())
+            self._refresh_due = time.monotonic() + self._refresh_interval_s()
             return self._routes
+
+    def mark_down(self, address: str, *, probe: bool = True) -> None:
+        """The connection to `address` failed: leave it out of the routes until the name
+        server agrees it is gone, or `broker_down_ms` passes, or (`probe`) a new
+        connection to it opens (the broker lives; only that connection was lost); refresh
+        the routes now."""
+        if address not in self._fetched.addresses():
+            return  # not a broker of the routes (the name server itself)
+        self._conns.pop(address, None)
+        self._down[address] = time.monotonic()
+        self._routes = self._fetched.without(self._down.keys())
+        self._refresh_due = 0.0
+        if probe and address not in self._probes and not self._closed:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # looked up off the loop: the mark expires instead
+            task = loop.create_task(self._probe(address))
+            self._probes[address] = task
+            task.add_done_callback(lambda _: self._probes.pop(address, None))
+
+    async def _probe(self, address: str) -> None:
+        with contextlib.suppress(TidemqError):  # still down: connection() keeps the mark
+            await self.connection(address, probe=True)
 
     async def broker_for(self, topic: str, queue: int) -> str:
         routes = await self.refresh_routes()
@@ -152,6 +303,14 @@ class ClusterClient:
         if address is None:
             routes = await self.refresh_routes(force=True)
             address = routes.broker_for(topic, queue)
+        if address is None:
+            # Marked down a moment ago and being probed (a lost connection may only have
+            # been closed for idleness): the probe's answer decides.
+            probe = self._probes.get(self._fetched.broker_for(topic, queue) or "")
+            if probe is not None:
+                await asyncio.wait({probe})  # never raises for the probe's own outcome
+                routes = self._routes
+                address = routes.broker_for(topic, queue)
         if address is None:
             if topic not in routes:
                 raise TopicNotFound(f"topic {topic!r} does not exist")
@@ -188,12 +347,23 @@ class ClusterClient:
         return sorted(routes.brokers.values())[0]
 
     def invalidate(self, error: BaseException) -> None:
-        """Errors that mean the route may be stale make the next lookup refresh it."""
+        """Errors that mean the route may be stale make the next lookup refresh it; after a
+        lost connection, the brokers whose connections are closed are marked down."""
         if isinstance(error, (TopicNotFound, QueueNotFound, BrokerNotAvailable, RequestTimeout)):
-            self._routes_at = 0.0
+            self._refresh_due = 0.0
+        if isinstance(error, BrokerNotAvailable):
+            for address, conn in list(self._conns.items()):
+                if not conn.is_open:
+                    self.mark_down(address)
 
     async def close(self) -> None:
         self._closed = True
+        tasks = [t for t in (self._refresher, *self._probes.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, TidemqError):
+                await task
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()

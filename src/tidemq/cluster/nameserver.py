@@ -15,6 +15,14 @@ Broker states::
 A LAPSED broker is invisible to `routes`, `brokers` and `coordinator` at once, whether or
 not `expire()` has run yet; `status` still lists it until then.
 
+Stale topics. A topic that a lapsed or unregistered broker hosted is not deleted: the broker
+may only be paused, restarting or cut off. For `stale_topic_ms` after its last broker went
+away, `routes` keeps answering for it with its last queue count and no served queues ("no
+route right now": clients raise the retriable BrokerNotAvailable), never by leaving it out
+("unknown topic": TopicNotFound). A broker that drops a topic from its registration (the
+topic was deleted) makes it unknown at once. `extend_leases` covers the name server's own
+pauses: time it spent stopped is not counted as the brokers' silence.
+
 Queue claims. A registration claims queues (topic, queue id); several live brokers may
 claim the same queue (a misconfiguration, or a queue being moved). The queue is served by
 the claimant whose claim is oldest: a claim keeps its age across re-registrations that
@@ -58,9 +66,13 @@ from tidemq.core.errors import ConfigError, InvalidRequest, InvalidTopicName
 from tidemq.protocol.commands import BrokerStatus, TopicRoute
 
 __all__ = [
+    "DEFAULT_BROKER_TTL_MS",
+    "DEFAULT_HEARTBEAT_INTERVAL_MS",
+    "DEFAULT_STALE_TOPIC_MS",
     "MAX_BROKER_NAME_CHARS",
     "MAX_HOST_CHARS",
     "MAX_QUEUES_PER_BROKER",
+    "MAX_STALE_TOPICS",
     "MAX_TOPICS_PER_BROKER",
     "NameServer",
     "QueueConflict",
@@ -80,11 +92,22 @@ _MAX_PORT: Final = 65_535
 #: Message types are short upper-case words (NORMAL, FIFO, DELAY, TRANSACTION); the
 #: store owns the list, the name server only checks the shape.
 _MESSAGE_TYPE = re.compile(r"^[A-Z][A-Z_]{0,31}$")
-_TOPIC_NAME = re.compile(limits.TOPIC_NAME_PATTERN)
+_TOPIC_NAME = re.compile(limits.REGISTERED_TOPIC_NAME_PATTERN)
 #: Topics in one registration: bounds the size of one heartbeat and the work it causes.
 MAX_TOPICS_PER_BROKER: Final = 65_536
 #: Queues one broker may claim in total (a registration rebuilds its claims each time).
 MAX_QUEUES_PER_BROKER: Final = 1 << 20
+
+#: Failure detection: a broker heartbeats every second and is out of the routes after 4 s
+#: of silence (three missed beats), so a dead broker leaves the routes within 5 s.
+DEFAULT_HEARTBEAT_INTERVAL_MS: Final = 1_000
+DEFAULT_BROKER_TTL_MS: Final = 4_000
+#: How long a topic whose brokers all went away stays known as "no route right now":
+#: longer than any pause or restart worth riding out, short enough that a topic deleted
+#: while its broker was away is forgotten.
+DEFAULT_STALE_TOPIC_MS: Final = 10 * 60 * 1000
+#: Stale topics remembered at most (the oldest are forgotten first).
+MAX_STALE_TOPICS: Final = 1 << 20
 
 #: One registered topic: (topic, total queues, message type, hosted queue ids; [] = all).
 TopicRegistration = tuple[str, int, str, list[int]]
@@ -155,9 +178,10 @@ class NameServer:
         self,
         clock: Clock,
         *,
-        broker_ttl_ms: int = 30_000,
-        heartbeat_interval_ms: int = 10_000,
+        broker_ttl_ms: int = DEFAULT_BROKER_TTL_MS,
+        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
         max_brokers: int = 1024,
+        stale_topic_ms: int = DEFAULT_STALE_TOPIC_MS,
     ) -> None:
         if not 0 < heartbeat_interval_ms < broker_ttl_ms:
             raise ConfigError(
@@ -167,6 +191,8 @@ class NameServer:
             )
         if max_brokers < 1:
             raise ConfigError(f"max_brokers must be >= 1, got {max_brokers}")
+        if stale_topic_ms < 0:
+            raise ConfigError(f"stale_topic_ms must be >= 0, got {stale_topic_ms}")
         self._clock = clock
         self._ttl = broker_ttl_ms
         self._interval = heartbeat_interval_ms
@@ -177,6 +203,10 @@ class NameServer:
         #: topic -> names of the brokers registering it
         self._topic_brokers: dict[str, set[str]] = {}
         self._next_claim = 0
+        self._stale_ms = stale_topic_ms
+        #: topic -> its last known registration and when it stops being remembered
+        #: (monotonic ms); insertion order is expiry order (one fixed duration).
+        self._stale: dict[str, tuple[_TopicReg, float]] = {}
 
     # ------------------------------------------------------------------ brokers
 
@@ -223,30 +253,50 @@ class NameServer:
         broker.last_seen_ms = now
         broker.created_ms = max(0, created_ms)
         self._replace_topics(broker, registered)
+        for topic in registered:
+            self._stale.pop(topic, None)
         return self._interval, self._ttl
 
     def unregister(self, broker_name: str) -> bool:
-        """Forget the broker (a clean shutdown); False if it was not registered."""
+        """Forget the broker (a clean shutdown; its topics become stale); False if it was
+        not registered."""
         if broker_name not in self._brokers:
             return False
         self._remove(broker_name)
         return True
 
     def expire(self) -> list[str]:
-        """Forget the brokers silent for more than the TTL; returns their names, sorted."""
+        """Forget the brokers silent for more than the TTL (their topics become stale) and
+        the stale topics past `stale_topic_ms`; returns the brokers' names, sorted."""
         now = self._clock.monotonic_ms()
         lapsed = sorted(b.name for b in self._brokers.values() if not self._live(b, now))
         for name in lapsed:
             self._remove(name)
+        while self._stale:
+            topic, (_, until) = next(iter(self._stale.items()))
+            if until > now:
+                break
+            del self._stale[topic]
         return lapsed
+
+    def extend_leases(self, paused_ms: float) -> None:
+        """The name server itself was stopped for `paused_ms` (SIGSTOP, a VM pause): brokers
+        could not reach it, so that time does not count as their silence."""
+        if paused_ms > 0:
+            for broker in self._brokers.values():
+                broker.last_seen_ms += paused_ms
 
     # ------------------------------------------------------------------ queries
 
     def routes(self, topics: Iterable[str] | None = None) -> list[TopicRoute]:
-        """Routes of the given topics (all when None), sorted by topic. A topic no live
-        broker serves is left out; a partly served topic lists only its served queues."""
+        """Routes of the given topics (all when None), sorted by topic. An unknown topic is
+        left out; a partly served topic lists only its served queues; a stale topic (see
+        the module doc) lists none."""
         now = self._clock.monotonic_ms()
-        names = sorted(self._topic_brokers) if topics is None else sorted(set(topics))
+        if topics is None:
+            names = sorted(self._topic_brokers.keys() | self._stale.keys())
+        else:
+            names = sorted(set(topics))
         result = []
         for topic in names:
             route = self._route(topic, now)
@@ -279,7 +329,7 @@ class NameServer:
             BrokerStatus(
                 name=b.name,
                 address=b.address,
-                last_heartbeat_ms_ago=int(now - b.last_seen_ms),
+                last_heartbeat_ms_ago=max(0, int(now - b.last_seen_ms)),
                 topics=len(b.topics),
             )
             for b in sorted(self._brokers.values(), key=lambda b: b.name)
@@ -305,13 +355,10 @@ class NameServer:
         return now - broker.last_seen_ms <= self._ttl
 
     def _route(self, topic: str, now: float) -> TopicRoute | None:
-        live = sorted(
-            name
-            for name in self._topic_brokers.get(topic, ())
-            if self._live(self._brokers[name], now)
-        )
+        registered = self._topic_brokers.get(topic, ())
+        live = sorted(name for name in registered if self._live(self._brokers[name], now))
         if not live:
-            return None
+            return self._stale_route(topic, [self._brokers[name] for name in registered], now)
         regs = [self._brokers[name].topics[topic] for name in live]
         total = max(reg.total for reg in regs)
         served: dict[int, str] = {}
@@ -333,6 +380,18 @@ class NameServer:
             brokers=dict(sorted(served.items())),
         )
 
+    def _stale_route(self, topic: str, lapsed: list[_Broker], now: float) -> TopicRoute | None:
+        """The route of a topic no live broker serves: known, with no served queue, while
+        a lapsed broker (not yet expired) or a recent stale entry remembers it."""
+        regs = [b.topics[topic] for b in sorted(lapsed, key=lambda b: b.name)]
+        stale = self._stale.get(topic)
+        if stale is not None and stale[1] > now:
+            regs.append(stale[0])
+        if not regs:
+            return None
+        total = max(reg.total for reg in regs)
+        return TopicRoute(topic=topic, queues=total, message_type=regs[0].message_type, brokers={})
+
     def _replace_topics(self, broker: _Broker, registered: dict[str, _TopicReg]) -> None:
         claims = {(topic, q) for topic, reg in registered.items() for q in reg.queues}
         for key in [key for key in broker.claims if key not in claims]:
@@ -350,11 +409,24 @@ class NameServer:
         broker.topics = registered
 
     def _remove(self, name: str) -> None:
+        """Forget a broker that went away (lapsed or unregistered): its topics that no
+        other broker registers become stale."""
         broker = self._brokers.pop(name)
         for key in broker.claims:
             self._drop_claimant(key, name)
         for topic in broker.topics:
             self._drop_topic_broker(topic, name)
+        if self._stale_ms == 0:
+            return
+        until = self._clock.monotonic_ms() + self._stale_ms
+        for topic, reg in broker.topics.items():
+            if topic in self._topic_brokers:
+                continue
+            previous = self._stale.pop(topic, None)
+            kept = previous[0] if previous is not None and previous[0].total > reg.total else reg
+            self._stale[topic] = (kept, until)
+        while len(self._stale) > MAX_STALE_TOPICS:
+            del self._stale[next(iter(self._stale))]
 
     def _drop_claimant(self, key: tuple[str, int], name: str) -> None:
         claimants = self._claimants[key]

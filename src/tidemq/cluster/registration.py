@@ -3,6 +3,11 @@
 Registration and heartbeat are one request (the name server replaces the broker's topic
 list each time), so a name server that restarts learns everything at the next beat.
 Failures are logged and retried at the next interval; they never stop the broker.
+
+The beat is the shorter of the broker's own interval and the one the name servers ask for
+(their answer carries it), so a name server configured for fast failure detection gets
+beats fast enough for its TTL. A failure is logged once when it starts and once when that
+name server answers again, not at every beat.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from tidemq.core.errors import TidemqError
+from tidemq.core.errors import BrokerNotAvailable, TidemqError
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.commands import (
     Empty,
@@ -50,6 +55,8 @@ class Registration:
         self._servers = name_servers
         self._topics = topics
         self._interval_s = interval_ms / 1000
+        #: Name servers whose last registration failed (logged once until they answer).
+        self._failing: set[str] = set()
         self._conns: dict[str, ClientConnection] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -78,12 +85,29 @@ class Registration:
         for server in self._servers:
             try:
                 conn = await self._conn(server)
-                await conn.request(request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S)
+                answer, _ = await conn.request(
+                    request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S
+                )
             except TidemqError as exc:
-                log.warning("registering with name server %s failed: %s", server, exc)
+                if server not in self._failing:
+                    self._failing.add(server)
+                    log.warning("registering with name server %s failed: %s", server, exc)
+                continue
+            if server in self._failing:
+                self._failing.discard(server)
+                log.warning("registered with name server %s again", server)
+            if 0 < answer.heartbeat_interval_ms < self._interval_s * 1000:
+                log.info(
+                    "name server %s asks for a heartbeat every %d ms",
+                    server,
+                    answer.heartbeat_interval_ms,
+                )
+                self._interval_s = answer.heartbeat_interval_ms / 1000
 
     async def queue_counts(self, topics: list[str]) -> dict[str, int]:
-        """Queue counts of `topics` from the first name server that answers ({} if none)."""
+        """Queue counts of `topics` from the first name server that answers; a topic left
+        out is unknown. Raises BrokerNotAvailable (retriable) when none answers: "no name
+        server right now" must not read as "no such topic"."""
         for server in self._servers:
             try:
                 conn = await self._conn(server)
@@ -94,7 +118,9 @@ class Registration:
                 log.warning("route query to name server %s failed: %s", server, exc)
                 continue
             return {r.topic: r.queues for r in routes.routes}
-        return {}
+        raise BrokerNotAvailable(
+            f"no name server answered a route query ({', '.join(self._servers)})"
+        )
 
     async def _run(self) -> None:
         while True:

@@ -16,11 +16,14 @@ Queue selection:
 
 A route answer lists, per topic, only the queues some live broker serves. Entries for queue
 ids outside [0, queues) (a route fetched while the topic was being altered) are dropped.
+A topic whose brokers are all away (the name server calls it stale) is in the table with
+its queue count and no served queue: "no route right now" (BrokerNotAvailable, retriable),
+unlike a topic missing from the table (TopicNotFound).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from types import MappingProxyType
 
 import crc32c
@@ -67,13 +70,46 @@ class RouteTable:
         brokers: Mapping[str, str] | None = None,
         coordinator: str = "",
     ) -> None:
-        self._topics = {route.topic: _Topic(route) for route in routes}
+        self._source = list(routes)
+        self._topics = {route.topic: _Topic(route) for route in self._source}
         self._brokers = MappingProxyType(dict(brokers or {}))
         self._coordinator = coordinator
 
     @classmethod
     def from_response(cls, response: GetRoutesResponse) -> RouteTable:
         return cls(response.routes, response.brokers, response.coordinator)
+
+    def without(self, addresses: Collection[str]) -> RouteTable:
+        """This table with the brokers at `addresses` taken out (a client saw their
+        connections fail): their queues unserved, their names gone from `brokers`. The
+        coordinator stays: only the name server moves it."""
+        if not addresses:
+            return self
+        routes = [
+            TopicRoute(
+                topic=r.topic,
+                queues=r.queues,
+                message_type=r.message_type,
+                brokers={q: a for q, a in r.brokers.items() if a not in addresses},
+            )
+            for r in self._source
+        ]
+        brokers = {n: a for n, a in self._brokers.items() if a not in addresses}
+        return RouteTable(routes, brokers, self._coordinator)
+
+    def addresses(self) -> set[str]:
+        """Every address the table names: brokers, queue hosts and the coordinator."""
+        found = set(self._brokers.values())
+        for topic in self._topics.values():
+            found.update(topic.served.values())
+        if self._coordinator:
+            found.add(self._coordinator)
+        return found
+
+    @property
+    def has_unserved_queues(self) -> bool:
+        """Whether some queue of some topic has no live broker (a broker is away)."""
+        return any(len(t.served) < t.queue_count for t in self._topics.values())
 
     @property
     def brokers(self) -> Mapping[str, str]:

@@ -6,9 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from tidemq.cluster.nameserver import NameServer
+from tidemq.cluster.nameserver import (
+    DEFAULT_BROKER_TTL_MS,
+    DEFAULT_HEARTBEAT_INTERVAL_MS,
+    DEFAULT_STALE_TOPIC_MS,
+    NameServer,
+)
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import InvalidRequest
 from tidemq.net.server import ServerLimits, TcpServer
@@ -33,6 +39,9 @@ log = logging.getLogger(__name__)
 #: Name server frames are small: routes and registrations.
 _NAMESERVER_FRAME_BYTES = 16 << 20
 _SWEEP_INTERVAL_S = 1.0
+#: A gap this much longer than the sweep interval between two looks at the clock means
+#: this process was stopped (SIGSTOP, a VM pause), not that the brokers went silent.
+_PAUSE_SLACK_MS = 1_500
 
 NAMESERVER_CODES = frozenset(
     {
@@ -49,6 +58,8 @@ _ROUTE_TOPICS_MAX = 10_000
 class NameServerHandlers:
     def __init__(self, nameserver: NameServer) -> None:
         self.nameserver = nameserver
+        #: Called before each request is handled (the standalone service's pause check).
+        self.before_request: Callable[[], None] | None = None
 
     def handle(self, code: RequestCode, header: Any) -> Any:
         ns = self.nameserver
@@ -79,6 +90,8 @@ class NameServerHandlers:
 
     async def dispatch(self, frame: Frame, conn: object) -> tuple[Any, bytes]:
         code, header = decode_request(frame)
+        if self.before_request is not None:
+            self.before_request()
         if code not in NAMESERVER_CODES:
             raise InvalidRequest(f"{code.name} is a broker request; this is a name server")
         return self.handle(code, header), b""
@@ -86,25 +99,38 @@ class NameServerHandlers:
 
 class NameServerService:
     """A standalone name server process's parts: the registry, its handlers, a listener,
-    and the sweep that drops silent brokers."""
+    and the sweep that drops silent brokers.
+
+    Pauses: the sweep looks at the clock every second and every request looks too; a gap
+    much longer than that means this process was stopped, and the brokers' leases are
+    extended by the gap before anything is answered, so a paused name server does not
+    drop every broker (and report their topics stale) the moment it resumes."""
 
     def __init__(
         self,
         *,
         host: str = "127.0.0.1",
         port: int = 9876,
-        broker_ttl_ms: int = 30_000,
-        heartbeat_interval_ms: int = 10_000,
+        broker_ttl_ms: int = DEFAULT_BROKER_TTL_MS,
+        heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
+        stale_topic_ms: int = DEFAULT_STALE_TOPIC_MS,
         clock: Clock | None = None,
     ) -> None:
         self._host = host
         self._port = port
+        self._clock = clock or SystemClock()
         self.nameserver = NameServer(
-            clock or SystemClock(),
+            self._clock,
             broker_ttl_ms=broker_ttl_ms,
             heartbeat_interval_ms=heartbeat_interval_ms,
+            stale_topic_ms=stale_topic_ms,
         )
+        self._last_look_ms = self._clock.monotonic_ms()
+        #: Pauses of this process noticed so far, and their total length.
+        self.pauses = 0
+        self.paused_ms_total = 0.0
         self._handlers = NameServerHandlers(self.nameserver)
+        self._handlers.before_request = self.check_pause
         self._server = TcpServer(
             self._handlers.dispatch, ServerLimits(max_frame_bytes=_NAMESERVER_FRAME_BYTES)
         )
@@ -118,9 +144,26 @@ class NameServerService:
         log.info("name server serving on %s", self.address)
         return self.address
 
+    def check_pause(self) -> None:
+        """Extend the brokers' leases by the time this process was stopped, if it was."""
+        now = self._clock.monotonic_ms()
+        gap = now - self._last_look_ms
+        self._last_look_ms = now
+        paused = gap - _SWEEP_INTERVAL_S * 1000
+        if paused > _PAUSE_SLACK_MS:
+            self.pauses += 1
+            self.paused_ms_total += paused
+            self.nameserver.extend_leases(paused)
+            log.warning(
+                "name server was stopped for about %d ms; brokers' leases extended by that",
+                paused,
+            )
+
     async def _sweep(self) -> None:
+        self._last_look_ms = self._clock.monotonic_ms()
         while True:
             await asyncio.sleep(_SWEEP_INTERVAL_S)
+            self.check_pause()
             for name in self.nameserver.expire():
                 log.warning("broker %s stopped heartbeating; dropped from routes", name)
 

@@ -23,8 +23,8 @@ from typing import TypeVar
 
 import msgspec
 
-from tidemq.core.errors import BrokerNotAvailable, RequestTimeout
-from tidemq.protocol.codec import decode_response, encode_request
+from tidemq.core.errors import BrokerNotAvailable, RequestTimeout, TidemqError
+from tidemq.protocol.codec import decode_response, encode_request, error_from_frame
 from tidemq.protocol.frame import Frame, FrameDecoder, FrameKind, RemoteProtocolError
 
 __all__ = ["ClientConnection", "split_address"]
@@ -95,6 +95,8 @@ class ClientConnection:
         self._handed = 0
         self._transport: asyncio.Transport | None = None
         self._closed_reason: str | None = None
+        #: The error the broker closed the connection with (a refusal naming its limit).
+        self._closed_error: TidemqError | None = None
         #: Called with frames the server initiates (transaction check-back).
         self.on_server_request: Callable[[Frame], None] | None = None
 
@@ -191,10 +193,14 @@ class ClientConnection:
         try:
             transport = self._transport
             if transport is None or transport.is_closing():
+                if self._closed_error is not None:
+                    raise type(self._closed_error)(str(self._closed_error))
                 raise BrokerNotAvailable(
                     f"connection to {self.address} is closed: {self._closed_reason or 'closed'}"
                 )
             corr = next(self._ids) & 0xFFFFFFFF
+            if corr == 0:  # after 2**32 requests: 0 is the broker's (a refusal)
+                corr = next(self._ids) & 0xFFFFFFFF
             buffers = encode_request(request, corr, body)
         except BaseException:
             self._release_slot()
@@ -273,6 +279,13 @@ class ClientConnection:
             self._fail(f"protocol error from {self.address}: {exc}")
             return
         for frame in frames:
+            if frame.kind is FrameKind.RESPONSE and frame.correlation_id == 0 and frame.is_error:
+                # Correlation id 0 is never a request's: the broker refuses the connection
+                # (a connection limit) and closes it.
+                error = error_from_frame(frame)
+                self._closed_error = type(error)(f"{self.address}: {error}")
+                self._fail(str(self._closed_error))
+                return
             if frame.kind is FrameKind.RESPONSE:
                 call = self._pending.pop(frame.correlation_id, None)
                 if call is not None:
@@ -281,7 +294,8 @@ class ClientConnection:
                 self.on_server_request(frame)
 
     def on_lost(self, exc: Exception | None) -> None:
-        self._closed_reason = str(exc) if exc else "closed by the broker"
+        if self._closed_error is None:
+            self._closed_reason = str(exc) if exc else "closed by the broker"
         self._transport = None
         self._fail_pending()
 
@@ -295,10 +309,15 @@ class ClientConnection:
         calls = list(self._pending.values())
         self._pending.clear()
         for call in calls:
+            error = self._closed_error
             self._finish(
                 call,
                 None,
-                BrokerNotAvailable(f"connection to {self.address} lost: {self._closed_reason}"),
+                type(error)(str(error))
+                if error is not None
+                else BrokerNotAvailable(
+                    f"connection to {self.address} lost: {self._closed_reason}"
+                ),
             )
 
     def close(self) -> None:

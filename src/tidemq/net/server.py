@@ -2,24 +2,44 @@
 
 Frames are decoded by `tidemq.protocol.frame.FrameDecoder` and each request runs as its
 own task through the dispatcher; responses are written in the order they complete (the
-correlation id pairs them up). Limits: a connection has at most `max_in_flight` requests
-running (beyond that the server stops reading from it: backpressure, not errors), the
-server at most `max_connections` connections, and frames at most `max_frame_bytes`.
+correlation id pairs them up). What one client can make the server hold or do is
+bounded (`ServerLimits`; the table is in docs/design/protocol.md, "Connection limits"):
+
+* requests: at most `max_in_flight` run per connection. Decoded requests beyond that wait
+  in the connection's queue, and the connection stops reading (transport.pause_reading)
+  while running + waiting reach the limit: backpressure through TCP, not errors. Each
+  connection starts at most `requests_per_turn` requests per event-loop turn, so a
+  pipelining client takes turns with the others.
+* bytes in: requests received and not yet answered (partial frames, waiting, running)
+  count against `max_inbound_bytes` over all connections; above it, connections holding
+  such bytes stop reading.
+* bytes out: FETCH answers are charged to a `ResponseBudget` (per connection and total)
+  until they have left the write buffer; a connection whose write buffer is above
+  `write_buffer_high_bytes` stops reading.
+* time: a started frame must complete within `frame_read_timeout_ms`, a connection with
+  nothing in flight is closed after `idle_timeout_ms`, and one whose write buffer does not
+  shrink for `write_stall_timeout_ms` is closed. One periodic sweep checks them (`sweep`).
+* connections: at most `max_connections`, `max_connections_per_address` from one IP. A
+  refused client gets an error frame naming the limit before the close.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import msgspec
 
+from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import BrokerNotAvailable, InvalidRequest, RequestTimeout, TidemqError
+from tidemq.net.budget import ConnectionBudget
+from tidemq.net.ledger import ConnectionLedger, ServerLimits
 from tidemq.protocol.codec import (
     decode_response,
     encode_error,
@@ -40,13 +60,11 @@ Dispatcher = Callable[[Frame, "ServerConnection"], Awaitable[Reply]]
 
 #: Socket buffers: large enough that a 256-message batch is one or two syscalls.
 _SOCKET_BUFFER_BYTES = 4 << 20
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerLimits:
-    max_frame_bytes: int
-    max_in_flight: int = 32
-    max_connections: int = 1024
+#: What a decoded frame costs besides its header and body (the Frame and bytes objects):
+#: charged to the inbound budget so that thousands of tiny frames count too.
+_FRAME_OVERHEAD_BYTES = 256
+#: Where a refused connection's reads go (discarded).
+_DISCARD = memoryview(bytearray(4096))
 
 
 class ServerConnection(asyncio.BufferedProtocol):
@@ -56,12 +74,29 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     def __init__(self, server: TcpServer) -> None:
         self._server = server
+        self._limits = server.limits
         self._decoder = FrameDecoder(server.limits.max_frame_bytes)
         self._transport: asyncio.Transport | None = None
         self._in_flight = 0
+        #: Decoded requests waiting for a slot (bounded: reading stops at the limit).
+        self._waiting: deque[Frame] = deque()
+        self._pump_scheduled = False
         self._reading_paused = False
+        self._last_pause_reason: str | None = None
         self._writing_paused = False
+        self._refused = False
+        #: Bytes of requests received and not answered, as charged to the server.
+        self._inbound_bytes = 0
+        self._frame_bytes = 0
+        now = server.clock.monotonic_ms()
+        self._last_activity_ms = now
+        #: When the partial frame now buffered began (None: none buffered, or our pause).
+        self._frame_started_ms: float | None = None
+        self._stall_since_ms = now
+        self._stall_buffer_bytes = 0
         self.peer = "?"
+        self.host = "?"
+        self.budget: ConnectionBudget = server.response_budget.connection()
         self.tasks: set[asyncio.Task[None]] = set()
         #: Server-to-client requests waiting for their answer, by correlation id.
         self._asks: dict[int, asyncio.Future[Frame]] = {}
@@ -74,20 +109,54 @@ class ServerConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Duck-typed: uvloop's transports do not subclass asyncio.Transport.
         self._transport = cast(asyncio.Transport, transport)
+        if not self._server.accepting:
+            # Accepted by the kernel just before the server stopped listening: the
+            # shutdown has already closed every connection it knew, so close this one.
+            self._transport.abort()
+            return
+        self._loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if peer:
+            self.host, self.peer = str(peer[0]), f"{peer[0]}:{peer[1]}"
+        self.budget = self._server.response_budget.connection(self.host)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER_BYTES)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
-        if not self._server.accept(self):
-            log.warning("refusing %s: %d connections open", self.peer, self._server.connections)
+        high = self._limits.write_buffer_high_bytes
+        self._transport.set_write_buffer_limits(high=high, low=high // 4)
+        refusal = self._server.accept(self)
+        if refusal is not None:
+            self._refuse(refusal)
+
+    def _refuse(self, reason: str) -> None:
+        """Answer with an error frame naming the limit, then close: at once when many
+        refusals linger already, else after the client has had time to read it (a close
+        with its request unread would reset the connection and lose the frame)."""
+        self._refused = True
+        transport = self._transport
+        assert transport is not None
+        self._server.log_event(logging.WARNING, "refused", "refusing %s: %s", self.peer, reason)
+        self.send(
+            encode_error(0, 0, BrokerNotAvailable(f"broker refused the connection: {reason}"))
+        )
+        if not self._server.linger(self):
             transport.close()
+            return
+        with contextlib.suppress(OSError, RuntimeError):
+            if transport.can_write_eof():
+                transport.write_eof()
+
+    def eof_received(self) -> bool | None:
+        return None  # close: a half-closed client sends no more requests
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.forget(self)
         self._transport = None
+        self._set_inbound(0)
+        self._waiting.clear()
+        self.budget.close()
         for future in self._asks.values():
             if not future.done():
                 future.set_exception(BrokerNotAvailable(f"client {self.peer} disconnected"))
@@ -98,20 +167,29 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self._writing_paused = True
-        self._update_reading()
+        self._stall_since_ms = self._server.clock.monotonic_ms()
+        self._stall_buffer_bytes = self._write_buffer_bytes()
+        self.update_reading()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        self._update_reading()
+        self.budget.drained()
+        self.update_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._refused:
+            return _DISCARD
         return self._decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._refused:
+            return
+        now = self._server.clock.monotonic_ms()
+        self._last_activity_ms = now
         try:
             frames = self._decoder.buffer_updated(nbytes)
         except RemoteProtocolError as exc:
-            log.info("closing %s: %s", self.peer, exc)
+            self._server.log_event(logging.INFO, "protocol", "closing %s: %s", self.peer, exc)
             self.close()
             return
         for frame in frames:
@@ -123,15 +201,43 @@ class ServerConnection(asyncio.BufferedProtocol):
             if frame.kind not in (FrameKind.REQUEST, FrameKind.ONEWAY):
                 self._server.on_client_frame(frame, self)
                 continue
-            self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._handle(frame))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-        self._update_reading()
+            self._frame_bytes += _cost(frame)
+            self._waiting.append(frame)
+        if self._decoder.buffered_bytes == 0:
+            self._frame_started_ms = None
+        elif self._frame_started_ms is None or frames:
+            self._frame_started_ms = now  # a new frame began in this read
+        self._pump(scheduled=False)
 
     # ------------------------------------------------------------------ requests
 
+    def _pump(self, *, scheduled: bool = True) -> None:
+        """Start waiting requests: up to `requests_per_turn` now, the rest on later turns
+        (`call_soon` queues behind every other connection's ready callbacks)."""
+        if scheduled:
+            self._pump_scheduled = False
+        if self._transport is None:
+            return  # closed meanwhile
+        limit = self._limits.max_in_flight
+        started = 0
+        loop = self._loop
+        while (
+            self._waiting and self._in_flight < limit and started < self._limits.requests_per_turn
+        ):
+            frame = self._waiting.popleft()
+            self._in_flight += 1
+            started += 1
+            task = loop.create_task(self._handle(frame))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        if self._waiting and self._in_flight < limit and not self._pump_scheduled:
+            self._pump_scheduled = True
+            loop.call_soon(self._pump)
+        self._set_inbound(self._decoder.buffered_bytes + self._frame_bytes)
+        self.update_reading()
+
     async def _handle(self, frame: Frame) -> None:
+        task = asyncio.current_task()
         try:
             try:
                 header, body = await self._server.dispatcher(frame, self)
@@ -139,14 +245,30 @@ class ServerConnection(asyncio.BufferedProtocol):
             except TidemqError as exc:
                 out = encode_error(frame.code, frame.correlation_id, _remote(exc))
             except Exception:
-                log.exception("request %d from %s failed", frame.code, self.peer)
+                self._server.log_event(
+                    logging.ERROR,
+                    "internal",
+                    "request %d from %s failed",
+                    frame.code,
+                    self.peer,
+                    exc_info=True,
+                )
                 err = TidemqError("internal error; see the broker log")
                 out = encode_error(frame.code, frame.correlation_id, err)
             if frame.kind is FrameKind.REQUEST:
                 self.send(out)
         finally:
+            self.budget.settle(task, queued=self._writing_paused)
             self._in_flight -= 1
-            self._update_reading()
+            self._frame_bytes -= _cost(frame)
+            self._last_activity_ms = self._server.clock.monotonic_ms()
+            if self._transport is not None:
+                if self._waiting and not self._pump_scheduled:
+                    self._pump_scheduled = True
+                    if not self._loop.is_closed():  # (a task closed with its loop)
+                        self._loop.call_soon(self._pump)
+                self._set_inbound(self._decoder.buffered_bytes + self._frame_bytes)
+                self.update_reading()
 
     async def ask(self, request: msgspec.Struct, expected: type[T], *, timeout_s: float) -> T:
         """Send a server-to-client request and wait for the client's answer (or its error,
@@ -173,21 +295,98 @@ class ServerConnection(asyncio.BufferedProtocol):
         if self._transport is not None and not self._transport.is_closing():
             self._transport.writelines(buffers)
 
-    def _update_reading(self) -> None:
+    # ------------------------------------------------------------------ limits
+
+    def _set_inbound(self, size_bytes: int) -> None:
+        delta = size_bytes - self._inbound_bytes
+        if delta:
+            self._inbound_bytes = size_bytes
+            self._server.add_inbound(delta)
+
+    def _pause_reason(self) -> str | None:
+        """Why this connection must not read now (None: it may)."""
+        if self._writing_paused:
+            return "writing"
+        if self._in_flight + len(self._waiting) >= self._limits.max_in_flight:
+            return "in-flight"
+        if self._inbound_bytes and self._server.inbound_over():
+            return "inbound"
+        return None
+
+    def update_reading(self) -> None:
         transport = self._transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self._refused:
             return
-        pause = self._writing_paused or self._in_flight >= self._server.limits.max_in_flight
-        if pause and not self._reading_paused:
-            transport.pause_reading()
-            self._reading_paused = True
-        elif not pause and self._reading_paused:
+        reason = self._pause_reason()
+        self._server.waiting_for_inbound(self, reason == "inbound")
+        if reason is not None:
+            if not self._reading_paused:
+                transport.pause_reading()
+                self._reading_paused = True
+            self._last_pause_reason = reason
+        elif self._reading_paused:
             transport.resume_reading()
             self._reading_paused = False
+            if self._frame_started_ms is not None and self._last_pause_reason != "inbound":
+                # The frame's time ran while we chose not to read; it starts again now.
+                # (Not after an inbound-budget pause: under that pressure a peer that
+                # holds a partial frame must finish it in time or go.)
+                self._frame_started_ms = self._server.clock.monotonic_ms()
+
+    def check_timeouts(self, now_ms: float) -> str | None:
+        """Close the connection if one of its timeouts passed; the reason, or None."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return None
+        reason = self._timeout_reason(now_ms)
+        if reason is not None:
+            self._server.log_event(
+                logging.INFO, reason.split(":")[0], "closing %s: %s", self.peer, reason
+            )
+            # abort, not close: close waits for the write buffer to drain, and a client
+            # that does not read would keep its connection (and the buffer) forever.
+            transport.abort()
+        return reason
+
+    def _timeout_reason(self, now_ms: float) -> str | None:
+        lim = self._limits
+        if self._writing_paused:
+            size = self._write_buffer_bytes()
+            if size < self._stall_buffer_bytes:
+                self._stall_buffer_bytes, self._stall_since_ms = size, now_ms
+            elif now_ms - self._stall_since_ms >= lim.write_stall_timeout_ms:
+                return (
+                    f"write-stall: {size} bytes of answers unread for "
+                    f"{lim.write_stall_timeout_ms} ms (write_stall_timeout_ms)"
+                )
+        started = self._frame_started_ms
+        own_pause = self._pause_reason() in ("writing", "in-flight")
+        if started is not None and not own_pause and now_ms - started >= lim.frame_read_timeout_ms:
+            return (
+                f"read-timeout: frame incomplete after {lim.frame_read_timeout_ms} ms "
+                f"({self._decoder.buffered_bytes} bytes; frame_read_timeout_ms)"
+            )
+        idle = (
+            not self._in_flight
+            and not self._waiting
+            and not self._asks
+            and self._decoder.buffered_bytes == 0
+        )
+        if idle and now_ms - self._last_activity_ms >= lim.idle_timeout_ms:
+            return f"idle: no request for {lim.idle_timeout_ms} ms (idle_timeout_ms)"
+        return None
+
+    def _write_buffer_bytes(self) -> int:
+        transport = self._transport
+        return transport.get_write_buffer_size() if transport is not None else 0
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+
+def _cost(frame: Frame) -> int:
+    return len(frame.header) + len(frame.body) + _FRAME_OVERHEAD_BYTES
 
 
 def _remote(exc: TidemqError) -> TidemqError:
@@ -197,8 +396,10 @@ def _remote(exc: TidemqError) -> TidemqError:
     return exc
 
 
-class TcpServer:
-    """Listens on one address; hands every request frame to the dispatcher."""
+class TcpServer(ConnectionLedger["ServerConnection"]):
+    """Listens on one address; hands every request frame to the dispatcher. Its
+    connections' shared bookkeeping (admission, inbound budget, timeouts sweep, counters)
+    is the ConnectionLedger it is."""
 
     def __init__(
         self,
@@ -206,25 +407,23 @@ class TcpServer:
         limits: ServerLimits,
         *,
         on_client_frame: Callable[[Frame, ServerConnection], None] | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        super().__init__(limits, clock or SystemClock(), log)
         self.dispatcher = dispatcher
-        self.limits = limits
         self._on_client_frame = on_client_frame
-        self._conns: set[ServerConnection] = set()
         self._server: asyncio.Server | None = None
+        self._accepting = True
+        self._sweeper: asyncio.Task[None] | None = None
 
-    @property
-    def connections(self) -> int:
-        return len(self._conns)
-
-    def accept(self, conn: ServerConnection) -> bool:
-        if len(self._conns) >= self.limits.max_connections:
-            return False
-        self._conns.add(conn)
-        return True
-
-    def forget(self, conn: ServerConnection) -> None:
-        self._conns.discard(conn)
+    async def _sweep_forever(self) -> None:
+        interval = self.sweep_interval_ms() / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("connection sweep failed")
 
     def on_client_frame(self, frame: Frame, conn: ServerConnection) -> None:
         if self._on_client_frame is not None:
@@ -235,10 +434,17 @@ class TcpServer:
         self._server = await loop.create_server(
             lambda: ServerConnection(self), host, port, reuse_address=True, backlog=1024
         )
+        self._sweeper = loop.create_task(self._sweep_forever())
         sockname = self._server.sockets[0].getsockname()
         return sockname[0], sockname[1]
 
+    @property
+    def accepting(self) -> bool:
+        """False once the server stops accepting: a connection still arriving is closed."""
+        return self._accepting
+
     async def stop_accepting(self) -> None:
+        self._accepting = False
         if self._server is not None:
             self._server.close()
 
@@ -247,7 +453,12 @@ class TcpServer:
         tasks = [t for c in self._conns for t in c.tasks]
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
-        for conn in list(self._conns):
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        for conn in [*self._conns, *self._lingering]:
             conn.close()
         if self._server is not None:
             await self._server.wait_closed()

@@ -419,6 +419,11 @@ class StatusResponse(_Msg):
     log_flushed_position: int
     connections: int
     uptime_ms: int
+    #: The connection limits, by config key (`broker.<key>`), and their use and event
+    #: counters since start: connections, inbound_bytes, response_bytes,
+    #: lingering_refusals; refused, read-timeout, idle, write-stall, protocol, internal.
+    limits: dict[str, int] = {}
+    usage: dict[str, int] = {}
 
 
 #: code -> (request header type, response header type)

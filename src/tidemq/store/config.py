@@ -38,8 +38,11 @@ class StoreConfig:
     max_batch_bytes: int = 4 << 20
     #: Appends are refused above this fraction of the disk in use.
     disk_reject_ratio: float = 0.90
-    #: Disk usage is re-read after this many bytes appended (statvfs is not free).
+    #: Disk usage (statvfs) is read again after at most this many bytes appended, and
+    #: after half the room left below the watermark (see DiskWatermark) ...
     disk_check_interval_bytes: int = 16 << 20
+    #: ... and at least this often while appending (other files use the disk too).
+    disk_check_interval_ms: int = 1_000
     #: Batches remembered per (producer, queue) to answer retried sends (Kafka keeps 5). An
     #: idempotent producer keeps at most this many in flight per queue; more in flight
     #: means more data per group commit (P1 with sync flush: 5 -> 32 in flight, see
@@ -64,6 +67,7 @@ class StoreConfig:
             "index_cache_files",
             "max_batch_bytes",
             "disk_check_interval_bytes",
+            "disk_check_interval_ms",
             "idempotence_window",
         ):
             if getattr(self, name) <= 0:

@@ -18,6 +18,8 @@ Durability contract:
 
 from __future__ import annotations
 
+import errno
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -42,14 +44,107 @@ from tidemq.store.commit_log import CommitLog
 from tidemq.store.config import FlushMode, StoreConfig
 from tidemq.store.files import FileSystem, OsFileSystem
 from tidemq.store.format.checkpoint import Checkpoint
+from tidemq.store.format.index_entry import ENTRY
 from tidemq.store.metadata import CleanupPolicy, MessageType, Metadata, TopicInfo
 from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp, ProducerStates
 from tidemq.store.queue_index import IndexFileCache, QueueIndex
 
-__all__ = ["AppendResult", "MessageStore", "ReadResult", "ReadStatus", "StoredBatch"]
+__all__ = [
+    "AppendResult",
+    "DiskWatermark",
+    "MessageStore",
+    "ReadResult",
+    "ReadStatus",
+    "StoredBatch",
+]
+
+log = logging.getLogger(__name__)
 
 #: Index entries examined per read before giving up on a tag filter that matches nothing.
 _READ_SCAN_ENTRIES_MAX = 4096
+#: Bytes a commit-log record adds to its payload and properties (its header), rounded up.
+_RECORD_OVERHEAD_BYTES = 128
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskWatermark:
+    """Whether one more append would take the disk past `disk_reject_ratio`, for the price
+    of a counter per append.
+
+    After each look at the disk (`FileSystem.disk_usage`, statvfs) it knows the headroom:
+    the bytes that may still be written before the watermark. It looks again once the
+    bytes appended since exceed half of that headroom (so looks come more often as the
+    disk nears the mark, one per append at the end), or `disk_check_interval_bytes`, or
+    `disk_check_interval_ms` has passed (other files and processes use the disk too). So
+    the commit log stops at the watermark instead of running the disk to 100%; what else
+    writes (indexes, metadata) has the rest. While full it looks at every append, so
+    appends resume as soon as space is freed. It logs once when the disk crosses the
+    watermark and once when it is back below, never per refused append."""
+
+    def __init__(self, fs: FileSystem, config: StoreConfig, clock: Clock) -> None:
+        self._fs = fs
+        self._path = config.data_dir
+        self._ratio = config.disk_reject_ratio
+        self._interval_bytes = config.disk_check_interval_bytes
+        self._interval_ms = config.disk_check_interval_ms
+        self._clock = clock
+        self._headroom = 0
+        self._budget = 0  # bytes that may be appended before the next look
+        self._spent = 0
+        self._looked_ms = float("-inf")
+        self.full = False
+        #: Looks at the disk so far (for tests and status).
+        self.looks = 0
+
+    def reserve(self, size: int) -> None:
+        """Account for an append of `size` bytes; raises DiskFull if it would go past the
+        watermark (then nothing is accounted)."""
+        now = self._clock.monotonic_ms()
+        if (
+            self.full
+            or self._spent + size > self._budget
+            or now - self._looked_ms >= self._interval_ms
+        ):
+            self._look(now)
+            if size > self._headroom:
+                self._set_full(True, size)
+                raise DiskFull(
+                    f"disk above store.disk_reject_ratio {self._ratio:.0%} (a {size}-byte "
+                    f"append would pass it; {max(self._headroom, 0)} bytes left below it); "
+                    "appends resume when space is freed"
+                )
+            self._set_full(False, size)
+        self._spent += size
+
+    def _look(self, now: float) -> None:
+        self._looked_ms = now
+        self._spent = 0
+        self.looks += 1
+        try:
+            total, free = self._fs.disk_usage(self._path)
+        except OSError:
+            # Cannot tell: let the writes find out (they raise DiskFull on ENOSPC).
+            self._headroom = self._budget = self._interval_bytes
+            return
+        keep_free = total - int(total * self._ratio)
+        self._headroom = free - keep_free
+        self._budget = min(max(self._headroom // 2, 0), self._interval_bytes)
+
+    def _set_full(self, full: bool, size: int) -> None:
+        if full == self.full:
+            return
+        self.full = full
+        if full:
+            log.warning(
+                "disk %s is at store.disk_reject_ratio %.0f%%: appends are refused "
+                "(DiskFull) until space is freed",
+                self._path,
+                self._ratio * 100,
+            )
+        else:
+            log.warning(
+                "disk %s is below store.disk_reject_ratio again: appends resume", self._path
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +216,9 @@ class MessageStore:
         #: retention keeps the segments from the smallest one on.
         self._log_pins: dict[str, int] = {}
         self._closed = False
-        self._bytes_since_disk_check = config.disk_check_interval_bytes
-        self._disk_full = False
+        self._watermark = DiskWatermark(fs, config, clock)
+        #: Index entries appended since the last checkpoint (they are written at the next).
+        self._unindexed_entries = 0
         now = clock.monotonic_ms()
         self._last_flush_ms = now
         self._last_checkpoint_ms = now
@@ -287,7 +383,7 @@ class MessageStore:
                 return AppendResult(
                     seen.base_offset, seen.count, seen.end_position, 0, duplicate=True
                 )
-        self._check_disk(len(payload))
+        self._watermark.reserve(len(payload) + len(properties) + _RECORD_OVERHEAD_BYTES)
         base = index.next_offset
         rec = self._log.append(
             payload,
@@ -304,29 +400,15 @@ class MessageStore:
         )
         index.append(rec.position, rec.size, env.count, rec.store_time_ms, env.tag_summary)
         self._dirty_queues.add((info.id, queue_id))
+        self._unindexed_entries += 1
         end = rec.position + rec.size
         if producer is not None:
             self._producers.record(key, producer, env.count, base, end)
         return AppendResult(base, env.count, end, rec.store_time_ms)
 
-    def _check_disk(self, size: int) -> None:
-        self._bytes_since_disk_check += size
-        if not self._disk_full and (
-            self._bytes_since_disk_check < self.config.disk_check_interval_bytes
-        ):
-            return
-        self._bytes_since_disk_check = 0
-        try:
-            total, free = self._fs.disk_usage(self.config.data_dir)
-        except OSError:
-            return  # cannot tell: let the write itself find out
-        used = 1.0 - free / total if total else 1.0
-        self._disk_full = used >= self.config.disk_reject_ratio
-        if self._disk_full:
-            raise DiskFull(
-                f"disk {used:.0%} full, above disk_reject_ratio "
-                f"{self.config.disk_reject_ratio:.0%}; appends resume when space is freed"
-            )
+    @property
+    def watermark(self) -> DiskWatermark:
+        return self._watermark
 
     def flush(self) -> int:
         """fdatasync the log (group commit); return the flushed position."""
@@ -389,15 +471,21 @@ class MessageStore:
         checkpoint file. Recovery replays the log only past this point."""
         self._check_open()
         flushed = self.flush()
+        self._check_checkpoint_room()
         ends: dict[tuple[int, int], int] = {}
         written: list[Path] = []
-        for key in self._dirty_queues:
-            index = self._queues.get(key)
-            if index is not None:
-                path = index.write_pending(sync=False)
-                if path is not None:
-                    written.append(path)
-                ends[key] = index.next_offset
+        try:
+            for key in self._dirty_queues:
+                index = self._queues.get(key)
+                if index is not None:
+                    path = index.write_pending(sync=False)
+                    if path is not None:
+                        written.append(path)
+                    ends[key] = index.next_offset
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise DiskFull(f"no space left to write queue indexes: {exc}") from None
+            raise
         # All together: with traffic over thousands of queues, one fdatasync per index file
         # held the loop for most of each checkpoint (see OsFileSystem.sync_files).
         try:
@@ -410,13 +498,37 @@ class MessageStore:
         self._dirty_queues.clear()
         self._meta.save_producer_state(self._producers.take_dirty())
         cp = Checkpoint(flushed, flushed, self._log.last_store_time_ms)
-        write_checkpoint(self._fs, self.config.data_dir, cp)
+        try:
+            write_checkpoint(self._fs, self.config.data_dir, cp)
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise DiskFull(f"no space left to write the checkpoint: {exc}") from None
+            raise
         # Only after the checkpoint file: recovery expects each index, cut back to the
         # checkpoint, to reach its recorded end, so an end must never be ahead of it.
         if ends:
             self._meta.set_queue_index_ends(ends)
         self._indexed_position = flushed
+        self._unindexed_entries = 0
         self._last_checkpoint_ms = self._clock.monotonic_ms()
+
+    def _check_checkpoint_room(self) -> None:
+        """Raise DiskFull, before writing anything, when the disk lacks the room this
+        checkpoint needs. An index file that runs out of space midway keeps the partial
+        entry it got, and the retry would append after it; so do not start one that
+        cannot finish (best effort: other writers may take the room meanwhile)."""
+        try:
+            _, free = self._fs.disk_usage(self.config.data_dir)
+        except OSError:
+            return  # cannot tell
+        # The entries, and one more per file for slack; a disk with no free block at all
+        # reports 0 and is refused.
+        needed = (self._unindexed_entries + len(self._dirty_queues)) * ENTRY.size
+        if free < needed:
+            raise DiskFull(
+                f"checkpoint needs about {needed} bytes free, the disk has {free}; "
+                "retried when space is freed"
+            )
 
     # ------------------------------------------------------------------ reading
 

@@ -4,6 +4,11 @@ Each change is one small transaction (`synchronous=FULL`: durable when `commit` 
 instead of rewriting a whole JSON file on every change as RocketMQ does. Data never lives
 here; only what describes it.
 
+A full disk: every write maps SQLite's "database or disk is full" (SQLITE_FULL) and
+ENOSPC/EDQUOT to DiskFull (retriable), rolls its transaction back, and leaves the
+database usable; the first such failure is logged, and the first write that succeeds
+after it, not every failed write.
+
 Tables::
 
     topics(id PK AUTOINCREMENT, name, queues, message_type, cleanup_policy, retention_ms,
@@ -19,22 +24,28 @@ Tables::
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import functools
 import json
+import logging
 import re
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from tidemq.core import limits
 from tidemq.core.errors import (
     ConfigError,
+    DiskFull,
     InvalidTopicName,
     TopicAlreadyExists,
     TopicNotFound,
 )
+from tidemq.core.names import NAME_RULE
 
 __all__ = ["CleanupPolicy", "MessageType", "Metadata", "TopicInfo", "validate_topic_name"]
 
@@ -76,6 +87,49 @@ CREATE TABLE IF NOT EXISTS service_state (name TEXT PRIMARY KEY, value BLOB NOT 
 
 _NAME = re.compile(limits.TOPIC_NAME_PATTERN)
 
+log = logging.getLogger(__name__)
+
+#: SQLite's primary result code for "database or disk is full".
+_SQLITE_FULL = 13
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF == _SQLITE_FULL:
+            return True
+        return "database or disk is full" in str(exc)
+    return False
+
+
+def _writes(
+    method: Callable[Concatenate[Metadata, _P], _R],
+) -> Callable[Concatenate[Metadata, _P], _R]:
+    """A metadata write: a full disk raises DiskFull (see the module doc)."""
+
+    @functools.wraps(method)
+    def write(self: Metadata, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            result = method(self, *args, **kwargs)
+        except (sqlite3.Error, OSError) as exc:
+            if not _is_disk_full(exc):
+                raise
+            self._disk_full_now(method.__name__, exc)
+            raise DiskFull(
+                f"metadata write ({method.__name__}) failed: the disk is full ({exc}); "
+                "retry when space is freed"
+            ) from None
+        if self.disk_full:
+            self.disk_full = False
+            log.warning("metadata writes succeed again (disk space was freed)")
+        return result
+
+    return write
+
 
 class MessageType(StrEnum):
     #: Accepts every kind of message: the default for topics that declare nothing.
@@ -107,11 +161,9 @@ class TopicInfo:
 
 
 def validate_topic_name(name: str) -> None:
+    """A user topic name or one of the broker's internal names (`tidemq.core.names`)."""
     if not _NAME.match(name):
-        raise InvalidTopicName(
-            f"invalid topic name {name[:140]!r}: use 1-{limits.MAX_TOPIC_NAME_BYTES} "
-            "characters from A-Z a-z 0-9 % _ . -"
-        )
+        raise InvalidTopicName(f"invalid topic name {name[:140]!r}: use {NAME_RULE}")
 
 
 def _check_retention(key: str, value: int | None) -> None:
@@ -128,12 +180,28 @@ class Metadata:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        #: The last write failed for want of disk space (logged once per change).
+        self.disk_full = False
+
+    def _disk_full_now(self, what: str, exc: BaseException) -> None:
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+        if not self.disk_full:
+            self.disk_full = True
+            log.warning(
+                "metadata writes fail: the disk is full (%s: %s); they are refused with "
+                "DiskFull until space is freed",
+                what,
+                exc,
+            )
 
     def close(self) -> None:
         self._db.close()
 
     # ------------------------------------------------------------------ topics
 
+    @_writes
     def create_topic(self, info: TopicInfo) -> TopicInfo:
         validate_topic_name(info.name)
         if not 1 <= info.queues <= limits.MAX_QUEUES_PER_TOPIC:
@@ -196,6 +264,7 @@ class Metadata:
         ).fetchall()
         return [self._row_to_topic(r) for r in rows]
 
+    @_writes
     def update_topic(self, info: TopicInfo) -> None:
         _check_retention("retention.ms", info.retention_ms)
         _check_retention("retention.bytes", info.retention_bytes)
@@ -212,6 +281,7 @@ class Metadata:
             ),
         )
 
+    @_writes
     def mark_deleted(self, topic_id: int, now_ms: int) -> None:
         with self._tx():
             self._db.execute("UPDATE topics SET deleted_ms = ? WHERE id = ?", (now_ms, topic_id))
@@ -231,6 +301,7 @@ class Metadata:
         rows = self._db.execute("SELECT topic_id, queue_id, min_offset FROM queue_state")
         return {(t, q): m for t, q, m in rows}
 
+    @_writes
     def set_queue_min_offsets(self, values: Mapping[tuple[int, int], int]) -> None:
         with self._tx():
             self._db.executemany(
@@ -244,6 +315,7 @@ class Metadata:
         rows = self._db.execute("SELECT topic_id, queue_id, next_offset FROM queue_index_end")
         return {(t, q): n for t, q, n in rows}
 
+    @_writes
     def set_queue_index_ends(self, values: Mapping[tuple[int, int], int]) -> None:
         with self._tx():
             self._db.executemany(
@@ -253,6 +325,7 @@ class Metadata:
 
     # ------------------------------------------------------------------ consumer offsets
 
+    @_writes
     def commit_offsets(
         self, group: str, offsets: Mapping[tuple[str, int], int], now_ms: int
     ) -> None:
@@ -273,11 +346,13 @@ class Metadata:
         rows = self._db.execute("SELECT DISTINCT group_name FROM consumer_offsets ORDER BY 1")
         return [r[0] for r in rows]
 
+    @_writes
     def delete_group(self, group: str) -> None:
         self._db.execute("DELETE FROM consumer_offsets WHERE group_name = ?", (group,))
 
     # ------------------------------------------------------------------ producers
 
+    @_writes
     def next_producer_id(self) -> int:
         with self._tx():
             self._db.execute(
@@ -295,6 +370,7 @@ class Metadata:
         ).fetchall()
         return [(t, q, p, e, json.loads(w)) for t, q, p, e, w in rows]
 
+    @_writes
     def save_producer_state(
         self, rows: Iterable[tuple[int, int, int, int, list[list[int]]]]
     ) -> None:
@@ -311,6 +387,7 @@ class Metadata:
         row = self._db.execute("SELECT value FROM service_state WHERE name = ?", (name,)).fetchone()
         return None if row is None else bytes(row[0])
 
+    @_writes
     def save_service_state(self, values: Mapping[str, bytes]) -> None:
         """Replace several services' states in one transaction."""
         with self._tx():
@@ -332,4 +409,16 @@ class _Transaction:
         self._db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        if exc_type is None:
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error:
+                if self._db.in_transaction:  # else the next BEGIN would fail too
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
+        elif self._db.in_transaction:
+            # SQLite may have rolled back already (SQLITE_FULL can); a failing ROLLBACK
+            # must not hide the error that got here.
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")

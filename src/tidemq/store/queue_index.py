@@ -194,7 +194,14 @@ class QueueIndex:
         path = self._path(self._files[-1])
         handle = self._fs.open(path)
         try:
-            handle.append((memoryview(self._tail)[self._tail_written * _W :],))
+            size = handle.size()
+            try:
+                handle.append((memoryview(self._tail)[self._tail_written * _W :],))
+            except OSError:
+                # Out of space midway (ENOSPC): take the partial entries back out, or the
+                # next try would append after them and shift every entry that follows.
+                handle.truncate(size)
+                raise
             if sync:
                 handle.sync()
         finally:
