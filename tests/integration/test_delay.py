@@ -192,9 +192,9 @@ def test_limits_and_message_types(loop: Loop, start_broker: StartBroker) -> None
                 await producer.send_batch(TOPIC, [b"x"], deliver_at=time.time() + 3600)
             with pytest.raises(ValueError, match="not both"):
                 await producer.send(TOPIC, b"x", delay=1.0, deliver_at=time.time())
-            with pytest.raises(ValueError, match="timezone-aware"):
+            with pytest.raises(ValueError, match=r"deliver_at .* naive datetime"):
                 await producer.send(TOPIC, b"x", deliver_at=datetime(2030, 1, 1))
-            with pytest.raises(ValueError, match=">= 0"):
+            with pytest.raises(ValueError, match=r"delay must be 0 to .* seconds, got -1\.0"):
                 await producer.send(TOPIC, b"x", delay=-1.0)
             with pytest.raises(MessageTypeMismatch, match=r"message\.type NORMAL; a delayed"):
                 await producer.send("plain-only", b"x", delay=1.0)

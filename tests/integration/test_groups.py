@@ -84,7 +84,7 @@ def test_new_group_start_is_honoured_every_time(loop: Loop, broker: BrokerEnv) -
             finally:
                 await earliest.close()
 
-            by_time = aio.GroupConsumer(broker.address, f"t{attempt}", [TOPIC], start=cut_ms)
+            by_time = aio.GroupConsumer(broker.address, f"t{attempt}", [TOPIC], start=cut_ms / 1000)
             try:
                 got = await _drain(by_time, len(after))
                 assert sorted(m.value or b"" for m in got) == sorted(after)

@@ -227,9 +227,8 @@ def test_pop_group_names_must_fit_their_retry_topic(loop: Loop, broker: BrokerEn
         async with aio.Admin(broker.address) as admin:
             await admin.create_topic(TOPIC, 1)
         for bad in ("has space", "x" * 121, "per%cent"):
-            c = AsyncSimpleConsumer(broker.address, bad, {TOPIC: "*"}, await_duration=0.0)
-            with pytest.raises(InvalidRequest, match="group name"):
-                await c.receive(1)
-            await c.close()
+            # Refused at the call (the broker's own check: test_wrong_input.py).
+            with pytest.raises(ValueError, match="group"):
+                AsyncSimpleConsumer(broker.address, bad, {TOPIC: "*"}, await_duration=0.0)
 
     loop.run(main())

@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from tidemq.core import limits
+from tidemq.core import limits, names
 from tidemq.core.clock import Clock
 from tidemq.core.errors import (
     ConfigError,
@@ -85,10 +85,11 @@ __all__ = [
     "GroupState",
     "MemberState",
     "assign_queues",
+    "check_group_name",
 ]
 
-#: Group names: RocketMQ allows 255 characters; they appear in logs and metrics, so
-#: control characters are refused as well.
+#: Group names on the wire: RocketMQ allows 255 characters. A user's group name follows
+#: `tidemq.core.names` (at most 120); internal ones (g%BROADCAST%member) are longer.
 MAX_GROUP_NAME_CHARS: Final = 255
 #: Topic names in a subscription. The store's own limit is lower; an over-long name is
 #: refused here before it is looked up, an unknown one by TopicNotFound.
@@ -496,6 +497,17 @@ def _check_name(what: str, value: str, max_chars: int) -> None:
     if not value:
         raise InvalidRequest(f"{what} name must not be empty")
     _check_text(f"{what} name", value, max_chars)
+    valid = names.is_group_name(value) if what == "group" else names.is_topic_name(value)
+    if not valid:
+        problem = names.user_name_problem(value, group=what == "group")
+        problem = problem or "is not one of tidemq's internal names"
+        raise InvalidRequest(f"{what} name {value!r} {problem}; use {names.NAME_RULE}")
+
+
+def check_group_name(group: str) -> None:
+    """Refuse, with InvalidRequest, a group name outside `tidemq.core.names` (user names,
+    and the internal %REDRIVE%g and g%BROADCAST%member under which clients commit)."""
+    _check_name("group", group, MAX_GROUP_NAME_CHARS)
 
 
 def _refs_after(

@@ -51,10 +51,12 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.broker.done_set import DoneSet
 from tidemq.broker.filters import compile_filter, matches_messages, summary_mask
 from tidemq.broker.filters import matches as record_matches
+from tidemq.broker.groups import check_group_name
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.moves import InFlightMoves
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import MovedRecord, read_internal
+from tidemq.core import names
 from tidemq.core.batch import MessageRecord, decode_messages, encode_batch
 from tidemq.core.clock import Clock
 from tidemq.core.errors import InvalidRequest, TidemqError, TopicNotFound
@@ -116,11 +118,6 @@ RESUME_ACTIONS: Final = ("retry", "dead-letter")
 _MAX_DUE_SCAN: Final = 10_000
 #: FIFO messages one receive may read past and hold back (behind their group's first).
 _MAX_HELD_PER_RECEIVE: Final = 10_000
-#: A pop group names its `%RETRY%<group>` and `%DLQ%<group>` topics, so it is made of the
-#: characters of topic names and leaves room for the prefix (topic names have 127 bytes).
-_GROUP_MAX_CHARS: Final = 120
-_GROUP_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
-
 #: schedule(target topic, queue, payload, deliver-at ms, the lease it finishes)
 Scheduler = Callable[[str, int, bytes, int, tuple[str, str, int, int]], Awaitable[object]]
 
@@ -1158,11 +1155,12 @@ def _first_stored(
 
 
 def _check_group(group: str) -> None:
-    if not group or len(group) > _GROUP_MAX_CHARS or not _GROUP_CHARS.issuperset(group):
-        raise InvalidRequest(
-            f"a pop consumer group name has 1-{_GROUP_MAX_CHARS} characters among A-Z a-z "
-            f"0-9 _ . - (it names the group's %RETRY% and %DLQ% topics), got {group[:140]!r}"
-        )
+    # A pop group names its %RETRY%<group> and %DLQ%<group> topics: a user name only
+    # (`tidemq.core.names`, the rule every group follows), never an internal one.
+    check_group_name(group)
+    problem = names.user_name_problem(group, group=True)
+    if problem is not None:
+        raise InvalidRequest(f"group name {group!r} {problem}; use {names.NAME_RULE}")
 
 
 def _earlier_attempts(records: dict[int, bytes], offset: int) -> int:

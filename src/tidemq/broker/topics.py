@@ -18,12 +18,18 @@ from tidemq.broker.topic_config import (
     parse_message_type,
     parse_topic_config,
 )
-from tidemq.core import limits
-from tidemq.core.errors import ConfigError, QueueNotFound, TopicAlreadyExists, TopicNotFound
+from tidemq.core import limits, names
+from tidemq.core.errors import (
+    ConfigError,
+    InvalidTopicName,
+    QueueNotFound,
+    TopicAlreadyExists,
+    TopicNotFound,
+)
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import TopicInfo
 
-__all__ = ["TopicTable"]
+__all__ = ["TopicTable", "check_user_topic"]
 
 
 def _hosted_value(hosted: list[int], queues: int) -> dict[str, str]:
@@ -33,6 +39,14 @@ def _hosted_value(hosted: list[int], queues: int) -> dict[str, str]:
     if bad or len(set(hosted)) != len(hosted):
         raise ConfigError(f"hosted queues {hosted} must be distinct ids in 0..{queues - 1}")
     return {HOSTED_QUEUES_KEY: ",".join(str(q) for q in sorted(hosted))}
+
+
+def check_user_topic(name: str) -> None:
+    """Refuse, with InvalidTopicName, a name a client may not create a topic under
+    (`tidemq.core.names`: internal names are the broker's to create)."""
+    problem = names.user_name_problem(name)
+    if problem is not None:
+        raise InvalidTopicName(f"topic name {name[:140]!r} {problem}; use {names.NAME_RULE}")
 
 
 class TopicTable:
@@ -74,6 +88,7 @@ class TopicTable:
     async def check_queue(self, topic: str, queue: int, *, create: bool = False) -> TopicInfo:
         info = self._topics.get(topic)
         if info is None and create and self._config.auto_create_topics:
+            check_user_topic(topic)
             try:
                 info = await self.create(topic, self._config.default_queues)
             except TopicAlreadyExists:
@@ -99,8 +114,15 @@ class TopicTable:
         config: dict[str, str] | None = None,
         hosted: list[int] | None = None,
     ) -> TopicInfo:
-        if name.startswith("%") and not name.startswith(("%RETRY%", "%DLQ%")):
-            raise ConfigError(f"topic names starting with % are reserved, got {name!r}")
+        """Create a topic: a user name (`check_user_topic` first, for requests from
+        clients) or a per-group internal one the broker's services need (%RETRY%g, %DLQ%g)."""
+        if "%" in name and not names.is_internal_topic(name):
+            raise InvalidTopicName(
+                f"invalid topic name {name[:140]!r}: '%' is reserved for tidemq's internal "
+                f"names; use {names.NAME_RULE}"
+            )
+        if name.startswith("%SYS%"):
+            raise InvalidTopicName(f"topic {name!r} is one of the broker's own")
         if not 1 <= queues <= limits.MAX_QUEUES_PER_TOPIC:
             raise ConfigError(f"queues must be 1..{limits.MAX_QUEUES_PER_TOPIC}, got {queues}")
         settings = parse_topic_config(config or {})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -23,11 +24,22 @@ _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop when it is installed (the `server` extra brings it), else asyncio's:
+    a sync call makes two loop wake-ups, and uvloop's cost about half as much CPU."""
+    try:
+        uvloop: Any = importlib.import_module("uvloop")
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
 def _get_loop() -> asyncio.AbstractEventLoop:
     global _loop, _thread  # one loop per process, created on first use
     with _lock:
         if _loop is None or _loop.is_closed():
-            loop = asyncio.new_event_loop()
+            loop = _new_loop()
             thread = threading.Thread(target=loop.run_forever, name="tidemq-client", daemon=True)
             thread.start()
             _loop, _thread = loop, thread

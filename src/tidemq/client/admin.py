@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Mapping
 
+from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer import AsyncProducer
 from tidemq.client.stream_consumer import AsyncStreamConsumer
@@ -143,6 +144,9 @@ class AsyncAdmin:
         its info instead of raising `TopicAlreadyExists`. It is returned as it is, even if
         its queue count, message type or configs differ from the ones asked for; compare
         them if that matters."""
+        checks.check_topic_name(name, "name")  # the broker checks it too; fail at the call
+        if isinstance(queues, bool) or not isinstance(queues, int):
+            raise TypeError(f"queues must be an int, got {type(queues).__name__}")
         if not 1 <= queues <= limits.MAX_QUEUES_PER_TOPIC:
             # The brokers check this too, but with no queue to place none would be asked.
             raise ConfigError(f"queues must be 1..{limits.MAX_QUEUES_PER_TOPIC}, got {queues}")

@@ -18,10 +18,12 @@ import re
 import time
 from collections.abc import Iterable
 
+from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
 from tidemq.core.filters import Sql92
 from tidemq.core.message import Message
+from tidemq.core.names import MEMBER_PATTERN
 from tidemq.protocol.commands import (
     CommitOffsetsRequest,
     CommitOffsetsResponse,
@@ -32,7 +34,7 @@ from tidemq.protocol.commands import (
 
 __all__ = ["AsyncBroadcastConsumer", "broadcast_group"]
 
-_MEMBER = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+_MEMBER = re.compile(MEMBER_PATTERN)
 #: How often the queues of the topics are looked up again (new queues, new topics).
 _REFRESH_S = 5.0
 
@@ -55,18 +57,20 @@ class AsyncBroadcastConsumer:
         filter: str | Sql92 | None = None,
         client_config: ClientConfig | None = None,
     ) -> None:
-        """`member`: this member's stable name (1-100 of A-Z a-z 0-9 _ . : -); its progress
-        is kept under it. `start`: where a queue this member never committed begins
-        ("earliest" or "latest")."""
-        if not group:
-            raise ValueError("a broadcasting consumer needs a group")
-        if not _MEMBER.match(member):
+        """`group` and `topics` (a list, even of one) follow the name rule of
+        `tidemq.core.names`. `member`: this member's stable name (1-100 of A-Z a-z 0-9
+        _ . : -); its progress is kept under it. `start`: where a queue this member never
+        committed begins ("earliest" or "latest")."""
+        group = checks.check_group_name(group)
+        if not isinstance(member, str):
+            raise TypeError(f"member must be a str, got {type(member).__name__}")
+        if not _MEMBER.fullmatch(member):
             raise ValueError(f"member must be 1-100 of A-Z a-z 0-9 _ . : -, got {member!r}")
-        if start not in ("earliest", "latest"):
-            raise ValueError("start must be 'earliest' or 'latest'")
-        self._topics = sorted(set(topics))
-        if not self._topics:
-            raise ValueError("subscribe to at least one topic")
+        if not isinstance(start, str) or start not in ("earliest", "latest"):
+            raise ValueError(f"start must be 'earliest' or 'latest', got {start!r}")
+        self._topics = sorted(checks.check_names(topics, "topics"))
+        if not isinstance(auto_commit, bool):
+            raise TypeError(f"auto_commit must be a bool, got {auto_commit!r}")
         self.group = group
         self.member = member
         self._progress_group = broadcast_group(group, member)
@@ -105,6 +109,7 @@ class AsyncBroadcastConsumer:
     async def poll(self, timeout_ms: int = 1000) -> list[Message]:
         """Messages of any queue; with `auto_commit`, the previous poll's are committed
         first (at-least-once: a crash redelivers at most one poll's worth)."""
+        timeout_ms = checks.check_timeout_ms(timeout_ms)
         if self._closed:
             raise RuntimeError("the consumer is closed")
         if self._auto_commit and self._consumed:

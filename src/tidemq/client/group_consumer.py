@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from datetime import datetime
 
+from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
 from tidemq.core.errors import StaleGeneration, TidemqError, UnknownMember
@@ -41,6 +43,18 @@ log = logging.getLogger(__name__)
 AssignmentCallback = Callable[[list[TopicQueue]], None]
 
 
+def _check_offsets(offsets: object) -> dict[TopicQueue, int]:
+    if not isinstance(offsets, Mapping):
+        raise TypeError(
+            "offsets must be a dict of (topic, queue) pairs to offsets, got "
+            f"{type(offsets).__name__}"
+        )
+    return {
+        checks.check_topic_queue(tq, "offsets"): checks.check_offset(o, f"offsets[{tq!r}]")
+        for tq, o in offsets.items()
+    }
+
+
 class AsyncGroupConsumer:
     def __init__(
         self,
@@ -48,7 +62,7 @@ class AsyncGroupConsumer:
         group: str,
         topics: Iterable[str],
         *,
-        start: str | int = "latest",
+        start: str | float | datetime = "latest",
         auto_commit: bool = True,
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 1_000,
@@ -59,23 +73,38 @@ class AsyncGroupConsumer:
         filter: str | Sql92 | None = None,
         client_config: ClientConfig | None = None,
     ) -> None:
-        """`start`: where a queue the group never committed begins: "earliest", "latest",
-        or a timestamp in milliseconds. The same rule applies every time. `filter`: a tag
-        expression or `Sql92(...)`, evaluated on the broker (see `AsyncStreamConsumer`)."""
-        if not (start in ("earliest", "latest") or isinstance(start, int)):
-            raise ValueError("start must be 'earliest', 'latest' or a timestamp in ms")
-        self._cluster = ClusterClient(bootstrap, client_config)
-        self._group = group
-        self._topics = sorted(set(topics))
-        if not self._topics:
-            raise ValueError("subscribe to at least one topic")
-        self._start = start
+        """`group` and `topics` (a list, even of one) follow the name rule of
+        `tidemq.core.names`. `start`: where a queue the group never committed begins:
+        "earliest", "latest", or a time (seconds since the epoch, or an aware datetime).
+        The same rule applies every time. `filter`: a tag expression or `Sql92(...)`,
+        evaluated on the broker (see `AsyncStreamConsumer`)."""
+        self._start: str | int
+        if isinstance(start, str):
+            if start not in ("earliest", "latest"):
+                raise ValueError(
+                    f"start must be 'earliest', 'latest' or a time in seconds, got {start!r}"
+                )
+            self._start = start
+        else:
+            self._start = checks.timestamp_ms(start, "start")
+        self._group = checks.check_group_name(group)
+        self._topics = sorted(checks.check_names(topics, "topics"))
+        if not isinstance(auto_commit, bool):
+            raise TypeError(f"auto_commit must be a bool, got {auto_commit!r}")
         self._auto_commit = auto_commit
-        self._session_ms = session_timeout_ms
-        self._heartbeat_s = heartbeat_interval_ms / 1000
+        self._session_ms = checks.check_timeout_ms(session_timeout_ms, "session_timeout_ms")
+        self._heartbeat_s = (
+            checks.check_timeout_ms(heartbeat_interval_ms, "heartbeat_interval_ms") / 1000
+        )
+        if not isinstance(client_id, str):
+            raise TypeError(f"client_id must be a str, got {client_id!r}")
         self._client_id = client_id
+        for name, callback in (("on_assign", on_assign), ("on_revoke", on_revoke)):
+            if callback is not None and not callable(callback):
+                raise TypeError(f"{name} must be a function of a list of queues, got {callback!r}")
         self._on_assign = on_assign
         self._on_revoke = on_revoke
+        self._cluster = ClusterClient(bootstrap, client_config)
         self._stream = AsyncStreamConsumer(
             bootstrap,
             start="earliest",
@@ -173,14 +202,15 @@ class AsyncGroupConsumer:
         offsets = {(o.topic, o.queue): o.offset for o in committed.offsets}
         for tq in queues:
             if tq in offsets:
-                self._stream.seek(*tq, offsets[tq])
+                # Not a user's seek: out of range, it resets like any position of ours.
+                self._stream._set_position(tq, offsets[tq])
             elif self._start == "earliest":
-                await self._stream.seek_to_beginning(tq)
+                await self._stream.seek_to_beginning(*tq)
             elif self._start == "latest":
-                await self._stream.seek_to_end(tq)
+                await self._stream.seek_to_end(*tq)
             else:
                 assert isinstance(self._start, int)
-                await self._stream.seek_to_time(self._start, tq)
+                await self._stream._seek_to_time_ms(self._start, tq)
 
     async def _sync(self) -> None:
         if self._generation < 0:
@@ -197,6 +227,8 @@ class AsyncGroupConsumer:
     # ------------------------------------------------------------------ consuming
 
     async def poll(self, timeout_ms: int = 1000) -> list[Message]:
+        """Messages of the queues assigned to this member, waiting up to `timeout_ms`."""
+        timeout_ms = checks.check_timeout_ms(timeout_ms)
         if self._closed:
             raise RuntimeError("the consumer is closed")
         if self._auto_commit and self._consumed:
@@ -210,10 +242,11 @@ class AsyncGroupConsumer:
         return messages
 
     async def commit(self, offsets: dict[TopicQueue, int] | None = None) -> None:
-        """Commit the next offsets to read (default: after every message polled so far).
-        Raises StaleGeneration if the group rebalanced; poll again to take the new
-        assignment."""
-        chosen = dict(self._consumed if offsets is None else offsets)
+        """Commit the next offsets to read (default: after every message polled so far):
+        `offsets` maps (topic, queue) pairs to offsets. Raises StaleGeneration if the group
+        rebalanced (poll again to take the new assignment), OffsetOutOfRange for an offset
+        past its queue's end."""
+        chosen = dict(self._consumed if offsets is None else _check_offsets(offsets))
         owned = set(self._assignment)
         chosen = {tq: o for tq, o in chosen.items() if tq in owned}
         if not chosen:

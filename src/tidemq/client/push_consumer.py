@@ -53,6 +53,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig
 from tidemq.client.simple_consumer import (
     MAX_INVISIBLE_S,
@@ -88,6 +89,8 @@ _REASON_CHARS: Final = 240
 #: Bounds of one receive's wait on the broker: not 0, which would poll in a tight loop.
 _MIN_AWAIT_S: Final = 0.05
 _MAX_AWAIT_S: Final = 30.0
+#: A handler timeout shorter than this is a unit mistake (milliseconds meant).
+_MIN_HANDLER_TIMEOUT_S: Final = 0.001
 #: Backoff after a failed receive (broker down, topic missing), doubling up to the max.
 _RECEIVE_BACKOFF_S: Final = (0.1, 5.0)
 
@@ -270,24 +273,13 @@ class AsyncPushConsumer:
             raise TypeError(f"max_attempts must be an int, got {max_attempts!r}")
         if not isinstance(retry_policy, RetryPolicy):
             raise TypeError(f"retry_policy must be a RetryPolicy, got {retry_policy!r}")
-        if handler_timeout is not None and (
-            isinstance(handler_timeout, bool)
-            or not isinstance(handler_timeout, int | float)
-            or math.isnan(handler_timeout)
-            or handler_timeout <= 0
-        ):
-            raise ValueError(
-                f"handler_timeout must be > 0 seconds or None, got {handler_timeout!r}"
+        if handler_timeout is not None:
+            handler_timeout = checks.check_seconds(
+                handler_timeout, "handler_timeout", minimum=_MIN_HANDLER_TIMEOUT_S
             )
-        if (
-            isinstance(await_duration, bool)
-            or not isinstance(await_duration, int | float)
-            or not _MIN_AWAIT_S <= await_duration <= _MAX_AWAIT_S
-        ):
-            raise ValueError(
-                f"await_duration must be {_MIN_AWAIT_S:g} to {_MAX_AWAIT_S:g} seconds, "
-                f"got {await_duration!r}"
-            )
+        checks.check_seconds(
+            await_duration, "await_duration", minimum=_MIN_AWAIT_S, maximum=_MAX_AWAIT_S
+        )
         # Group, subscriptions, max_attempts and invisible_duration are checked by the
         # simple consumer (ValueError naming the argument).
         self._consumer = AsyncSimpleConsumer(

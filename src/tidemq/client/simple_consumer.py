@@ -25,9 +25,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
+from tidemq.core import limits
 from tidemq.core.errors import InvalidRequest, TidemqError
-from tidemq.core.filters import Sql92, subscription
+from tidemq.core.filters import Sql92
 from tidemq.core.message import Message, messages_from_records
 from tidemq.core.retry_headers import (
     RETRY_OFFSET_HEADER,
@@ -54,6 +56,8 @@ __all__ = ["AsyncReceivedMessage", "AsyncSimpleConsumer", "Sql92"]
 #: Limits of a receive, checked here for a clear error (the broker checks them too).
 MIN_INVISIBLE_S = 1.0
 MAX_INVISIBLE_S = 12 * 3600.0
+#: Deliveries of one message at most (RocketMQ's maxReconsumeTimes is far below).
+MAX_ATTEMPTS = 1000
 #: What the broker may do with a message whose attempts are used up.
 ON_EXHAUSTED = ("dead-letter", "suspend")
 #: Acks coalesced into one request at most (the broker answers each one).
@@ -108,15 +112,40 @@ def _as_first_stored(msg: Message) -> Message:
     )
 
 
-def _subscription(topic: str, flt: Filter) -> PopSubscription:
-    kind, expression = subscription(flt)  # FilterSyntaxError, with the column, here
-    return PopSubscription(topic=topic, expression=expression, kind=kind)
+def _subscriptions(subscriptions: object) -> list[PopSubscription]:
+    """{topic: filter} as the broker takes it; FilterSyntaxError, with the column, here."""
+    if subscriptions is None:
+        raise ValueError("subscriptions are required: {topic: filter}, e.g. {'orders': '*'}")
+    if not isinstance(subscriptions, Mapping):
+        hint = ""
+        if isinstance(subscriptions, str):
+            hint = f": write {{{subscriptions!r}: '*'}}"
+        elif isinstance(subscriptions, list | tuple | set | frozenset):
+            hint = f": write {{topic: '*' for topic in {subscriptions!r}}}"
+        raise TypeError(
+            "subscriptions must be a dict of topic to filter (a tag expression such as "
+            f"'*' or Sql92(...)), got {type(subscriptions).__name__}{hint}"
+        )
+    if not subscriptions:
+        raise ValueError("subscriptions must name at least one topic: {topic: filter}")
+    out = []
+    for topic, flt in subscriptions.items():
+        name = checks.check_readable_topic(topic, "subscriptions: topic")
+        kind, expression = checks.check_filter(flt, f"subscriptions[{name!r}]")
+        out.append(PopSubscription(topic=name, expression=expression, kind=kind))
+    return out
 
 
-def _ms(seconds: float, what: str, lo: float, hi: float) -> int:
-    if math.isnan(seconds) or not lo <= seconds <= hi:
-        raise ValueError(f"{what} must be {lo:g} to {hi:g} seconds, got {seconds!r}")
-    return round(seconds * 1000)
+def _ms(seconds: object, what: str, lo: float, hi: float) -> int:
+    return round(checks.check_seconds(seconds, what, minimum=lo, maximum=hi) * 1000)
+
+
+def _lease(msg: object, arg: str = "msg") -> AsyncReceivedMessage:
+    if not isinstance(msg, AsyncReceivedMessage):
+        raise TypeError(
+            f"{arg} must be a message received by this consumer, got {type(msg).__name__}"
+        )
+    return msg
 
 
 class AsyncSimpleConsumer:
@@ -137,19 +166,15 @@ class AsyncSimpleConsumer:
         with a message after `max_attempts` deliveries: "dead-letter" (move it to
         `%DLQ%<group>`) or "suspend" (keep it, and on a FIFO topic its message group,
         until an operator resumes it: `Admin.resume`)."""
-        if not group:
-            raise ValueError("a SimpleConsumer needs a group")
-        if not subscriptions:
-            raise ValueError("a SimpleConsumer needs subscriptions: {topic: filter}")
-        self.group = group
-        self._subs = [_subscription(t, f) for t, f in subscriptions.items()]
+        self.group = checks.check_group_name(group)
+        self._subs = _subscriptions(subscriptions)
         self._invisible_ms = _ms(
             invisible_duration, "invisible_duration", MIN_INVISIBLE_S, MAX_INVISIBLE_S
         )
-        if not 1 <= max_attempts <= 1000:
-            raise ValueError("max_attempts must be 1..1000")
-        self._max_attempts = max_attempts
-        if on_exhausted not in ON_EXHAUSTED:
+        self._max_attempts = checks.check_int(
+            max_attempts, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS
+        )
+        if not isinstance(on_exhausted, str) or on_exhausted not in ON_EXHAUSTED:
             raise ValueError(
                 f"on_exhausted must be one of {', '.join(ON_EXHAUSTED)}, got {on_exhausted!r}"
             )
@@ -184,7 +209,11 @@ class AsyncSimpleConsumer:
     async def receive(
         self, max_messages: int = 16, invisible_duration: float | None = None
     ) -> list[AsyncReceivedMessage]:
-        """Lease up to `max_messages` messages; waits up to `await_duration` for some."""
+        """Lease up to `max_messages` messages (1 to MAX_RECEIVE_MESSAGES); waits up to
+        `await_duration` for some."""
+        max_messages = checks.check_int(
+            max_messages, "max_messages", minimum=1, maximum=limits.MAX_RECEIVE_MESSAGES
+        )
         if self._closed:
             raise TidemqError("the consumer is closed")
         invisible_ms = (
@@ -275,6 +304,7 @@ class AsyncSimpleConsumer:
         Acks made in the same event-loop turn (many handlers finishing together) travel
         as one request per broker, up to `_ACKS_PER_REQUEST`; each still gets its own
         answer."""
+        msg = _lease(msg)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._pending_acks.setdefault(msg._broker, []).append((msg.handle, future))
@@ -318,6 +348,9 @@ class AsyncSimpleConsumer:
 
     async def ack_many(self, messages: list[AsyncReceivedMessage]) -> None:
         """Acknowledge several in one request per broker; raises for the first refused."""
+        if not isinstance(messages, list | tuple):
+            raise TypeError(f"messages must be a list of messages, got {type(messages).__name__}")
+        messages = [_lease(m, f"messages[{i}]") for i, m in enumerate(messages)]
         by_broker: dict[str, list[AsyncReceivedMessage]] = {}
         for m in messages:
             by_broker.setdefault(m._broker, []).append(m)
@@ -338,7 +371,10 @@ class AsyncSimpleConsumer:
         as an attempt): through `%RETRY%<group>` on a plain topic, in place on a FIFO one.
         If this was its `max_attempts`-th delivery it goes to `%DLQ%<group>` now (or is
         suspended, with `on_exhausted="suspend"`)."""
+        msg = _lease(msg)
         delay_ms = _ms(delay, "delay", 0.0, MAX_INVISIBLE_S)
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
         await self._cluster.call(
             msg._broker,
             PopNackRequest(
@@ -354,6 +390,7 @@ class AsyncSimpleConsumer:
 
     async def release(self, msg: AsyncReceivedMessage) -> None:
         """Give it back at once, without counting this delivery as an attempt."""
+        msg = _lease(msg)
         await self._cluster.call(
             msg._broker, PopNackRequest(group=self.group, handle=msg.handle, release=True), Empty
         )
@@ -363,7 +400,8 @@ class AsyncSimpleConsumer:
     ) -> AsyncReceivedMessage:
         """Keep the lease for `duration` seconds from now; returns the message with its new
         handle (the old one becomes stale)."""
-        ms = _ms(duration, "invisible duration", MIN_INVISIBLE_S, MAX_INVISIBLE_S)
+        msg = _lease(msg)
+        ms = _ms(duration, "duration", MIN_INVISIBLE_S, MAX_INVISIBLE_S)
         resp = await self._cluster.call(
             msg._broker,
             PopChangeInvisibleRequest(group=self.group, handle=msg.handle, invisible_ms=ms),

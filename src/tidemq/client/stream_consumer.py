@@ -4,6 +4,17 @@ Each assigned queue has at most one fetch in flight, which long-polls on the bro
 (`fetch_wait_ms`), so `poll` returns as soon as any queue has data and costs nothing while
 the stream is idle. Positions are the next offset to read. A seek while a fetch is in
 flight discards that fetch's answer.
+
+Every method names one queue the same way, by topic and queue id as two arguments:
+`seek(topic, queue, offset)`, `position(topic, queue)`, `seek_to_beginning(topic, queue)`;
+the `seek_to_*` methods also take a topic alone (all its assigned queues) or nothing (every
+assigned queue). Only `assign` takes a list, of (topic, queue) pairs.
+
+An explicit `seek` past a queue's end is the caller's mistake, not something to paper over:
+the poll that finds it raises OffsetOutOfRange naming the queue and its range, and keeps
+raising until that queue is sought again (other queues wait meanwhile, as in Kafka with
+`auto.offset.reset=none`). A position below the queue's start (retention removed those
+messages) moves to the start. Positions the consumer chose itself follow `start`.
 """
 
 from __future__ import annotations
@@ -13,14 +24,17 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TypeVar
 
 import numpy as np
 
+from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
+from tidemq.core import limits
 from tidemq.core.batch import tag_bit
 from tidemq.core.errors import OffsetOutOfRange, TidemqError
-from tidemq.core.filters import Sql92, subscription
+from tidemq.core.filters import Sql92
 from tidemq.core.message import (
     Message,
     MessageBatch,
@@ -68,23 +82,35 @@ class AsyncStreamConsumer:
         `filter`: a tag expression ("a || b") or `Sql92("...")` over headers and the tag,
         evaluated on the broker (checked here first: FilterSyntaxError names the column).
         `tags` is the older set form of a tag filter."""
-        if start not in _RESETS:
+        if not isinstance(start, str) or start not in _RESETS:
             raise ValueError(f"start must be one of {', '.join(_RESETS)}, got {start!r}")
-        self._cluster = cluster or ClusterClient(bootstrap, client_config)
-        self._own_cluster = cluster is None
-        self._start = start
-        self._max_bytes = max_bytes_per_queue
-        self._wait_ms = fetch_wait_ms
+        self._max_bytes = checks.check_int(
+            max_bytes_per_queue, "max_bytes_per_queue", minimum=1, maximum=limits.MAX_BATCH_BYTES
+        )
+        self._wait_ms = checks.check_timeout_ms(fetch_wait_ms, "fetch_wait_ms")
         self._tag_mask = 0
         self._tags: frozenset[str] | None = None
         if tags is not None:
-            self._tags = frozenset(tags)
+            if isinstance(tags, str) or not isinstance(tags, Iterable):
+                raise TypeError(f"tags must be a list of tags, not {type(tags).__name__}")
+            checked = [checks.check_tag(t, f"tags[{i}]") for i, t in enumerate(tags)]
+            if None in checked:
+                raise TypeError(f"tags[{checked.index(None)}] must be a str, got None")
+            self._tags = frozenset(t for t in checked if t is not None)
             for tag in self._tags:
                 self._tag_mask |= tag_bit(tag)
         self._filter_kind, self._filter_expression = (
-            ("", "") if filter is None else subscription(filter)
+            ("", "") if filter is None else checks.check_filter(filter)
         )
+        self._cluster = cluster or ClusterClient(bootstrap, client_config)
+        self._own_cluster = cluster is None
+        self._start = start
         self._positions: dict[TopicQueue, int | None] = {}
+        #: Queues whose position came from `seek` and has not been fetched from yet: out
+        #: of range, they raise instead of being reset.
+        self._sought: set[TopicQueue] = set()
+        #: Queues whose sought position was out of range, with the error; cleared by a seek.
+        self._failed: dict[TopicQueue, OffsetOutOfRange] = {}
         self._epochs: dict[TopicQueue, int] = {}
         self._fetches: dict[TopicQueue, _Fetch] = {}
         self._closed = False
@@ -96,11 +122,14 @@ class AsyncStreamConsumer:
     # ------------------------------------------------------------------ assignment
 
     def assign(self, queues: Iterable[TopicQueue]) -> None:
-        """Read exactly these queues (replacing the previous assignment)."""
-        wanted = [(t, int(q)) for t, q in queues]
+        """Read exactly these queues, a list of (topic, queue) pairs (replacing the previous
+        assignment)."""
+        wanted = checks.check_topic_queues(queues)
         for tq in list(self._positions):
             if tq not in wanted:
                 del self._positions[tq]
+                self._sought.discard(tq)
+                self._failed.pop(tq, None)
                 self._cancel(tq)
         for tq in wanted:
             self._positions.setdefault(tq, None)
@@ -114,35 +143,84 @@ class AsyncStreamConsumer:
         if fetch is not None:
             fetch.task.cancel()
 
-    def seek(self, topic: str, queue: int, offset: int) -> None:
-        tq = (topic, queue)
+    def _assigned(self, topic: object, queue: object) -> TopicQueue:
+        if isinstance(topic, tuple | list):
+            raise TypeError(
+                "name a queue by topic and queue id as two arguments, e.g. "
+                f"('orders', 0) -> 'orders', 0; got the pair {topic!r}"
+            )
+        checked = checks.check_queue(queue)
+        if checked is None:
+            raise TypeError("queue must be an int, got None")
+        tq = (checks.check_readable_topic(topic), checked)
         if tq not in self._positions:
-            raise ValueError(f"{topic}/{queue} is not assigned")
-        if offset < 0:
-            raise ValueError(f"offset must be >= 0, got {offset}")
+            raise ValueError(f"{tq[0]}/{tq[1]} is not assigned")
+        return tq
+
+    def seek(self, topic: str, queue: int, offset: int) -> None:
+        """Read `topic`/`queue` from `offset` next. Past the queue's end, the next poll
+        raises OffsetOutOfRange (see the module docstring)."""
+        tq = self._assigned(topic, queue)
+        self._set_position(tq, checks.check_offset(offset))
+        self._sought.add(tq)
+
+    def _set_position(self, tq: TopicQueue, offset: int) -> None:
         self._cancel(tq)
         self._positions[tq] = offset
+        self._sought.discard(tq)
+        self._failed.pop(tq, None)
 
     def position(self, topic: str, queue: int) -> int | None:
-        return self._positions[(topic, queue)]
+        """The next offset to read from `topic`/`queue` (None: not decided yet)."""
+        return self._positions[self._assigned(topic, queue)]
 
     async def _bounds(self, tq: TopicQueue, timestamp_ms: int | None = None) -> ListOffsetsResponse:
         return await self._cluster.list_offsets(tq[0], tq[1], timestamp_ms)
 
-    async def seek_to_beginning(self, *queues: TopicQueue) -> None:
-        for tq in queues or tuple(self._positions):
-            self.seek(*tq, (await self._bounds(tq)).min_offset)
+    def _named(self, topic: object, queue: object) -> list[TopicQueue]:
+        """The assigned queues `seek_to_*` means: one, all of a topic, or all."""
+        if topic is None:
+            if queue is not None:
+                raise TypeError("a queue id needs its topic: seek_to_...(topic, queue)")
+            return list(self._positions)
+        if queue is None:
+            if isinstance(topic, tuple | list):
+                self._assigned(topic, None)  # the TypeError for a pair
+            name = checks.check_readable_topic(topic)
+            found = [tq for tq in self._positions if tq[0] == name]
+            if not found:
+                raise ValueError(f"no queue of topic {name!r} is assigned")
+            return found
+        return [self._assigned(topic, queue)]
 
-    async def seek_to_end(self, *queues: TopicQueue) -> None:
-        for tq in queues or tuple(self._positions):
-            self.seek(*tq, (await self._bounds(tq)).max_offset)
+    async def seek_to_beginning(self, topic: str | None = None, queue: int | None = None) -> None:
+        """Move `topic`/`queue` (or every assigned queue of `topic`, or every assigned
+        queue) to its first stored offset."""
+        for tq in self._named(topic, queue):
+            self._set_position(tq, (await self._bounds(tq)).min_offset)
 
-    async def seek_to_time(self, timestamp_ms: int, *queues: TopicQueue) -> None:
-        """Each queue to its first message stored at or after `timestamp_ms`."""
-        for tq in queues or tuple(self._positions):
-            found = (await self._bounds(tq, timestamp_ms)).offset_for_time
-            assert found is not None
-            self.seek(*tq, found)
+    async def seek_to_end(self, topic: str | None = None, queue: int | None = None) -> None:
+        """Move `topic`/`queue` (or every assigned queue of `topic`, or every assigned
+        queue) to its end: only messages stored from now on are read."""
+        for tq in self._named(topic, queue):
+            self._set_position(tq, (await self._bounds(tq)).max_offset)
+
+    async def seek_to_time(
+        self, timestamp: float | datetime, topic: str | None = None, queue: int | None = None
+    ) -> None:
+        """Move `topic`/`queue` (or every assigned queue of `topic`, or every assigned
+        queue) to its first message stored at or after `timestamp`: seconds since the
+        epoch (a float) or an aware datetime. After the last message: the end."""
+        if timestamp is None:
+            raise TypeError("timestamp must be seconds since the epoch or a datetime, got None")
+        at_ms = checks.timestamp_ms(timestamp)
+        for tq in self._named(topic, queue):
+            await self._seek_to_time_ms(at_ms, tq)
+
+    async def _seek_to_time_ms(self, timestamp_ms: int, tq: TopicQueue) -> None:
+        found = (await self._bounds(tq, timestamp_ms)).offset_for_time
+        assert found is not None
+        self._set_position(tq, found)
 
     async def _resolve(self, tq: TopicQueue) -> int:
         position = self._positions[tq]
@@ -172,23 +250,25 @@ class AsyncStreamConsumer:
         return await self._cluster.request(address, request, FetchResponse, timeout_ms=timeout)
 
     async def poll(self, timeout_ms: int = 1000) -> list[Message]:
-        """Messages from any assigned queue, waiting up to `timeout_ms` for the first."""
-        return await self._poll(timeout_ms, self._messages)
+        """Messages from any assigned queue, waiting up to `timeout_ms` for the first.
+        Raises OffsetOutOfRange for a queue sought past its end (module docstring)."""
+        return await self._poll(checks.check_timeout_ms(timeout_ms), self._messages)
 
     async def poll_batches(self, timeout_ms: int = 1000) -> list[MessageBatch]:
         """What `poll` returns, column by column: one `MessageBatch` per stored batch,
         with no Python object per message (numpy offsets and memoryview slices into the
         received bytes). For bulk readers: counting, copying values into Arrow, pandas or
         numpy. Positions advance exactly as with `poll`."""
-        return await self._poll(timeout_ms, self._batches)
+        return await self._poll(checks.check_timeout_ms(timeout_ms), self._batches)
 
     async def _poll(self, timeout_ms: int, decode: _Decode[T]) -> list[T]:
         if self._closed:
             raise RuntimeError("the consumer is closed")
+        self._raise_failed()
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             for tq in list(self._positions):
-                if tq not in self._fetches:
+                if tq not in self._fetches and tq not in self._failed:
                     self._start_fetch(tq, await self._resolve(tq))
             if not self._fetches:
                 await asyncio.sleep(max(0.0, deadline - time.monotonic()))
@@ -202,6 +282,11 @@ class AsyncStreamConsumer:
             items = self._collect(done, decode)
             if items or time.monotonic() >= deadline:
                 return items
+            self._raise_failed()
+
+    def _raise_failed(self) -> None:
+        for exc in self._failed.values():
+            raise exc
 
     def _collect(
         self, done: set[asyncio.Task[tuple[FetchResponse, bytes]]], decode: _Decode[T]
@@ -222,6 +307,7 @@ class AsyncStreamConsumer:
                 continue
             if self._out_of_range(tq, fetch.position, response):
                 continue
+            self._sought.discard(tq)
             out.extend(decode(tq, fetch.position, response, body))
             position = self._positions[tq] = max(response.next_offset, fetch.position)
             if response.record_sizes and position < response.max_offset:
@@ -240,16 +326,21 @@ class AsyncStreamConsumer:
         """Handle an out-of-range answer (reset per `start`, or raise); True if it was."""
         if response.status != "offset_out_of_range":
             return False
-        if self._start == "none":
-            raise OffsetOutOfRange(
-                f"offset {position} of {tq[0]}/{tq[1]} is outside "
-                f"[{response.min_offset}, {response.max_offset})"
+        past_end = position > response.max_offset
+        if self._start == "none" or (past_end and tq in self._sought):
+            # Kept until a seek, raised by this poll (after the messages it collected from
+            # other queues are returned) and by every later one.
+            self._failed[tq] = OffsetOutOfRange(
+                f"offset {position} of {tq[0]}/{tq[1]} is outside the queue's range "
+                f"[{response.min_offset}, {response.max_offset}]: seek within it"
             )
+            return True
         target = response.min_offset if self._start == "earliest" else response.max_offset
         # Below the retained range: skip to its start, whatever `start` says.
         if position < response.min_offset:
             target = response.min_offset
         self._positions[tq] = target
+        self._sought.discard(tq)
         return True
 
     def _messages(

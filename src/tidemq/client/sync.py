@@ -10,14 +10,14 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from tidemq.client._loop import call_soon, run, submit
+from tidemq.client._loop import call_soon, run
 from tidemq.client.admin import AsyncAdmin
 from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer
 from tidemq.client.cluster import ClientConfig
 from tidemq.client.group_consumer import AssignmentCallback, AsyncGroupConsumer
-from tidemq.client.producer import AsyncProducer, Delay, DeliverAt
+from tidemq.client.producer import AsyncProducer, Delay, DeliverAt, check_send, due_ms_of
 from tidemq.client.push_consumer import DEFAULT_RETRY_POLICY, AsyncPushConsumer, RetryPolicy
 from tidemq.client.simple_consumer import AsyncReceivedMessage, AsyncSimpleConsumer, Filter
 from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
@@ -27,7 +27,8 @@ from tidemq.client.transaction import (
     Checker,
     TxnRef,
 )
-from tidemq.core.errors import TidemqError
+from tidemq.core.errors import RequestTimeout, TidemqError
+from tidemq.core.filters import Sql92
 from tidemq.core.message import Message, MessageBatch, Receipt
 from tidemq.protocol.commands import (
     BrokerStatus,
@@ -61,10 +62,37 @@ async def _make(cls: type[Any], *args: Any, **kwargs: Any) -> Any:
 
 
 class Producer:
-    """Sends messages; see `tidemq.aio.Producer` for the behaviour."""
+    """Sends messages; see `tidemq.aio.Producer` for the behaviour. Arguments are checked
+    in the calling thread, so a wrong one raises at the call; sends to one queue are
+    stored in the order of the calls, whichever method made them."""
 
-    def __init__(self, bootstrap: str = "127.0.0.1:9876", **options: Any) -> None:
-        self._p: AsyncProducer = run(_make(AsyncProducer, bootstrap, **options))
+    def __init__(
+        self,
+        bootstrap: str = "127.0.0.1:9876",
+        *,
+        linger_ms: float = 0,
+        batch_bytes: int = 1 << 20,
+        batch_messages: int = 4096,
+        idempotent: bool = True,
+        acks: str | int = "all",
+        compression: str = "none",
+        max_in_flight_per_queue: int = 32,
+        delivery_timeout_ms: int = 120_000,
+        max_request_bytes: int = 16 << 20,
+        client_config: ClientConfig | None = None,
+    ) -> None:
+        self._p: AsyncProducer = run(
+            _make(
+                AsyncProducer, bootstrap, linger_ms=linger_ms, batch_bytes=batch_bytes,
+                batch_messages=batch_messages, idempotent=idempotent, acks=acks,
+                compression=compression, max_in_flight_per_queue=max_in_flight_per_queue,
+                delivery_timeout_ms=delivery_timeout_ms, max_request_bytes=max_request_bytes,
+                client_config=client_config,
+            )
+        )  # fmt: skip
+        #: The longest a blocking send waits: the delivery timeout, one attempt's grace,
+        #: and a margin. Past it, something is wrong in the client itself: say so.
+        self._wait_s = delivery_timeout_ms / 1000 + _SEND_WAIT_MARGIN_S
 
     def send(
         self,
@@ -82,10 +110,11 @@ class Producer:
     ) -> Receipt:
         """Send one message and wait for its receipt. `delay` (seconds or a timedelta) or
         `deliver_at` (aware datetime or epoch seconds) schedules it (see `cancel`)."""
-        return self.send_async(
+        future = self.send_async(
             topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
             timestamp=timestamp, delay=delay, deliver_at=deliver_at,
-        ).result()  # fmt: skip
+        )  # fmt: skip
+        return _wait(future, self._wait_s)
 
     def send_async(
         self,
@@ -105,12 +134,15 @@ class Producer:
         together to one queue travel as one batch (but for the first, which leaves at once
         when nothing else is on its way to that queue). Cancelling the future stops the
         send only before the client loop has picked it up."""
+        checked_topic, record, checked_key, checked_queue = check_send(
+            topic, value, key, tag, keys, headers, queue, timestamp
+        )
+        due_ms = due_ms_of(delay, deliver_at)
         future: concurrent.futures.Future[Receipt] = concurrent.futures.Future()
         # One loop wake-up, no task: the producer completes `future` from the answer.
         call_soon(
-            self._p.start_send, future, topic, value, key, tag, keys, headers, queue,
-            timestamp, delay, deliver_at,
-        )  # fmt: skip
+            self._p.start_send, future, checked_topic, record, checked_key, checked_queue, due_ms
+        )
         return future
 
     def send_batch(
@@ -127,10 +159,11 @@ class Producer:
         deliver_at: DeliverAt = None,
     ) -> Sequence[Receipt]:
         """Send `values` as one end-to-end batch (one record, one index entry)."""
-        return self.send_batch_async(
+        future = self.send_batch_async(
             topic, values, keys=keys, tags=tags, headers=headers, queue=queue,
             timestamp=timestamp, delay=delay, deliver_at=deliver_at,
-        ).result()  # fmt: skip
+        )  # fmt: skip
+        return _wait(future, self._wait_s)
 
     def send_batch_async(
         self,
@@ -145,12 +178,13 @@ class Producer:
         delay: Delay = None,
         deliver_at: DeliverAt = None,
     ) -> concurrent.futures.Future[Sequence[Receipt]]:
-        return submit(
-            self._p.send_batch(
-                topic, values, keys=keys, tags=tags, headers=headers, queue=queue,
-                timestamp=timestamp, delay=delay, deliver_at=deliver_at,
-            )
-        )  # fmt: skip
+        """`send_batch`, returning a future of the receipts (in order with every other
+        send of this producer to the same queue)."""
+        checked = self._p.check_batch(topic, values, keys, tags, headers, queue, timestamp)
+        due_ms = due_ms_of(delay, deliver_at)
+        future: concurrent.futures.Future[Sequence[Receipt]] = concurrent.futures.Future()
+        call_soon(self._p.start_send_batch, future, *checked, due_ms)
+        return future
 
     def cancel(self, message_id: str) -> CancelDelayedResponse:
         """Cancel a delayed message before delivery (AlreadyDelivered after it)."""
@@ -169,6 +203,24 @@ class Producer:
         self.close()
 
 
+#: What a blocking send waits beyond the delivery timeout before it reports the client
+#: stuck: one attempt's grace (1 s) plus room for a loaded machine.
+_SEND_WAIT_MARGIN_S = 15.0
+
+T = TypeVar("T")
+
+
+def _wait(future: concurrent.futures.Future[T], timeout_s: float) -> T:
+    """The future's result, or RequestTimeout after `timeout_s` (never a hang)."""
+    try:
+        return future.result(timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise RequestTimeout(
+            f"no answer within {timeout_s:.0f} s (the delivery timeout and a margin); "
+            "the outcome is unknown"
+        ) from None
+
+
 class TransactionProducer:
     """Transactional (half) messages; see `tidemq.aio.TransactionProducer`. A plain
     `checker` function runs on a worker thread when the broker checks back."""
@@ -179,11 +231,15 @@ class TransactionProducer:
         group: str = "",
         *,
         checker: Checker | None = None,
-        **options: Any,
+        client_config: ClientConfig | None = None,
+        compression: str = "none",
     ) -> None:
         self._p: AsyncTransactionProducer = run(
-            _make(AsyncTransactionProducer, bootstrap, group, checker=checker, **options)
-        )
+            _make(
+                AsyncTransactionProducer, bootstrap, group, checker=checker,
+                client_config=client_config, compression=compression,
+            )
+        )  # fmt: skip
         run(self._p.start())  # a checker answers from now on, not from the first begin
 
     def begin(self) -> Transaction:
@@ -286,11 +342,23 @@ class BroadcastConsumer:
     """Every member gets every message; see `tidemq.aio.BroadcastConsumer`."""
 
     def __init__(
-        self, bootstrap: str, group: str, topics: Iterable[str], *, member: str, **options: Any
+        self,
+        bootstrap: str,
+        group: str,
+        topics: Iterable[str],
+        *,
+        member: str,
+        start: str = "latest",
+        auto_commit: bool = True,
+        filter: str | Sql92 | None = None,
+        client_config: ClientConfig | None = None,
     ) -> None:
         self._c: AsyncBroadcastConsumer = run(
-            _make(AsyncBroadcastConsumer, bootstrap, group, list(topics), member=member, **options)
-        )
+            _make(
+                AsyncBroadcastConsumer, bootstrap, group, topics, member=member, start=start,
+                auto_commit=auto_commit, filter=filter, client_config=client_config,
+            )
+        )  # fmt: skip
 
     def poll(self, timeout_ms: int = 1000) -> list[Message]:
         return run(self._c.poll(timeout_ms))
@@ -311,29 +379,57 @@ class BroadcastConsumer:
 class StreamConsumer:
     """Assign queues, seek, poll; see `tidemq.aio.StreamConsumer`."""
 
-    def __init__(self, bootstrap: str = "127.0.0.1:9876", **options: Any) -> None:
-        self._c: AsyncStreamConsumer = run(_make(AsyncStreamConsumer, bootstrap, **options))
+    def __init__(
+        self,
+        bootstrap: str = "127.0.0.1:9876",
+        *,
+        start: str = "latest",
+        max_bytes_per_queue: int = 1 << 20,
+        fetch_wait_ms: int = 500,
+        tags: Iterable[str] | None = None,
+        filter: str | Sql92 | None = None,
+        client_config: ClientConfig | None = None,
+    ) -> None:
+        self._c: AsyncStreamConsumer = run(
+            _make(
+                AsyncStreamConsumer, bootstrap, start=start,
+                max_bytes_per_queue=max_bytes_per_queue, fetch_wait_ms=fetch_wait_ms,
+                tags=tags, filter=filter, client_config=client_config,
+            )
+        )  # fmt: skip
 
     def assign(self, queues: Iterable[TopicQueue]) -> None:
-        run(_call(self._c.assign, list(queues)))
+        """Read exactly these queues, a list of (topic, queue) pairs."""
+        run(_call(self._c.assign, queues))
 
     def assignment(self) -> list[TopicQueue]:
         return self._c.assignment()
 
     def seek(self, topic: str, queue: int, offset: int) -> None:
+        """Read `topic`/`queue` from `offset` next (past the end: the next poll raises
+        OffsetOutOfRange)."""
         run(_call(self._c.seek, topic, queue, offset))
 
     def position(self, topic: str, queue: int) -> int | None:
-        return self._c.position(topic, queue)
+        return run(_call(self._c.position, topic, queue))  # type: ignore[no-any-return]
 
-    def seek_to_beginning(self, *queues: TopicQueue) -> None:
-        run(self._c.seek_to_beginning(*queues))
+    def seek_to_beginning(self, topic: str | None = None, queue: int | None = None) -> None:
+        """`topic`/`queue`, every assigned queue of `topic`, or every assigned queue, to
+        its first offset."""
+        run(self._c.seek_to_beginning(topic, queue))
 
-    def seek_to_end(self, *queues: TopicQueue) -> None:
-        run(self._c.seek_to_end(*queues))
+    def seek_to_end(self, topic: str | None = None, queue: int | None = None) -> None:
+        """`topic`/`queue`, every assigned queue of `topic`, or every assigned queue, to
+        its end."""
+        run(self._c.seek_to_end(topic, queue))
 
-    def seek_to_time(self, timestamp_ms: int, *queues: TopicQueue) -> None:
-        run(self._c.seek_to_time(timestamp_ms, *queues))
+    def seek_to_time(
+        self, timestamp: float | datetime, topic: str | None = None, queue: int | None = None
+    ) -> None:
+        """`topic`/`queue`, every assigned queue of `topic`, or every assigned queue, to
+        its first message at or after `timestamp` (seconds since the epoch, or an aware
+        datetime)."""
+        run(self._c.seek_to_time(timestamp, topic, queue))
 
     def poll(self, timeout_ms: int = 1000) -> list[Message]:
         return run(self._c.poll(timeout_ms))
@@ -365,21 +461,27 @@ class GroupConsumer:
         group: str,
         topics: Iterable[str],
         *,
+        start: str | float | datetime = "latest",
+        auto_commit: bool = True,
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 1_000,
+        client_id: str = "",
         on_assign: AssignmentCallback | None = None,
         on_revoke: AssignmentCallback | None = None,
-        **options: Any,
+        max_bytes_per_queue: int = 1 << 20,
+        filter: str | Sql92 | None = None,
+        client_config: ClientConfig | None = None,
     ) -> None:
         self._c: AsyncGroupConsumer = run(
             _make(
-                AsyncGroupConsumer,
-                bootstrap,
-                group,
-                list(topics),
-                on_assign=on_assign,
-                on_revoke=on_revoke,
-                **options,
+                AsyncGroupConsumer, bootstrap, group, topics, start=start,
+                auto_commit=auto_commit, session_timeout_ms=session_timeout_ms,
+                heartbeat_interval_ms=heartbeat_interval_ms, client_id=client_id,
+                on_assign=on_assign, on_revoke=on_revoke,
+                max_bytes_per_queue=max_bytes_per_queue, filter=filter,
+                client_config=client_config,
             )
-        )
+        )  # fmt: skip
 
     @property
     def member_id(self) -> str:
@@ -415,8 +517,10 @@ class GroupConsumer:
 class Admin:
     """Topics, groups, cluster; see `tidemq.aio.Admin`."""
 
-    def __init__(self, bootstrap: str = "127.0.0.1:9876", **options: Any) -> None:
-        self._a: AsyncAdmin = run(_make(AsyncAdmin, bootstrap, **options))
+    def __init__(
+        self, bootstrap: str = "127.0.0.1:9876", *, client_config: ClientConfig | None = None
+    ) -> None:
+        self._a: AsyncAdmin = run(_make(AsyncAdmin, bootstrap, client_config=client_config))
 
     def create_topic(
         self,
@@ -425,8 +529,15 @@ class Admin:
         *,
         message_type: str = "MIXED",
         config: Mapping[str, str] | None = None,
+        exist_ok: bool = False,
     ) -> TopicInfoMsg:
-        return run(self._a.create_topic(name, queues, message_type=message_type, config=config))
+        """Create a topic; with `exist_ok`, an existing topic's info is returned as it is
+        (even if its queues, type or configs differ from the ones asked for)."""
+        return run(
+            self._a.create_topic(
+                name, queues, message_type=message_type, config=config, exist_ok=exist_ok
+            )
+        )
 
     def alter_topic(
         self, name: str, *, queues: int | None = None, config: Mapping[str, str] | None = None
@@ -534,6 +645,14 @@ class ReceivedMessage(Message):
         return ReceivedMessage._of(run(self._lease().change_invisible_duration(duration)))
 
 
+def _received(msg: object, arg: str = "msg") -> ReceivedMessage:
+    if not isinstance(msg, ReceivedMessage):
+        raise TypeError(
+            f"{arg} must be a message received by this consumer, got {type(msg).__name__}"
+        )
+    return msg
+
+
 class SimpleConsumer:
     """Pop consumption: lease messages, then ack / nack / release each; see
     `tidemq.aio.SimpleConsumer`."""
@@ -571,20 +690,23 @@ class SimpleConsumer:
         return [ReceivedMessage._of(m) for m in got]
 
     def ack(self, msg: ReceivedMessage) -> None:
-        msg.ack()
+        _received(msg).ack()
 
     def ack_many(self, messages: Iterable[ReceivedMessage]) -> None:
         """Acknowledge several in one request per broker; raises for the first refused."""
-        run(self._c.ack_many([m._lease() for m in messages]))
+        if not isinstance(messages, list | tuple):
+            raise TypeError(f"messages must be a list of messages, got {type(messages).__name__}")
+        leases = [_received(m, f"messages[{i}]")._lease() for i, m in enumerate(messages)]
+        run(self._c.ack_many(leases))
 
     def nack(self, msg: ReceivedMessage, *, delay: float = 0.0, reason: str = "") -> None:
-        msg.nack(delay, reason=reason)
+        _received(msg).nack(delay, reason=reason)
 
     def release(self, msg: ReceivedMessage) -> None:
-        msg.release()
+        _received(msg).release()
 
     def change_invisible_duration(self, msg: ReceivedMessage, duration: float) -> ReceivedMessage:
-        return msg.change_invisible_duration(duration)
+        return _received(msg).change_invisible_duration(duration)
 
     def close(self) -> None:
         run(self._c.close())

@@ -33,8 +33,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
-from tidemq.client.producer import AsyncProducer, _batch_records, _record
+from tidemq.client.producer import AsyncProducer
+from tidemq.client.queue_sender import Special
+from tidemq.client.records import build_record, build_records
 from tidemq.core.errors import InvalidRequest, TidemqError, TransactionStateError
 from tidemq.core.message import Receipt
 from tidemq.core.properties import HALF_TOPIC
@@ -109,6 +112,11 @@ class AsyncTransactionProducer:
     @property
     def cluster(self) -> ClusterClient:
         return self._cluster
+
+    @property
+    def producer(self) -> AsyncProducer:
+        """The plain producer that stages this producer's half messages, in send order."""
+        return self._producer
 
     async def start(self) -> None:
         """With a checker: offer it to every broker now, and again whenever a connection
@@ -321,7 +329,7 @@ class AsyncTransaction:
     ) -> Receipt:
         """Store one half message. Its receipt has offset -1 until the commit (whose
         receipts have the offsets) and already the id the message will keep."""
-        record = _record(value, key, tag, keys, headers, timestamp)
+        record = build_record(value, key, tag, keys, headers, timestamp)
         return (await self._send(topic, key, queue, [record]))[0]
 
     async def send_batch(
@@ -336,18 +344,22 @@ class AsyncTransaction:
         timestamp: datetime | float | None = None,
     ) -> list[Receipt]:
         """Store `values` as one half batch (published as one batch at commit)."""
-        records = _batch_records(values, keys, tags, headers, timestamp)
+        records = build_records(values, keys, tags, headers, timestamp)
         return await self._send(topic, keys[0] if keys else None, queue, records)
 
     async def _send(
         self, topic: str, key: bytes | None, queue: int | None, records: list[Any]
     ) -> list[Receipt]:
         self._check_open()
-        p = self._producer._producer
-        q = await p._queue_for(topic, key, queue)
-        address = await self._producer.cluster.broker_for(topic, q)
-        txn_id = await self._txn_for(address)
-        return await p._send_special(topic, q, records, txn_id=txn_id)
+        return list(
+            await self._producer.producer.send_special(
+                checks.check_readable_topic(topic),
+                records,
+                key=key,
+                queue=checks.check_queue(queue),
+                special=Special(txn=self._txn_for),
+            )
+        )
 
     async def commit(self, *, sink_id: str = "", batch_id: int = -1) -> list[Receipt]:
         """Make every message visible (atomically per broker); returns their receipts.

@@ -49,6 +49,7 @@ not checked for valid UTF-8 until they are turned into ``str``.
 from __future__ import annotations
 
 import operator
+import re
 import struct
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
@@ -64,6 +65,7 @@ import numpy.typing as npt
 
 from tidemq.core import limits
 from tidemq.core.errors import BatchTooLarge, InvalidBatch
+from tidemq.core.names import tag_problem
 
 __all__ = [
     "ENVELOPE",
@@ -73,6 +75,7 @@ __all__ = [
     "Envelope",
     "ListColumn",
     "MessageRecord",
+    "check_tags",
     "columns_to_records",
     "decode_columns",
     "decode_messages",
@@ -292,6 +295,9 @@ def _tag_sections(tags: Sequence[str | None]) -> tuple[int, list[bytes], int]:
                 raise InvalidBatch(
                     f"tag {tag[:40]!r} is {len(raw)} bytes, over {limits.MAX_TAG_BYTES}"
                 )
+            problem = tag_problem(tag)  # stored but never matched by any subscription
+            if problem is not None:
+                raise InvalidBatch(f"tag {tag[:40]!r} {problem}")
             encoded[tag] = raw
             summary |= 1 << (crc32c.crc32c(raw) & 63)
     items = list(map(encoded.__getitem__, tags))
@@ -776,6 +782,31 @@ def decode_columns(payload: bytes | memoryview, *, verify_crc: bool = True) -> B
     if rd.pos != len(body):
         raise InvalidBatch(f"{len(body) - rd.pos} unexpected bytes after the batch body")
     return BatchColumns(n, timestamps, key, value, tag, keys, headers)
+
+
+#: A byte that no tag a subscription can match holds, in ASCII: controls, space, "|".
+_BAD_TAG_BYTE: Final = re.compile(rb"[\x00-\x20\x7f|]")
+
+
+def check_tags(payload: bytes | memoryview) -> None:
+    """Refuse, with InvalidBatch, a batch holding a tag no subscription can match
+    (`tidemq.core.names.tag_problem`): what `encode_batch` refuses, checked again by the
+    broker for producers that skip the encoder. A batch without tags (tag summary 0, the
+    common case) is not decoded; an ASCII tag column is checked with one scan."""
+    if parse_envelope(payload, verify_crc=False).tag_summary == 0:
+        return
+    column = decode_columns(payload, verify_crc=False).tag
+    data = bytes(column.data)
+    if data.isascii() and _BAD_TAG_BYTE.search(data) is None:
+        return
+    for raw in set(_slices(data, column.offsets)):
+        try:
+            tag = raw.decode()
+        except UnicodeDecodeError:
+            raise InvalidBatch(f"tag {raw[:40]!r} is not valid UTF-8") from None
+        problem = tag_problem(tag)
+        if problem is not None:
+            raise InvalidBatch(f"tag {tag[:40]!r} {problem}")
 
 
 def _slices(data: bytes, offsets: npt.NDArray[np.uint32]) -> list[bytes]:

@@ -131,8 +131,9 @@ class TopicAlreadyExists(TidemqError):
 
 
 @_error(ErrorCode.INVALID_TOPIC_NAME)
-class InvalidTopicName(TidemqError):
-    pass
+class InvalidTopicName(TidemqError, ValueError):
+    """A topic name outside the rule of `tidemq.core.names`. Also a ValueError: the client
+    raises it at the call for a bad argument, like any other bad value."""
 
 
 @_error(ErrorCode.CONFIG_ERROR)
@@ -142,7 +143,8 @@ class ConfigError(TidemqError):
 
 @_error(ErrorCode.OFFSET_OUT_OF_RANGE)
 class OffsetOutOfRange(TidemqError):
-    pass
+    """An offset outside a queue's stored range: a commit past the queue's end (like
+    Kafka's OFFSET_OUT_OF_RANGE), or a consumer position with nowhere to reset to."""
 
 
 @_error(ErrorCode.CORRUPT_RECORD)

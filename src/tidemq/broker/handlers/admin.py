@@ -8,7 +8,7 @@ from collections.abc import Callable
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topic_config import HOSTED_QUEUES_KEY
-from tidemq.broker.topics import TopicTable
+from tidemq.broker.topics import TopicTable, check_user_topic
 from tidemq.core.version import __version__
 from tidemq.protocol.commands import (
     AlterTopicRequest,
@@ -68,6 +68,7 @@ class AdminHandlers:
         )
 
     async def create_topic(self, req: CreateTopicRequest) -> TopicInfoMsg:
+        check_user_topic(req.name)  # internal topics are created by the broker alone
         info = await self._topics.create(
             req.name,
             req.queues,

@@ -12,7 +12,9 @@ from tidemq.broker.system_topics import HALF_TOPIC, TIMER_TOPIC
 from tidemq.broker.timer_service import TimerService
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction_service import TransactionService
+from tidemq.core.batch import check_tags
 from tidemq.core.errors import BatchTooLarge, InvalidRequest, MessageTypeMismatch
+from tidemq.net.budget import ConnectionBudget
 from tidemq.protocol.commands import (
     FetchRequest,
     FetchResponse,
@@ -60,6 +62,9 @@ class DataHandlers:
             )
         kind = _message_kind(req)
         _check_type(req.topic, info.message_type, kind)
+        # A tag no subscription can match is refused here too, for producers that skip
+        # the client's encoder (cheap: a batch without tags is not decoded).
+        check_tags(body)
         if kind is MessageType.DELAY:
             # The timer and transaction services take bytes: rare paths, one copy is fine.
             result = await self._timers.schedule(
@@ -92,7 +97,13 @@ class DataHandlers:
             store_time_ms=result.store_time_ms,
         )
 
-    async def fetch(self, req: FetchRequest) -> tuple[FetchResponse, bytes]:
+    async def fetch(
+        self, req: FetchRequest, *, budget: ConnectionBudget | None = None
+    ) -> tuple[FetchResponse, bytes]:
+        """`budget`: the connection's response budget. Each read reserves its bytes from it
+        first and reads at most what was granted (less than max_bytes when answers being
+        sent hold the rest: the consumer asks again); a read that finds nothing releases
+        them before the fetch parks."""
         await self._topics.check_queue(req.topic, req.queue)
         if not 0 < req.max_bytes <= self._config.max_fetch_bytes:
             raise InvalidRequest(f"max_bytes must be 1..{self._config.max_fetch_bytes}")
@@ -106,14 +117,20 @@ class DataHandlers:
         flt = compile_filter(req.filter_kind, req.filter_expression) if req.filter_kind else None
         tag_mask = req.tag_mask | (summary_mask(flt) if flt is not None else 0)
 
+        max_bytes = req.max_bytes
+
         def read(store: MessageStore) -> ReadResult:
             return store.read(
-                req.topic, req.queue, req.offset, max_bytes=req.max_bytes, tag_mask=tag_mask
+                req.topic, req.queue, req.offset, max_bytes=max_bytes, tag_mask=tag_mask
             )
 
         while True:
             seen = self._polling.version(key)
+            if budget is not None:
+                max_bytes = await budget.acquire(req.max_bytes)
             result = await self._gateway.call(read)
+            if budget is not None:
+                budget.hold(sum(len(b.record) for b in result.batches))
             if result.status is not ReadStatus.NO_NEW_MESSAGE or result.next_offset != req.offset:
                 break
             remaining = deadline - time.monotonic()

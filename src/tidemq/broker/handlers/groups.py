@@ -8,12 +8,12 @@ the queues that generation assigns it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
-from tidemq.broker.groups import GroupCoordinator
+from tidemq.broker.groups import GroupCoordinator, check_group_name
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topics import TopicTable
-from tidemq.core.errors import InvalidRequest, TopicNotFound
+from tidemq.core.errors import InvalidRequest, OffsetOutOfRange, QueueNotFound, TopicNotFound
 from tidemq.core.offsets import check_reset_target, reset_target
 from tidemq.protocol.commands import (
     CommitOffsetsRequest,
@@ -40,14 +40,9 @@ from tidemq.store.message_store import MessageStore
 
 __all__ = ["GroupHandlers"]
 
-_GROUP_NAME_MAX = 255
 #: Offsets in one commit (a member owns at most this many queues at once).
 _COMMIT_OFFSETS_MAX = 65_536
-
-
-def _check_group(group: str) -> None:
-    if not group or len(group) > _GROUP_NAME_MAX:
-        raise InvalidRequest(f"group name must be 1-{_GROUP_NAME_MAX} characters")
+_check_group = check_group_name
 
 
 #: Asks the cluster (the name server's routes) for the queue counts of topics this
@@ -62,11 +57,15 @@ class GroupHandlers:
         gateway: StoreGateway,
         topics: TopicTable,
         remote_counts: RemoteCounts | None = None,
+        pop_groups: Callable[[], Iterable[str]] | None = None,
     ) -> None:
+        """`pop_groups`: the groups consuming by pop here (simple and push consumers),
+        listed with the others."""
         self._coordinator = coordinator
         self._gateway = gateway
         self._topics = topics
         self._remote_counts = remote_counts
+        self._pop_groups = pop_groups
 
     async def _known_counts(self, topics: list[str]) -> dict[str, int]:
         """Queue counts of the topics that exist: hosted here, or anywhere in the cluster
@@ -136,8 +135,16 @@ class GroupHandlers:
             raise InvalidRequest(f"at most {_COMMIT_OFFSETS_MAX} offsets per commit")
         for o in req.offsets:
             if o.offset < 0:
-                raise InvalidRequest(f"offset for {o.topic}/{o.queue} must be >= 0")
-        await self._queue_counts(sorted({o.topic for o in req.offsets}))
+                raise OffsetOutOfRange(
+                    f"offset {o.offset} for {o.topic[:140]}/{o.queue} is negative; offsets "
+                    "start at 0"
+                )
+        counts = await self._queue_counts(sorted({o.topic for o in req.offsets}))
+        for o in req.offsets:
+            if not 0 <= o.queue < counts[o.topic]:
+                raise QueueNotFound(
+                    f"topic {o.topic!r} has queues 0..{counts[o.topic] - 1}, not {o.queue}"
+                )
         self._coordinator.check_commit(req.group, req.member_id, req.generation)
         if req.member_id:
             # The generation check alone would let a current member move the offset of a
@@ -153,7 +160,23 @@ class GroupHandlers:
                     f"{req.member_id!r} in generation {req.generation} of group {req.group!r}"
                 )
         offsets = {(o.topic, o.queue): o.offset for o in req.offsets}
-        await self._gateway.call(lambda s: s.commit_offsets(req.group, offsets))
+        # Queues stored here are checked against their end, on the writer thread, in the
+        # same step as the commit (the end only grows). Queues of other brokers cannot be
+        # checked by this coordinator without a request to each; their owners' fetches
+        # report an out-of-range position instead.
+        local = [(t, q) for t, q in offsets if q in self._topics.hosted(t)]
+
+        def commit(store: MessageStore) -> None:
+            for t, q in local:
+                end = store.queue_bounds(t, q)[1]
+                if offsets[(t, q)] > end:
+                    raise OffsetOutOfRange(
+                        f"offset {offsets[(t, q)]} for {t}/{q} is past the queue's end "
+                        f"({end}): commit the next offset to read, at most the end"
+                    )
+            store.commit_offsets(req.group, offsets)
+
+        await self._gateway.call(commit)
         return CommitOffsetsResponse()
 
     async def fetch_offsets(self, req: FetchOffsetsRequest) -> FetchOffsetsResponse:
@@ -167,7 +190,10 @@ class GroupHandlers:
 
     async def list_groups(self, req: ListGroupsRequest) -> ListGroupsResponse:
         stored = await self._gateway.call(lambda s: s.groups())
-        return ListGroupsResponse(groups=sorted(set(stored) | set(self._coordinator.groups())))
+        popping = self._pop_groups() if self._pop_groups is not None else ()
+        return ListGroupsResponse(
+            groups=sorted(set(stored) | set(self._coordinator.groups()) | set(popping))
+        )
 
     async def describe(self, req: DescribeGroupRequest) -> DescribeGroupResponse:
         _check_group(req.group)
@@ -188,7 +214,7 @@ class GroupHandlers:
             done = committed.get((t, q), -1)
             offsets.append(
                 GroupOffset(
-                    topic=t, queue=q, committed=done, max_offset=end, lag=end - max(done, 0)
+                    topic=t, queue=q, committed=done, max_offset=end, lag=max(0, end - max(done, 0))
                 )
             )
         return DescribeGroupResponse(
