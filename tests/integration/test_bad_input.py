@@ -19,6 +19,7 @@ from tidemq.core.errors import (
     BatchTooLarge,
     ConfigError,
     ErrorCode,
+    FencedProducer,
     InvalidBatch,
     InvalidRequest,
     QueueNotFound,
@@ -28,16 +29,22 @@ from tidemq.net.client import ClientConnection
 from tidemq.protocol.codec import error_from_frame
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import (
+    Empty,
     FetchRequest,
     FetchResponse,
     GetRoutesRequest,
     GetRoutesResponse,
+    InitProducerRequest,
+    InitProducerResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
     ProduceRequest,
     ProduceResponse,
+    RegisterBrokerRequest,
+    RegisterBrokerResponse,
     StatusRequest,
     StatusResponse,
+    UnregisterBrokerRequest,
 )
 from tidemq.protocol.frame import PREFIX, FrameDecoder, FrameKind, encode_frame
 
@@ -531,6 +538,49 @@ def test_stop_with_parked_fetches_is_prompt(loop: Loop, start_broker: StartBroke
                 await asyncio.open_connection(*_split(env.address))
         finally:
             await consumer.close()
+            await client.close()
+
+    loop.run(main())
+
+
+def test_route_hijack_and_made_up_producer_ids_are_refused(loop: Loop, broker: BrokerEnv) -> None:
+    """Issue 16: a RegisterBrokerRequest for `broker-0` with another address, sent to a
+    lone server's client port, made new producers connect to the attacker, and an
+    UnregisterBrokerRequest made a topic vanish; a PRODUCE with a producer id the broker
+    never issued was accepted. All refused now, and the routes are untouched."""
+
+    async def main() -> None:
+        await _topic(broker.address, queues=1)
+        client = ClusterClient(broker.address)
+        address = broker.address
+        try:
+            before = await client.call(address, GetRoutesRequest(), GetRoutesResponse)
+            hijack = RegisterBrokerRequest(
+                broker_name=broker.broker.config.broker_name,
+                address="127.0.0.1:1",
+                topics=[(TOPIC, 1, "MIXED", [0])],
+            )
+            with pytest.raises(InvalidRequest, match="REGISTER_BROKER refused"):
+                await client.call(address, hijack, RegisterBrokerResponse)
+            gone = UnregisterBrokerRequest(broker_name=broker.broker.config.broker_name)
+            with pytest.raises(InvalidRequest, match="UNREGISTER_BROKER refused"):
+                await client.call(address, gone, Empty)
+            after = await client.call(address, GetRoutesRequest(), GetRoutesResponse)
+            assert after.brokers == before.brokers
+            assert after.routes == before.routes
+            good = encode_batch([MessageRecord(b"v", None, None, (), (), 1)])
+            made_up = ProduceRequest(
+                topic=TOPIC, queue=0, producer_id=10**6, epoch=0, base_sequence=0
+            )
+            with pytest.raises(FencedProducer, match="never issued"):
+                await client.call(address, made_up, ProduceResponse, good)
+            issued = await client.call(address, InitProducerRequest(), InitProducerResponse)
+            real = ProduceRequest(
+                topic=TOPIC, queue=0, producer_id=issued.producer_id, epoch=0, base_sequence=0
+            )
+            stored = await client.call(address, real, ProduceResponse, good)
+            assert stored.base_offset == 0
+        finally:
             await client.close()
 
     loop.run(main())

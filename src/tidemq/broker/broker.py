@@ -461,6 +461,14 @@ class Broker:
                 raise InvalidRequest(
                     f"{code.name} goes to a name server; this broker runs without one"
                 )
+            if code in _SELF_REGISTERED:
+                # The embedded name server routes to this broker alone, which registers
+                # in-process: a registration over the wire could only hijack its routes
+                # (or make its topics vanish), so none is taken from any connection.
+                raise InvalidRequest(
+                    f"{code.name} refused: this server's name server serves only its own "
+                    "broker; run `tidemq namesrv` and `tidemq broker` for a cluster"
+                )
             return self._ns_handlers.handle(code, header), b""
         if code is RequestCode.REGISTER_CHECKER:
             return self._special.register_checker(header, conn), b""
@@ -474,6 +482,9 @@ class Broker:
             return result
         return result, b""
 
+
+#: Name-server requests an embedded name server never takes from a connection.
+_SELF_REGISTERED = frozenset({RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER})
 
 #: The limits the STATUS answer reports, by their config key (`broker.<key>`).
 _STATUS_LIMITS = (

@@ -32,6 +32,7 @@ from tidemq.core.errors import (
     BatchTooLarge,
     ConfigError,
     DiskFull,
+    FencedProducer,
     InvalidBatch,
     QueueNotFound,
     StorageFailure,
@@ -208,6 +209,8 @@ class MessageStore:
         self._log = log
         self._queues = queues
         self._producers = producers
+        #: Producer ids are handed out in order: any id above this one was never issued.
+        self._last_producer_id = metadata.last_producer_id()
         self._index_cache = index_cache
         self._indexed_position = indexed_position
         self._topics: dict[str, TopicInfo] = {t.name: t for t in metadata.live_topics()}
@@ -351,7 +354,9 @@ class MessageStore:
     # ------------------------------------------------------------------ writing
 
     def allocate_producer_id(self) -> int:
-        return self._meta.next_producer_id()
+        producer_id = self._meta.next_producer_id()
+        self._last_producer_id = max(self._last_producer_id, producer_id)
+        return producer_id
 
     def append(
         self,
@@ -378,6 +383,13 @@ class MessageStore:
         env = parse_envelope(payload)
         key = (info.id, queue_id, producer.producer_id if producer else NO_PRODUCER)
         if producer is not None:
+            if not 1 <= producer.producer_id <= self._last_producer_id:
+                # Only ids this store handed out dedupe: a made-up one could collide with
+                # another producer's sequence and have its batches taken for duplicates.
+                raise FencedProducer(
+                    f"producer id {producer.producer_id} was never issued by this broker; "
+                    "ask for one with INIT_PRODUCER"
+                )
             seen = self._producers.check(key, producer, env.count)
             if seen is not None:
                 return AppendResult(

@@ -353,6 +353,11 @@ class Metadata:
     # ------------------------------------------------------------------ producers
 
     @_writes
+    def last_producer_id(self) -> int:
+        """The newest producer id handed out (0: none yet)."""
+        row = self._db.execute("SELECT value FROM counters WHERE name = 'producer_id'").fetchone()
+        return 0 if row is None else int(row[0])
+
     def next_producer_id(self) -> int:
         with self._tx():
             self._db.execute(
