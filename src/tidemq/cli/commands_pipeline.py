@@ -14,7 +14,6 @@ from tidemq.cli.common import (
     CliUsageError,
     check_bootstrap,
     command,
-    info,
     say,
 )
 from tidemq.cli.pipeline_common import (
@@ -25,6 +24,7 @@ from tidemq.cli.pipeline_common import (
     app,
     load,
     require_topics,
+    run_query,
     session,
     spark_failures,
 )
@@ -67,15 +67,10 @@ def archive(
                 trigger="available_now" if once else "continuous",
                 max_offsets_per_trigger=max_offsets_per_trigger,
             )
-            if not once:
-                info(f"archiving {', '.join(topic)} to {output}; Ctrl-C to stop")
-                try:
-                    query.awaitTermination()
-                except KeyboardInterrupt:
-                    query.stop()
-            batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
-            rows = sum(int(p["numInputRows"]) for p in batches)
-            say(f"archived {rows} message(s) in {len(batches)} micro-batch(es) to {output}")
+            rows, batches = run_query(
+                query, once=once, running=f"archiving {', '.join(topic)} to {output}"
+            )
+            say(f"archived {rows} message(s) in {batches} micro-batch(es) to {output}")
         except ValueError as exc:  # the source's OptionError, a bad argument
             raise CliUsageError(str(exc)) from None
         finally:

@@ -27,6 +27,7 @@ from tidemq.cli.pipeline_common import (
     app,
     load,
     require_topics,
+    run_query,
     session,
     spark_failures,
 )
@@ -132,16 +133,11 @@ def db_sync(
                 trigger="available_now" if once else "continuous",
                 max_offsets_per_trigger=max_offsets_per_trigger,
             )
-            if not once:
-                info(f"syncing {', '.join(topic)} to {shown}; Ctrl-C to stop")
-                try:
-                    query.awaitTermination()
-                except KeyboardInterrupt:
-                    query.stop()
-            batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
-            rows = sum(int(p["numInputRows"]) for p in batches)
+            rows, batches = run_query(
+                query, once=once, running=f"syncing {', '.join(topic)} to {shown}"
+            )
             say(
-                f"synced {rows} change event(s) in {len(batches)} micro-batch(es) "
+                f"synced {rows} change event(s) in {batches} micro-batch(es) "
                 f"to {shards} shard(s) of {shown}"
             )
         except ValueError as exc:  # the source's OptionError, a bad argument

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tidemq.cli.common import CLIENT_CONFIG, CliError, debugging
+from tidemq.cli.common import CLIENT_CONFIG, CliError, debugging, info
 from tidemq.client.sync import Admin
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "app",
     "load",
     "require_topics",
+    "run_query",
     "session",
     "spark_error_message",
     "spark_failures",
@@ -186,3 +187,17 @@ def spark_failures(what: str) -> Iterator[None]:
         while _logs:
             with contextlib.suppress(OSError):
                 os.unlink(_logs.pop())
+
+
+def run_query(query: Any, *, once: bool, running: str) -> tuple[int, int]:
+    """Wait for a pipeline's streaming query: until it has read what was there (`once`),
+    else until Ctrl-C (after printing `running`). Returns (rows, micro-batches) of the
+    batches that read anything, from the query's recent progress."""
+    if not once:
+        info(f"{running}; Ctrl-C to stop")
+        try:
+            query.awaitTermination()
+        except KeyboardInterrupt:
+            query.stop()
+    batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+    return sum(int(p["numInputRows"]) for p in batches), len(batches)
