@@ -854,3 +854,18 @@ def test_an_index_append_cut_short_by_a_full_disk_leaves_no_partial_entry(
     store.append("t", 0, _values(b"d"))
     assert store.queue_bounds("t", 0) == (0, 4)
     store.close()
+
+
+def test_a_batch_with_a_tag_no_subscription_can_match_is_refused(store: MessageStore) -> None:
+    """The client's encoder refuses such tags; a producer that skips it (another
+    language, a raw request) is refused by the store, with a valid CRC and all."""
+    import crc32c  # noqa: PLC0415 - only this test re-checksums a payload
+
+    good = encode_batch([MessageRecord(b"v", tag="aXYZ")])
+    bad = bytearray(good.replace(b"aXYZ", b"a||Z"))
+    crc = crc32c.crc32c(bytes(bad[8:]), crc32c.crc32c(bytes(bad[:4])))
+    bad[4:8] = crc.to_bytes(4, "little")
+    store.create_topic("t", 1)
+    with pytest.raises(InvalidBatch, match=r"^tag 'a\|\|Z'"):
+        store.append("t", 0, bytes(bad))
+    assert store.append("t", 0, good).base_offset == 0

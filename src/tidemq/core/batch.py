@@ -788,12 +788,15 @@ def decode_columns(payload: bytes | memoryview, *, verify_crc: bool = True) -> B
 _BAD_TAG_BYTE: Final = re.compile(rb"[\x00-\x20\x7f|]")
 
 
-def check_tags(payload: bytes | memoryview) -> None:
+def check_tags(payload: bytes | memoryview, envelope: Envelope | None = None) -> None:
     """Refuse, with InvalidBatch, a batch holding a tag no subscription can match
     (`tidemq.core.names.tag_problem`): what `encode_batch` refuses, checked again by the
-    broker for producers that skip the encoder. A batch without tags (tag summary 0, the
-    common case) is not decoded; an ASCII tag column is checked with one scan."""
-    if parse_envelope(payload, verify_crc=False).tag_summary == 0:
+    store for producers that skip the encoder. A batch without tags (tag summary 0, the
+    common case) is not decoded; an ASCII tag column is checked with one scan. Pass the
+    payload's `envelope` when it is parsed already."""
+    if envelope is None:
+        envelope = parse_envelope(payload, verify_crc=False)
+    if envelope.tag_summary == 0:
         return
     column = decode_columns(payload, verify_crc=False).tag
     data = bytes(column.data)

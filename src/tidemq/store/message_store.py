@@ -26,7 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from tidemq.core import limits
-from tidemq.core.batch import parse_envelope
+from tidemq.core.batch import check_tags, parse_envelope
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import (
     BatchTooLarge,
@@ -381,6 +381,9 @@ class MessageStore:
         if len(properties) > limits.MAX_PROPERTIES_BYTES:
             raise InvalidBatch(f"record properties exceed {limits.MAX_PROPERTIES_BYTES} bytes")
         env = parse_envelope(payload)
+        # A tag no subscription can match is refused, also for producers that skip the
+        # client's encoder (a batch without tags, the common case, costs nothing more).
+        check_tags(payload, env)
         key = (info.id, queue_id, producer.producer_id if producer else NO_PRODUCER)
         if producer is not None:
             if not 1 <= producer.producer_id <= self._last_producer_id:

@@ -12,7 +12,6 @@ from tidemq.broker.system_topics import HALF_TOPIC, TIMER_TOPIC
 from tidemq.broker.timer_service import TimerService
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction_service import TransactionService
-from tidemq.core.batch import check_tags
 from tidemq.core.errors import BatchTooLarge, InvalidRequest, MessageTypeMismatch
 from tidemq.net.budget import ConnectionBudget
 from tidemq.protocol.commands import (
@@ -62,9 +61,6 @@ class DataHandlers:
             )
         kind = _message_kind(req)
         _check_type(req.topic, info.message_type, kind)
-        # A tag no subscription can match is refused here too, for producers that skip
-        # the client's encoder (cheap: a batch without tags is not decoded).
-        check_tags(body)
         if kind is MessageType.DELAY:
             # The timer and transaction services take bytes: rare paths, one copy is fine.
             result = await self._timers.schedule(
