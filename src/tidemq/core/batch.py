@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import lru_cache, partial
-from itertools import chain, pairwise, repeat
+from itertools import accumulate, chain, pairwise, repeat
 from typing import Any, Final, NamedTuple
 
 import crc32c
@@ -250,6 +250,10 @@ def _utf8_column(
     return data, items
 
 
+#: Up to this many items, offsets are packed with struct instead of a numpy cumsum.
+_FEW_ITEMS: Final = 8
+
+
 def _data_sections(data: bytes, items: Sequence[Sized], what: str) -> list[bytes]:
     """Offsets and data sections of items (`data` is their concatenation)."""
     if not data:
@@ -257,6 +261,12 @@ def _data_sections(data: bytes, items: Sequence[Sized], what: str) -> list[bytes
     if len(data) > limits.MAX_BATCH_BYTES:
         # Also keeps every offset far below 2**31, as Arrow's int32 offsets need.
         raise BatchTooLarge(f"{what} data of {len(data)} bytes exceeds the batch format limit")
+    if len(items) <= _FEW_ITEMS:
+        # A few items (one message: the fast path of a single send): struct beats numpy's
+        # call overhead (one item: 1.3 against 4.4 us; encode_batch of one 100 B message
+        # went from 14.8 to 9.9 us).
+        ends = list(accumulate(map(len, items), initial=0))
+        return [struct.pack(f"<{len(ends)}I", *ends), data]
     # array.extend(map(len)) plus one numpy cumsum: ~2x faster than array(accumulate()).
     lengths = array("I", (0,))
     lengths.extend(map(len, items))
