@@ -47,7 +47,19 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
-bench: $(STAMP)
+# The benchmarks' peers: redis-py and nats-py (the `bench` extra) in the venv, and
+# redis-server and nats-server from apt-get when missing (scripts/ensure-bench-peers.sh).
+# Without apt-get that script fails with a message and the benchmarks report the peer missing.
+BENCH_STAMP := $(VENV)/.installed-bench-$(CKSUM)
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	touch $@
+
+bench: $(STAMP) $(BENCH_STAMP)
+	-sh scripts/ensure-bench-peers.sh
+	$(PY) benchmarks/bench_send_one.py --json benchmarks/results/send_one-async.json
+	$(PY) benchmarks/bench_send_one.py --flush sync --runs 3 --json benchmarks/results/send_one-sync.json
 	$(PY) benchmarks/bench_codec.py
 	$(PY) benchmarks/bench_store.py
 	$(PY) benchmarks/bench_checkpoint.py

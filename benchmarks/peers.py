@@ -31,9 +31,12 @@ __all__ = [
     "PeerMissing",
     "Server",
     "free_port",
+    "machine_jiffies",
     "nats_available",
+    "process_cpu",
     "redis_available",
     "redis_benchmark_binary",
+    "start_echo",
     "start_nats",
     "start_redis",
     "start_tidemq",
@@ -346,6 +349,41 @@ def start_nats(*, root: Path | None = None, cpus: Sequence[int] | None = None) -
     ready = re.compile(r"Server is ready")
     server = Server("nats", argv, directory, ready=ready, address=f"127.0.0.1:{port}", cpus=cpus)
     return server.start(probe=("127.0.0.1", port))
+
+
+# --------------------------------------------------------------------------- echo floor
+
+_ECHO_SERVER = """
+import os, socket, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if sys.argv[1:] else -1
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(8)
+print("serving on 127.0.0.1:%d" % s.getsockname()[1], flush=True)
+while True:
+    c, _ = s.accept()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with c:
+        while d := c.recv(65536):
+            if fd >= 0:
+                os.write(fd, d)
+                os.fdatasync(fd)
+            c.sendall(d)
+"""
+
+
+def start_echo(*, fsync: bool = False, root: Path | None = None) -> Server:
+    """A Python echo server (blocking sockets, TCP_NODELAY, one connection at a time) on a
+    free port: the floor under one message per round trip. With `fsync`, it appends each
+    message it receives to a file in its directory and fdatasyncs before answering (the
+    floor under one durable message per round trip)."""
+    name = "echo-fdatasync" if fsync else "echo"
+    directory = _tempdir(name, root)
+    argv = [sys.executable, "-c", _ECHO_SERVER]
+    if fsync:
+        argv.append(str(directory / "log"))
+    ready = re.compile(r"serving on (?P<address>\S+)")
+    return Server(name, argv, directory, ready=ready).start()
 
 
 # --------------------------------------------------------------------------- versions
