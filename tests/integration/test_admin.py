@@ -149,7 +149,7 @@ def test_groups_lag_and_offset_reset(loop: Loop, broker: BrokerEnv) -> None:
                 described = await admin.describe_group("readers")
                 assert described.generation == 1
                 assert [m.member_id for m in described.members] == [consumer.member_id]
-                assert described.members[0].assignment == [("clicks", 0), ("clicks", 1)]
+                assert described.members[0].assignment == (("clicks", 0), ("clicks", 1))
                 assert [(o.queue, o.committed, o.max_offset, o.lag) for o in described.offsets] == [
                     (0, 3, 8, 5),
                     (1, 4, 4, 0),
@@ -165,7 +165,7 @@ def test_groups_lag_and_offset_reset(loop: Loop, broker: BrokerEnv) -> None:
             # Committed offsets outlive the members: the group is still listed.
             assert await admin.list_groups() == ["readers"]
             described = await admin.describe_group("readers")
-            assert described.members == []
+            assert described.members == ()
             assert [(o.committed, o.lag) for o in described.offsets] == [(3, 5), (4, 0)]
 
             async def committed() -> list[tuple[int, int]]:

@@ -346,7 +346,7 @@ def test_fifo_suspend_holds_the_group_until_resumed(loop: Loop, start_broker: St
             rest = await _drain(c)  # g1 moves on without g1-0
             assert [m.value for m in rest] == [b"g1-1", b"g1-2"]
             (status,) = await admin.pop_status("workers")
-            assert (status.dead_lettered, status.suspended) == (1, [])
+            assert (status.dead_lettered, status.suspended) == (1, ())
         await c.close()
 
     try:

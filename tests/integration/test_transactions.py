@@ -115,7 +115,7 @@ def test_rollback_and_context_manager(loop: Loop, broker: BrokerEnv) -> None:
         assert [m.value for m in got] == [b"kept"]
         async with aio.Admin(broker.address) as admin:
             status = await admin.transaction_status()
-        assert (status.committed, status.rolled_back, status.open) == (1, 2, [])
+        assert (status.committed, status.rolled_back, status.open) == (1, 2, ())
 
     loop.run(main())
 
@@ -213,7 +213,7 @@ def test_check_back_commits_and_rolls_back(loop: Loop, start_broker: StartBroker
                     assert time.monotonic() < deadline
                     await asyncio.sleep(0.05)
                 status = await admin.transaction_status()
-        assert (status.committed, status.rolled_back, status.discarded) == (1, 1, [])
+        assert (status.committed, status.rolled_back, status.discarded) == (1, 1, ())
         assert asked
         assert set(asked) == {1}
 

@@ -47,30 +47,7 @@ def status(
     with _admin(bootstrap) as admin:
         queues = admin.pop_status(group)
     if output is Output.JSON:
-        # Every field, empty ones too (the messages omit defaults on the wire).
-        emit_json(
-            [
-                {
-                    "topic": q.topic,
-                    "queue": q.queue,
-                    "acked_below": q.acked_below,
-                    "next_offset": q.next_offset,
-                    "in_flight": q.in_flight,
-                    "retried": q.retried,
-                    "dead_lettered": q.dead_lettered,
-                    "suspended": [
-                        {
-                            "offset": s.offset,
-                            "message_id": s.message_id,
-                            "attempts": s.attempts,
-                            "error": s.error,
-                        }
-                        for s in q.suspended
-                    ],
-                }
-                for q in queues
-            ]
-        )
+        emit_json(queues)  # every field, empty ones too
         return
     emit_table(
         [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Annotated
 
 import typer
@@ -22,8 +23,8 @@ from tidemq.cli.common import (
     parse_pairs,
     say,
 )
+from tidemq.client.results import TopicInfo
 from tidemq.client.sync import Admin
-from tidemq.protocol.commands import TopicInfoMsg
 
 __all__ = ["app", "topic_name"]
 
@@ -77,11 +78,11 @@ def _admin(bootstrap: str) -> Admin:
     return Admin(check_bootstrap(bootstrap), client_config=CLIENT_CONFIG)
 
 
-def _config_text(config: dict[str, str]) -> str:
+def _config_text(config: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(config.items()))
 
 
-def _show(topic: TopicInfoMsg, output: Output) -> None:
+def _show(topic: TopicInfo, output: Output) -> None:
     if output is Output.JSON:
         emit_json(topic)
         return

@@ -23,6 +23,26 @@ from collections.abc import Mapping
 from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer import AsyncProducer
+from tidemq.client.results import (
+    BrokerInfo,
+    BrokerStatus,
+    CommittedOffset,
+    GroupDescription,
+    PopStatus,
+    ResumeResult,
+    TimerStatus,
+    TopicInfo,
+    TransactionStatus,
+    broker_info_from_wire,
+    broker_status_from_wire,
+    committed_offset_from_wire,
+    group_description_from_wire,
+    pop_status_from_wire,
+    resume_result_from_wire,
+    timer_status_from_wire,
+    topic_info_from_wire,
+    transaction_status_from_wire,
+)
 from tidemq.client.stream_consumer import AsyncStreamConsumer
 from tidemq.core import limits
 from tidemq.core.errors import (
@@ -37,7 +57,6 @@ from tidemq.core.message import Message
 from tidemq.core.offsets import check_reset_target, reset_target
 from tidemq.protocol.commands import (
     AlterTopicRequest,
-    BrokerStatus,
     ClusterStatusRequest,
     ClusterStatusResponse,
     CommitOffsetsRequest,
@@ -137,7 +156,7 @@ class AsyncAdmin:
         message_type: str = "MIXED",
         config: Mapping[str, str] | None = None,
         exist_ok: bool = False,
-    ) -> TopicInfoMsg:
+    ) -> TopicInfo:
         """Create topic `name` with `queues` queues spread over the live brokers.
 
         `exist_ok=True` (Kafka's `--if-not-exists`): when the topic exists already, return
@@ -178,7 +197,7 @@ class AsyncAdmin:
             return await self.describe_topic(name)
         finally:
             await self._cluster.refresh_routes(force=True)
-        return _merge(results)
+        return topic_info_from_wire(_merge(results))
 
     async def alter_topic(
         self,
@@ -186,7 +205,7 @@ class AsyncAdmin:
         *,
         queues: int | None = None,
         config: Mapping[str, str] | None = None,
-    ) -> TopicInfoMsg:
+    ) -> TopicInfo:
         hosting = await self._hosting(name)
         brokers = await self._brokers()
         current = await self.describe_topic(name)
@@ -207,7 +226,7 @@ class AsyncAdmin:
 
         results = await asyncio.gather(*(alter(a, h) for a, h in plan.items()))
         await self._cluster.refresh_routes(force=True)
-        return _merge(results)
+        return topic_info_from_wire(_merge(results))
 
     async def delete_topic(self, name: str) -> None:
         hosting = await self._hosting(name)
@@ -219,7 +238,7 @@ class AsyncAdmin:
         )
         await self._cluster.refresh_routes(force=True)
 
-    async def list_topics(self) -> list[TopicInfoMsg]:
+    async def list_topics(self) -> list[TopicInfo]:
         brokers = await self._brokers()
         answers = await asyncio.gather(
             *(self._cluster.call(b, ListTopicsRequest(), ListTopicsResponse) for b in brokers)
@@ -228,23 +247,23 @@ class AsyncAdmin:
         for answer in answers:
             for topic in answer.topics:
                 seen.setdefault(topic.name, topic)
-        return [seen[n] for n in sorted(seen)]
+        return [topic_info_from_wire(seen[n]) for n in sorted(seen)]
 
-    async def describe_topic(self, name: str) -> TopicInfoMsg:
+    async def describe_topic(self, name: str) -> TopicInfo:
         hosting = await self._hosting(name)
         if not hosting:
             raise BrokerNotAvailable(f"no live broker serves topic {name!r}")
         results = await asyncio.gather(
             *(self._cluster.call(a, DescribeTopicRequest(name=name), TopicInfoMsg) for a in hosting)
         )
-        return _merge(results)
+        return topic_info_from_wire(_merge(results))
 
     async def list_groups(self) -> list[str]:
         coordinator = await self._cluster.coordinator()
         answer = await self._cluster.call(coordinator, ListGroupsRequest(), ListGroupsResponse)
         return answer.groups
 
-    async def describe_group(self, group: str) -> DescribeGroupResponse:
+    async def describe_group(self, group: str) -> GroupDescription:
         """Members, generation, and per queue the committed offset and lag. The coordinator
         knows the queues it hosts; the queues of the group's topics on other brokers are
         filled in here from their brokers."""
@@ -273,7 +292,7 @@ class AsyncAdmin:
                 )  # fmt: skip
         if extra:
             answer.offsets = sorted([*answer.offsets, *extra], key=lambda o: (o.topic, o.queue))
-        return answer
+        return group_description_from_wire(answer)
 
     async def _committed(self, coordinator: str, group: str) -> dict[tuple[str, int], int]:
         answer = await self._cluster.call(
@@ -283,7 +302,7 @@ class AsyncAdmin:
 
     async def reset_offsets(
         self, group: str, topic: str, *, to: str, value: int = 0, execute: bool = False
-    ) -> list[QueueOffset]:
+    ) -> list[CommittedOffset]:
         """Plan (execute=False, the default: a dry run) or apply new committed offsets for
         every queue of `topic`: to "earliest", "latest", "timestamp" (value = ms),
         "offset" (value) or "shift" (by value). Refused while the group has members.
@@ -299,7 +318,7 @@ class AsyncAdmin:
         routes = await self._cluster.refresh_routes(force=True)
         others = [q for q in routes.queues(topic) if (topic, q) not in planned]
         if not others:
-            return answer.offsets
+            return [committed_offset_from_wire(o) for o in answer.offsets]
         committed = await self._committed(coordinator, group)
         extra: dict[tuple[str, int], int] = {}
         for queue in others:
@@ -320,7 +339,9 @@ class AsyncAdmin:
             )
             await self._cluster.call(coordinator, commit, CommitOffsetsResponse)
         planned.update(extra)
-        return [QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(planned.items())]
+        return [
+            CommittedOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(planned.items())
+        ]
 
     # ------------------------------------------------------------------ dead letters
 
@@ -421,16 +442,20 @@ class AsyncAdmin:
             await producer.close()
         return sent
 
-    async def cluster_status(self) -> list[BrokerStatus]:
+    async def cluster_status(self) -> list[BrokerInfo]:
+        """The live brokers, as the name server knows them."""
         answer = await self._cluster.call(
             self._cluster.bootstrap, ClusterStatusRequest(), ClusterStatusResponse
         )
-        return answer.brokers
+        return [broker_info_from_wire(b) for b in answer.brokers]
 
-    async def broker_status(self, address: str) -> StatusResponse:
-        return await self._cluster.call(address, StatusRequest(), StatusResponse)
+    async def broker_status(self, address: str) -> BrokerStatus:
+        """The report of the broker at `address`: version, log positions, connections."""
+        return broker_status_from_wire(
+            await self._cluster.call(address, StatusRequest(), StatusResponse)
+        )
 
-    async def timer_status(self, topic: str = "") -> TimerStatusResponse:
+    async def timer_status(self, topic: str = "") -> TimerStatus:
         """Pending delayed messages per topic (count, next due time), over all brokers."""
         merged: dict[str, TimerTopicStatus] = {}
         total: TimerStatusResponse | None = None
@@ -453,9 +478,9 @@ class AsyncAdmin:
                 m.next_due_ms = min(m.next_due_ms, t.next_due_ms)
         assert total is not None
         total.topics = sorted(merged.values(), key=lambda t: t.topic)
-        return total
+        return timer_status_from_wire(total)
 
-    async def transaction_status(self) -> TxnStatusResponse:
+    async def transaction_status(self) -> TransactionStatus:
         """Open transactions, and those the brokers rolled back after their check-backs."""
         total: TxnStatusResponse | None = None
         for address in await self._brokers():
@@ -468,20 +493,18 @@ class AsyncAdmin:
             total.committed += s.committed
             total.rolled_back += s.rolled_back
         assert total is not None
-        return total
+        return transaction_status_from_wire(total)
 
-    async def pop_status(self, group: str) -> list[PopQueueStatus]:
+    async def pop_status(self, group: str) -> list[PopStatus]:
         """Per queue of every broker, the pop consumption of `group`: acknowledged below,
         next offset, messages in flight, dead-lettered, and suspended messages."""
         out: list[PopQueueStatus] = []
         for address in await self._brokers():
             s = await self._cluster.call(address, PopStatusRequest(group=group), PopStatusResponse)
             out.extend(s.queues)
-        return sorted(out, key=lambda q: (q.topic, q.queue))
+        return [pop_status_from_wire(q) for q in sorted(out, key=lambda q: (q.topic, q.queue))]
 
-    async def resume(
-        self, group: str, message_id: str, *, action: str = "retry"
-    ) -> PopResumeResponse:
+    async def resume(self, group: str, message_id: str, *, action: str = "retry") -> ResumeResult:
         """Resume a message that `group` suspended after its last attempt: "retry"
         delivers it again with a fresh count of attempts, "dead-letter" moves it to
         `%DLQ%<group>` now. Either way its FIFO message group moves on after it."""
@@ -490,13 +513,15 @@ class AsyncAdmin:
         last: InvalidRequest | None = None
         for address in await self._brokers():
             try:
-                return await self._cluster.call(
+                answer = await self._cluster.call(
                     address,
                     PopResumeRequest(group=group, message_id=message_id, action=action),
                     PopResumeResponse,
                 )
             except InvalidRequest as exc:  # not on this broker
                 last = exc
+            else:
+                return resume_result_from_wire(answer)
         raise last or InvalidRequest(f"no broker holds a suspended message {message_id}")
 
     async def close(self) -> None:

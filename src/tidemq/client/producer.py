@@ -27,11 +27,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from tidemq.client import checks
+from tidemq.client.accumulator import Accumulator
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer_config import ProducerConfig
 from tidemq.client.queue_sender import (
@@ -50,6 +50,7 @@ from tidemq.client.records import (
     build_record,
     deliver_at_ms,
 )
+from tidemq.client.results import CancelResult, cancel_result_from_wire
 from tidemq.client.route_wait import RouteWait, WaitingSend
 from tidemq.core.batch import MessageRecord, encode_batch, encode_values
 from tidemq.core.errors import AlreadyDelivered, TidemqError, UnknownMessage
@@ -57,14 +58,6 @@ from tidemq.core.message import Receipt
 from tidemq.protocol.commands import CancelDelayedRequest, CancelDelayedResponse
 
 __all__ = ["AsyncProducer", "Delay", "DeliverAt", "check_send", "deliver_at_ms", "due_ms_of"]
-
-
-@dataclass(slots=True)
-class _Pending:
-    records: list[MessageRecord] = field(default_factory=list)
-    futures: list[ReceiptFuture] = field(default_factory=list)
-    size: int = 0
-    timer: asyncio.TimerHandle | asyncio.Handle | None = None
 
 
 class AsyncProducer:
@@ -115,7 +108,7 @@ class AsyncProducer:
         self._own_cluster = cluster is None
         self._ctx = SenderContext(self._config, self._cluster)
         self._route_wait = RouteWait(self._cluster, self._ctx.routes_checked)
-        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._accumulator = Accumulator(self._config, self._ctx, self._sender)
         self._senders: dict[tuple[str, int], QueueSender] = {}
         self._closed = False
 
@@ -363,7 +356,7 @@ class AsyncProducer:
             lambda exc: _fail(sink, exc),
         )
 
-    async def cancel(self, message_id: str) -> CancelDelayedResponse:
+    async def cancel(self, message_id: str) -> CancelResult:
         """Cancel a delayed message before its delivery, by the id its receipt carries. A
         delayed `send_batch` is one unit: cancelling any of its ids cancels the batch.
         Raises AlreadyDelivered after delivery (or a second cancel), UnknownMessage for an
@@ -376,21 +369,22 @@ class AsyncProducer:
         unknown: UnknownMessage | None = None
         for address in addresses:
             try:
-                return await self._cluster.call(
+                answer = await self._cluster.call(
                     address, CancelDelayedRequest(message_id=message_id), CancelDelayedResponse
                 )
             except AlreadyDelivered:
                 raise
             except UnknownMessage as exc:
                 unknown = exc  # another broker may hold it
+            else:
+                return cancel_result_from_wire(answer)
         assert unknown is not None
         raise unknown
 
     async def flush(self) -> None:
         """Send everything accumulated and wait until every send is answered."""
         await self._route_wait.wait_all()
-        for topic, queue in list(self._pending):
-            self._seal(topic, queue)
+        self._accumulator.seal_all()
         waits = [s.idle.wait() for s in self._senders.values() if not s.idle.is_set()]
         if waits:
             await asyncio.gather(*waits)
@@ -452,7 +446,7 @@ class AsyncProducer:
     ) -> None:
         try:
             if not self._send_direct(topic, queue, record, future):
-                self._accumulate(topic, queue, record, future)
+                self._accumulator.add(topic, queue, record, future)
         except Exception as exc:  # e.g. too large to encode: this message fails alone
             _fail(future, exc)
 
@@ -465,7 +459,7 @@ class AsyncProducer:
         sink: WholeFuture,
         special: Special | None,
     ) -> None:
-        self._seal(topic, queue)  # whatever was accumulated for this queue goes first
+        self._accumulator.seal(topic, queue)  # what was accumulated for it goes first
         batch = Batch(
             topic, queue, payload, count, None, sink, self._ctx.new_deadline(), special=special
         )
@@ -477,62 +471,12 @@ class AsyncProducer:
         """The fast path (see the module's docstring): True if the message left, its
         receipt to come in `future`; False if it must go through the accumulator."""
         config = self._config
-        if config.linger_ms > 0 or config.acks_none or (topic, queue) in self._pending:
+        if config.linger_ms > 0 or config.acks_none or self._accumulator.holds(topic, queue):
             return False
         sender = self._senders.get((topic, queue))
         if sender is None or not self._ctx.routes_trusted():
             return False  # the first send to a queue looks up its route, connection and id
         return sender.send_direct(record, future)
-
-    def _accumulate(self, topic: str, q: int, record: MessageRecord, future: ReceiptFuture) -> None:
-        """Add a message to its queue's accumulated batch (sealed this loop turn, after
-        `linger_ms`, or when full)."""
-        config = self._config
-        size = _approx_size(record)
-        pending = self._pending.get((topic, q))
-        if pending is not None and pending.size + size > config.max_request_bytes:
-            # Together they might be too large to send: the accumulated batch goes first, so
-            # that a message too large on its own fails alone (when its batch is encoded).
-            self._seal(topic, q)
-        pending = self._pending.setdefault((topic, q), _Pending())
-        pending.records.append(record)
-        pending.futures.append(future)
-        pending.size += size
-        if pending.size >= config.batch_bytes or len(pending.records) >= config.batch_messages:
-            self._seal(topic, q)
-        elif pending.timer is None:
-            loop = asyncio.get_running_loop()
-            if config.linger_ms > 0:
-                pending.timer = loop.call_later(config.linger_ms / 1000, self._seal, topic, q)
-            else:
-                pending.timer = loop.call_soon(self._seal, topic, q)
-
-    def _seal(self, topic: str, queue: int) -> None:
-        pending = self._pending.pop((topic, queue), None)
-        if pending is None:
-            return
-        if pending.timer is not None:
-            pending.timer.cancel()
-        try:
-            payload = encode_batch(
-                pending.records,
-                codec=self._config.codec,
-                max_batch_bytes=self._config.max_request_bytes,
-            )
-        except Exception as exc:  # a message the checks let through: fail them, not hang
-            for fut in pending.futures:
-                _fail(fut, exc)
-            return
-        batch = Batch(
-            topic,
-            queue,
-            payload,
-            len(pending.records),
-            pending.futures,
-            None,
-            self._ctx.new_deadline(),
-        )
-        self._sender(topic, queue).add(batch)
 
     def _sender(self, topic: str, queue: int) -> QueueSender:
         sender = self._senders.get((topic, queue))
@@ -578,10 +522,3 @@ def _first_receipt(
         sink.set_exception(exc)
     else:
         sink.set_result(whole.result()[0])
-
-
-def _approx_size(record: MessageRecord) -> int:
-    size = 24 + len(record.value or b"") + len(record.key or b"")
-    if record.headers:
-        size += sum(len(k) + len(v) + 8 for k, v in record.headers)
-    return size

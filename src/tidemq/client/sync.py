@@ -19,6 +19,18 @@ from tidemq.client.cluster import ClientConfig
 from tidemq.client.group_consumer import AssignmentCallback, AsyncGroupConsumer
 from tidemq.client.producer import AsyncProducer, Delay, DeliverAt, check_send, due_ms_of
 from tidemq.client.push_consumer import DEFAULT_RETRY_POLICY, AsyncPushConsumer, RetryPolicy
+from tidemq.client.results import (
+    BrokerInfo,
+    BrokerStatus,
+    CancelResult,
+    CommittedOffset,
+    GroupDescription,
+    PopStatus,
+    ResumeResult,
+    TimerStatus,
+    TopicInfo,
+    TransactionStatus,
+)
 from tidemq.client.simple_consumer import AsyncReceivedMessage, AsyncSimpleConsumer, Filter
 from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
 from tidemq.client.transaction import (
@@ -30,18 +42,6 @@ from tidemq.client.transaction import (
 from tidemq.core.errors import RequestTimeout, TidemqError
 from tidemq.core.filters import Sql92
 from tidemq.core.message import Message, MessageBatch, Receipt
-from tidemq.protocol.commands import (
-    BrokerStatus,
-    CancelDelayedResponse,
-    DescribeGroupResponse,
-    PopQueueStatus,
-    PopResumeResponse,
-    QueueOffset,
-    StatusResponse,
-    TimerStatusResponse,
-    TopicInfoMsg,
-    TxnStatusResponse,
-)
 
 __all__ = [
     "Admin",
@@ -186,7 +186,7 @@ class Producer:
         call_soon(self._p.start_send_batch, future, *checked, due_ms)
         return future
 
-    def cancel(self, message_id: str) -> CancelDelayedResponse:
+    def cancel(self, message_id: str) -> CancelResult:
         """Cancel a delayed message before delivery (AlreadyDelivered after it)."""
         return run(self._p.cancel(message_id))
 
@@ -530,7 +530,7 @@ class Admin:
         message_type: str = "MIXED",
         config: Mapping[str, str] | None = None,
         exist_ok: bool = False,
-    ) -> TopicInfoMsg:
+    ) -> TopicInfo:
         """Create a topic; with `exist_ok`, an existing topic's info is returned as it is
         (even if its queues, type or configs differ from the ones asked for)."""
         return run(
@@ -541,45 +541,45 @@ class Admin:
 
     def alter_topic(
         self, name: str, *, queues: int | None = None, config: Mapping[str, str] | None = None
-    ) -> TopicInfoMsg:
+    ) -> TopicInfo:
         return run(self._a.alter_topic(name, queues=queues, config=config))
 
     def delete_topic(self, name: str) -> None:
         run(self._a.delete_topic(name))
 
-    def list_topics(self) -> list[TopicInfoMsg]:
+    def list_topics(self) -> list[TopicInfo]:
         return run(self._a.list_topics())
 
-    def describe_topic(self, name: str) -> TopicInfoMsg:
+    def describe_topic(self, name: str) -> TopicInfo:
         return run(self._a.describe_topic(name))
 
     def list_groups(self) -> list[str]:
         return run(self._a.list_groups())
 
-    def describe_group(self, group: str) -> DescribeGroupResponse:
+    def describe_group(self, group: str) -> GroupDescription:
         return run(self._a.describe_group(group))
 
     def reset_offsets(
         self, group: str, topic: str, *, to: str, value: int = 0, execute: bool = False
-    ) -> list[QueueOffset]:
+    ) -> list[CommittedOffset]:
         return run(self._a.reset_offsets(group, topic, to=to, value=value, execute=execute))
 
-    def cluster_status(self) -> list[BrokerStatus]:
+    def cluster_status(self) -> list[BrokerInfo]:
         return run(self._a.cluster_status())
 
-    def broker_status(self, address: str) -> StatusResponse:
+    def broker_status(self, address: str) -> BrokerStatus:
         return run(self._a.broker_status(address))
 
-    def timer_status(self, topic: str = "") -> TimerStatusResponse:
+    def timer_status(self, topic: str = "") -> TimerStatus:
         return run(self._a.timer_status(topic))
 
-    def pop_status(self, group: str) -> list[PopQueueStatus]:
+    def pop_status(self, group: str) -> list[PopStatus]:
         return run(self._a.pop_status(group))
 
-    def resume(self, group: str, message_id: str, *, action: str = "retry") -> PopResumeResponse:
+    def resume(self, group: str, message_id: str, *, action: str = "retry") -> ResumeResult:
         return run(self._a.resume(group, message_id, action=action))
 
-    def transaction_status(self) -> TxnStatusResponse:
+    def transaction_status(self) -> TransactionStatus:
         return run(self._a.transaction_status())
 
     def dead_letters(self, group: str, *, limit: int = 100) -> list[Message]:

@@ -79,7 +79,7 @@ class TransactionCheck:
     check: int
 
 
-Checker = Callable[[TransactionCheck], "str | Awaitable[str]"]
+Checker = Callable[[TransactionCheck], str | Awaitable[str]]
 
 #: A transaction begun on one broker: (broker address, transaction id). Picklable, so a
 #: Spark executor can hand it to the driver.
