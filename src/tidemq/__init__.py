@@ -6,6 +6,25 @@ The synchronous client API; `tidemq.aio` has the asyncio twins with the same nam
 from __future__ import annotations
 
 from tidemq.client.push_consumer import HandlerTimeout, RetryPolicy
+from tidemq.client.results import (
+    BrokerInfo,
+    BrokerStatus,
+    CancelResult,
+    CommittedOffset,
+    DiscardedTransaction,
+    GroupDescription,
+    MemberInfo,
+    OpenTransaction,
+    PopStatus,
+    QueueInfo,
+    QueueLag,
+    ResumeResult,
+    SuspendedMessage,
+    TimerStatus,
+    TimerTopicStatus,
+    TopicInfo,
+    TransactionStatus,
+)
 from tidemq.client.simple_consumer import Sql92
 from tidemq.client.sync import (
     Admin,
@@ -41,6 +60,7 @@ from tidemq.core.errors import (
 from tidemq.core.malloc_tuning import tune_malloc
 from tidemq.core.message import BatchReceipts, Message, MessageBatch, Receipt
 from tidemq.core.version import __version__
+from tidemq.net.tls import client_context as client_tls
 
 __all__ = [
     "Admin",
@@ -48,35 +68,53 @@ __all__ = [
     "BatchReceipts",
     "BatchTooLarge",
     "BroadcastConsumer",
+    "BrokerInfo",
     "BrokerNotAvailable",
+    "BrokerStatus",
+    "CancelResult",
+    "CommittedOffset",
     "DelayTooLong",
+    "DiscardedTransaction",
     "DiskFull",
     "GroupConsumer",
+    "GroupDescription",
     "HandlerTimeout",
     "InvalidTopicName",
+    "MemberInfo",
     "Message",
     "MessageBatch",
     "MessageTypeMismatch",
     "OffsetOutOfRange",
+    "OpenTransaction",
+    "PopStatus",
     "Producer",
     "PushConsumer",
+    "QueueInfo",
+    "QueueLag",
     "QueueNotFound",
     "Receipt",
     "ReceivedMessage",
     "RequestTimeout",
+    "ResumeResult",
     "RetryPolicy",
     "SimpleConsumer",
     "Sql92",
     "StreamConsumer",
+    "SuspendedMessage",
     "TidemqError",
+    "TimerStatus",
+    "TimerTopicStatus",
     "TopicAlreadyExists",
+    "TopicInfo",
     "TopicNotFound",
     "Transaction",
     "TransactionCheck",
     "TransactionProducer",
     "TransactionStateError",
+    "TransactionStatus",
     "UnknownMessage",
     "UnknownTransaction",
     "__version__",
+    "client_tls",
     "tune_malloc",
 ]

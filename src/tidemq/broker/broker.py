@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -55,6 +56,7 @@ from tidemq.core.errors import (
     TopicNotFound,
 )
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
+from tidemq.net.tls import client_context, server_context
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import (
@@ -69,7 +71,7 @@ from tidemq.store.files import FileSystem
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import MessageType
 
-__all__ = ["Broker"]
+__all__ = ["Broker", "listener_ssl_context", "name_server_ssl_context"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,36 @@ _CREATED_KEY = "broker.created_ms"
 _RETENTION_INTERVAL_S = 60.0
 
 Handler = Callable[[Any, bytes | memoryview], Awaitable[Any]]
+
+
+def listener_ssl_context(cfg: BrokerConfig) -> ssl.SSLContext | None:
+    """The listener's TLS context from the broker.tls_* keys (None: plaintext); a
+    ConfigError naming the key when a file is missing or unreadable."""
+    if cfg.tls_cert_file is None or cfg.tls_key_file is None:
+        return None
+    return server_context(
+        cert_file=cfg.tls_cert_file,
+        key_file=cfg.tls_key_file,
+        ca_file=cfg.tls_ca_file,
+        client_auth=cfg.tls_client_auth,
+    )
+
+
+def name_server_ssl_context(cfg: BrokerConfig) -> ssl.SSLContext | None:
+    """TLS for the broker's connections to its name servers (None: plaintext): trusts
+    broker.tls_ca_file (else the system's CAs) and presents the broker's own certificate,
+    for name servers that ask for one."""
+    if not cfg.name_server_tls_on:
+        return None
+    try:
+        return client_context(
+            cfg.tls_ca_file,
+            cfg.tls_cert_file,
+            cfg.tls_key_file,
+            names=("broker.tls_ca_file", "broker.tls_cert_file", "broker.tls_key_file"),
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"TLS to the name servers: {exc}") from None
 
 
 class Broker:
@@ -153,6 +185,9 @@ class Broker:
     async def _start(self) -> str:
         cfg = self.config
         loop = asyncio.get_running_loop()
+        # Before anything else: a bad certificate path fails the start at once.
+        listener_tls = listener_ssl_context(cfg)
+        name_server_tls = None if self._embedded else name_server_ssl_context(cfg)
         self._acquire_lock()
         store = await asyncio.to_thread(
             MessageStore.open, cfg.store, fs=self._fs, clock=self._clock
@@ -184,6 +219,7 @@ class Broker:
             _server_limits(cfg),
             # Network timeouts run on the real clock, not the broker's: a test that moves a
             # ManualClock by hours (timers, retention) must not close its idle connections.
+            ssl_context=listener_tls,
         )
         host, port = await self._server.start(cfg.host, cfg.port)
         self.address = cfg.advertised_address or f"{host}:{port}"
@@ -221,6 +257,7 @@ class Broker:
                 self._topic_list,
                 cfg.broker_heartbeat_interval_ms,
                 created_ms=self._created_ms,
+                ssl_context=name_server_tls,
             )
             self._topics.on_change = self._registration.changed
             self._registration.start()
@@ -235,7 +272,8 @@ class Broker:
         self._tasks.append(loop.create_task(self._sweep()))
         self._tasks.append(loop.create_task(self._retention()))
         self._tasks.append(loop.create_task(self._save_services_periodically()))
-        log.info("broker %s serving on %s", cfg.broker_name, self.address)
+        tls = " (TLS)" if listener_tls is not None else ""
+        log.info("broker %s serving on %s%s", cfg.broker_name, self.address, tls)
         return self.address
 
     async def stop(self) -> None:

@@ -22,6 +22,7 @@ from tidemq.core.limits import (
     NET_WRITE_BUFFER_HIGH_BYTES,
     NET_WRITE_STALL_TIMEOUT_MS,
 )
+from tidemq.net.tls import TlsClientAuth
 from tidemq.store.config import StoreConfig
 
 __all__ = ["FRAME_OVERHEAD_BYTES", "BrokerConfig"]
@@ -117,6 +118,18 @@ class BrokerConfig:
     pop_max_invisible_ms: int = 12 * 3600 * 1000
     pop_max_messages: int = 1_024
     pop_max_attempts_limit: int = 1_000
+    #: TLS on the listener (docs/guide/security.md): the server's PEM certificate (chain)
+    #: and its private key. Unset: plaintext (warned about unless bound to loopback).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    #: The CA that signs client certificates; when set, clients are asked for one.
+    tls_ca_file: Path | None = None
+    #: none, optional or required; unset: required when tls_ca_file is set, else none.
+    tls_client_auth: TlsClientAuth | None = None
+    #: TLS on this broker's connections to its name servers (verified against
+    #: tls_ca_file, or the system's CAs; presenting tls_cert_file); unset: the same as
+    #: the listener (TLS when tls_cert_file is set).
+    name_server_tls: bool | None = None
     store: StoreConfig = field(default_factory=_default_store)
 
     def __post_init__(self) -> None:
@@ -179,6 +192,39 @@ class BrokerConfig:
             )
         if self.broker_heartbeat_interval_ms * 2 > self.broker_ttl_ms:
             raise ConfigError("broker.broker_ttl_ms must be at least twice the heartbeat interval")
+        self._check_tls()
+
+    def _check_tls(self) -> None:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("broker.tls_cert_file and broker.tls_key_file go together")
+        if self.tls_cert_file is None:
+            if self.tls_client_auth is not None:
+                raise ConfigError(
+                    "broker.tls_client_auth needs broker.tls_cert_file and broker.tls_key_file "
+                    "(TLS on the listener)"
+                )
+            if self.tls_ca_file is not None and not self.name_server_tls:
+                raise ConfigError(
+                    "broker.tls_ca_file needs broker.tls_cert_file and broker.tls_key_file "
+                    "(TLS on the listener) or broker.name_server_tls"
+                )
+            return
+        auth = self.tls_client_auth
+        if auth is not None and auth is not TlsClientAuth.NONE and self.tls_ca_file is None:
+            raise ConfigError(
+                f"broker.tls_client_auth={auth.value} needs broker.tls_ca_file "
+                "(the CA that signs the client certificates)"
+            )
+
+    @property
+    def tls(self) -> bool:
+        """Whether the listener speaks TLS."""
+        return self.tls_cert_file is not None
+
+    @property
+    def name_server_tls_on(self) -> bool:
+        """Whether connections to the name servers use TLS."""
+        return self.tls if self.name_server_tls is None else self.name_server_tls
 
     @property
     def max_frame_bytes(self) -> int:

@@ -7,12 +7,12 @@ from typing import Annotated, Any
 import typer
 
 from tidemq.cli.common import (
-    CLIENT_CONFIG,
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     Output,
     OutputOpt,
     check_bootstrap,
+    client_config,
     command,
     emit_json,
     emit_table,
@@ -28,7 +28,7 @@ app = typer.Typer(help="The brokers registered with the name server.", no_args_i
 
 
 def _admin(bootstrap: str) -> Admin:
-    return Admin(check_bootstrap(bootstrap), client_config=CLIENT_CONFIG)
+    return Admin(check_bootstrap(bootstrap), client_config=client_config())
 
 
 @command(app, "list")

@@ -14,7 +14,6 @@ import typer
 
 from tidemq.cli.commands_topic import TopicArg, TopicOpt, topic_name
 from tidemq.cli.common import (
-    CLIENT_CONFIG,
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     CliError,
@@ -22,6 +21,7 @@ from tidemq.cli.common import (
     Output,
     OutputOpt,
     check_bootstrap,
+    client_config,
     command,
     info,
 )
@@ -106,7 +106,7 @@ def produce(
     address = check_bootstrap(bootstrap)
     queue_of = _key_hashing(address, name) if key_separator and batch and queue is None else None
     with (
-        Producer(address, client_config=CLIENT_CONFIG, linger_ms=5 if batch else 0) as producer,
+        Producer(address, client_config=client_config(), linger_ms=5 if batch else 0) as producer,
         _progress() as progress,
     ):
         try:
@@ -138,7 +138,7 @@ def _key_hashing(address: str, topic: str) -> Callable[[bytes], int] | None:
     """The queue each key maps to, as the producer maps it (`queue_for_key` over the
     topic's queue count), so that keyed lines can go as one batch per queue; None when
     the topic is not found (the sends then fail, and say how many were acknowledged)."""
-    with Admin(address, client_config=CLIENT_CONFIG) as admin:
+    with Admin(address, client_config=client_config()) as admin:
         try:
             count = admin.describe_topic(topic).queues
         except TopicNotFound:
@@ -323,7 +323,7 @@ def consume(
     if group is not None and queue is not None:
         raise CliUsageError("--queue reads one queue directly; it cannot be used with --group")
     address = check_bootstrap(bootstrap)
-    with Admin(address, client_config=CLIENT_CONFIG) as admin:
+    with Admin(address, client_config=client_config()) as admin:
         described = admin.describe_topic(name)
     queues = [q.queue for q in described.queue_info] or list(range(described.queues))
     if queue is not None:
@@ -334,10 +334,10 @@ def consume(
     consumer: GroupConsumer | StreamConsumer
     if group is not None:
         consumer = GroupConsumer(
-            address, group, [name], start=start, auto_commit=False, client_config=CLIENT_CONFIG
+            address, group, [name], start=start, auto_commit=False, client_config=client_config()
         )
     else:
-        consumer = StreamConsumer(address, start=start, client_config=CLIENT_CONFIG)
+        consumer = StreamConsumer(address, start=start, client_config=client_config())
         consumer.assign((name, q) for q in queues)
     count = 0
     try:

@@ -8,12 +8,12 @@ from typing import Annotated, Any
 import typer
 
 from tidemq.cli.common import (
-    CLIENT_CONFIG,
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     Output,
     OutputOpt,
     check_bootstrap,
+    client_config,
     command,
     emit_json,
     emit_table,
@@ -35,7 +35,7 @@ _VALUE_CHARS = 60
 
 
 def _admin(bootstrap: str) -> Admin:
-    return Admin(check_bootstrap(bootstrap), client_config=CLIENT_CONFIG)
+    return Admin(check_bootstrap(bootstrap), client_config=client_config())
 
 
 def _text(data: bytes | None) -> str | None:

@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from tidemq.cli.common import (
-    CLIENT_CONFIG,
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     CliError,
@@ -16,6 +15,7 @@ from tidemq.cli.common import (
     Output,
     OutputOpt,
     check_bootstrap,
+    client_config,
     command,
     emit_json,
     emit_table,
@@ -34,7 +34,7 @@ GroupArg = Annotated[
 
 
 def _admin(bootstrap: str) -> Admin:
-    return Admin(check_bootstrap(bootstrap), client_config=CLIENT_CONFIG)
+    return Admin(check_bootstrap(bootstrap), client_config=client_config())
 
 
 def _assignment(queues: list[tuple[str, int]]) -> str:

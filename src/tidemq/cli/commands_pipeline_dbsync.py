@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 
 from tidemq.cli.common import (
-    CLIENT_CONFIG,
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     CliError,
     CliUsageError,
     check_bootstrap,
+    client_config,
     command,
     info,
     say,
@@ -40,7 +40,7 @@ __all__ = ["db_sync", "generate_changes"]
 
 def _ensure_topic(address: str, topic: str, queues: int) -> None:
     """Create `topic` with `queues` queues unless it exists (then it is used as it is)."""
-    with Admin(address, client_config=CLIENT_CONFIG) as admin:
+    with Admin(address, client_config=client_config()) as admin:
         try:
             found = admin.describe_topic(topic)
         except TopicNotFound:
@@ -81,7 +81,7 @@ def generate_changes(
         raise CliUsageError(str(exc)) from None
     if queues is not None:
         _ensure_topic(address, topic, queues)
-    sent = changes.produce_changes(address, topic, events, client_config=CLIENT_CONFIG)
+    sent = changes.produce_changes(address, topic, events, client_config=client_config())
     say(f"sent {sent} change event(s) of {orders} order(s) to {topic}")
 
 

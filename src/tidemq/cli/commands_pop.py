@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 
 from tidemq.cli.common import (
-    CLIENT_CONFIG,
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     Output,
     OutputOpt,
     check_bootstrap,
+    client_config,
     command,
     emit_json,
     emit_table,
@@ -35,7 +35,7 @@ GroupArg = Annotated[
 
 
 def _admin(bootstrap: str) -> Admin:
-    return Admin(check_bootstrap(bootstrap), client_config=CLIENT_CONFIG)
+    return Admin(check_bootstrap(bootstrap), client_config=client_config())
 
 
 @command(app, "status")

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tidemq.broker.broker import Broker
+from tidemq.broker.broker import Broker, listener_ssl_context
 from tidemq.broker.config import BrokerConfig
 from tidemq.cli.common import CliUsageError, command
 from tidemq.cli.config import load_broker_config
@@ -108,7 +108,11 @@ def server(
     flush: Flush = None,
     log_level: LogLevel = "info",
 ) -> None:
-    """Run a name server and a broker in one process, on one port."""
+    """Run a name server and a broker in one process, on one port.
+
+    TLS: --set broker.tls_cert_file=FILE --set broker.tls_key_file=FILE (and
+    broker.tls_ca_file to require client certificates); see docs/guide/security.md.
+    """
     _logging(log_level)
     cfg = _load(
         defaults={"broker": {"port": NAMESRV_PORT}, "store": {"data_dir": "data"}},
@@ -133,7 +137,11 @@ def namesrv(
     sets: Sets = None,
     log_level: LogLevel = "info",
 ) -> None:
-    """Run a name server alone; brokers register with it (`tidemq broker --namesrv`)."""
+    """Run a name server alone; brokers register with it (`tidemq broker --namesrv`).
+
+    TLS: --set broker.tls_cert_file=FILE --set broker.tls_key_file=FILE (and
+    broker.tls_ca_file to require client certificates); see docs/guide/security.md.
+    """
     _logging(log_level)
     cfg = _load(
         defaults={"broker": {"port": NAMESRV_PORT}},
@@ -148,6 +156,7 @@ def namesrv(
             port=cfg.port,
             broker_ttl_ms=cfg.broker_ttl_ms,
             heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
+            ssl_context=listener_ssl_context(cfg),
         )
 
     serve(make)
@@ -185,7 +194,11 @@ def broker(
     flush: Flush = None,
     log_level: LogLevel = "info",
 ) -> None:
-    """Run a broker that registers with separate name servers."""
+    """Run a broker that registers with separate name servers.
+
+    TLS: --set broker.tls_cert_file=FILE --set broker.tls_key_file=FILE (and
+    broker.tls_ca_file to require client certificates); see docs/guide/security.md.
+    """
     _logging(log_level)
     cfg = _load(
         defaults={"broker": {"name_servers": "127.0.0.1:9876"}, "store": {"data_dir": "data"}},

@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 
 from tidemq.cli.common import (
-    CLIENT_CONFIG,
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     Output,
     OutputOpt,
     check_bootstrap,
+    client_config,
     command,
     emit_json,
     emit_table,
@@ -40,7 +40,7 @@ def timer_status(
     output: OutputOpt = Output.TABLE,
 ) -> None:
     """Pending delayed messages per topic, with the next due time."""
-    with Admin(check_bootstrap(bootstrap), client_config=CLIENT_CONFIG) as admin:
+    with Admin(check_bootstrap(bootstrap), client_config=client_config()) as admin:
         status = admin.timer_status(topic)
     if output is Output.JSON:
         emit_json(status)
@@ -65,7 +65,7 @@ def timer_cancel(
     output: OutputOpt = Output.TABLE,
 ) -> None:
     """Cancel a delayed message before its delivery."""
-    with Producer(check_bootstrap(bootstrap), client_config=CLIENT_CONFIG) as producer:
+    with Producer(check_bootstrap(bootstrap), client_config=client_config()) as producer:
         answer = producer.cancel(message_id)
     if output is Output.JSON:
         emit_json(answer)
@@ -78,7 +78,7 @@ def timer_cancel(
 @command(txn_app, "status")
 def txn_status(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Output.TABLE) -> None:
     """Open transactions, and the ones the brokers rolled back after their check-backs."""
-    with Admin(check_bootstrap(bootstrap), client_config=CLIENT_CONFIG) as admin:
+    with Admin(check_bootstrap(bootstrap), client_config=client_config()) as admin:
         status = admin.transaction_status()
     if output is Output.JSON:
         emit_json(status)

@@ -9,13 +9,13 @@ from typing import Annotated
 import typer
 
 from tidemq.cli.common import (
-    CLIENT_CONFIG,
     DEFAULT_BOOTSTRAP,
     Bootstrap,
     CliUsageError,
     Output,
     OutputOpt,
     check_bootstrap,
+    client_config,
     command,
     emit_json,
     emit_table,
@@ -75,7 +75,7 @@ def topic_name(argument: str | None, option: str | None) -> str:
 
 
 def _admin(bootstrap: str) -> Admin:
-    return Admin(check_bootstrap(bootstrap), client_config=CLIENT_CONFIG)
+    return Admin(check_bootstrap(bootstrap), client_config=client_config())
 
 
 def _config_text(config: Mapping[str, str]) -> str:

@@ -6,16 +6,20 @@ global `--debug` or `TIDEMQ_DEBUG=1`."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import enum
 import functools
 import inspect
 import json
 import os
 import re
+import ssl
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Sequence
-from typing import Annotated, Any, ParamSpec, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar, cast
 
 import msgspec
 import typer
@@ -25,8 +29,9 @@ from rich.table import Table
 
 from tidemq.cli.config import ConfigUsageError
 from tidemq.client.cluster import ClientConfig
-from tidemq.core.errors import TidemqError
+from tidemq.core.errors import ConfigError, TidemqError
 from tidemq.core.names import is_user_name
+from tidemq.net.tls import client_context
 
 __all__ = [
     "CLIENT_CONFIG",
@@ -38,6 +43,7 @@ __all__ = [
     "Output",
     "OutputOpt",
     "check_bootstrap",
+    "client_config",
     "command",
     "debugging",
     "emit_json",
@@ -60,7 +66,15 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9876"
 DEBUG_ENV = "TIDEMQ_DEBUG"
 
 #: Commands fail fast when nothing listens: a few quick retries, not the library's eight.
+#: (Plaintext; `client_config()` is this with the command's --tls options applied.)
 CLIENT_CONFIG = ClientConfig(retries=2, connect_timeout_ms=5_000)
+_active_client_config: list[ClientConfig] = [CLIENT_CONFIG]
+
+
+def client_config() -> ClientConfig:
+    """The client settings of the command running now: CLIENT_CONFIG with its --tls
+    options."""
+    return _active_client_config[-1]
 
 
 class Output(enum.StrEnum):
@@ -229,10 +243,125 @@ def command(
     """`@app.command()` with `reports_errors`."""
 
     def register(fn: Callable[P, R]) -> Callable[P, R]:
-        app.command(name, short_help=_first_paragraph(fn.__doc__))(reports_errors(fn))
+        app.command(name, short_help=_first_paragraph(fn.__doc__))(
+            reports_errors(_with_client_tls(fn))
+        )
         return fn
 
     return register
+
+
+# ------------------------------------------------------------------ client TLS options
+
+_TLS_OPTIONS = (
+    inspect.Parameter(
+        "tls",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=False,
+        annotation=Annotated[
+            bool,
+            typer.Option(
+                "--tls",
+                help="Connect with TLS, verifying the server against the system's CAs "
+                "(implied by the other --tls-* options).",
+            ),
+        ],
+    ),
+    inspect.Parameter(
+        "tls_ca_file",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[
+            Path | None,
+            typer.Option(
+                "--tls-ca-file",
+                metavar="FILE",
+                help="Connect with TLS, verifying the server against this CA (PEM).",
+                show_default=False,
+            ),
+        ],
+    ),
+    inspect.Parameter(
+        "tls_cert_file",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[
+            Path | None,
+            typer.Option(
+                "--tls-cert-file",
+                metavar="FILE",
+                help="Client certificate (PEM) for a server that asks for one.",
+                show_default=False,
+            ),
+        ],
+    ),
+    inspect.Parameter(
+        "tls_key_file",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[
+            Path | None,
+            typer.Option(
+                "--tls-key-file",
+                metavar="FILE",
+                help="The client certificate's private key (PEM), unless in --tls-cert-file.",
+                show_default=False,
+            ),
+        ],
+    ),
+)
+_TLS_NAMES = ("--tls-ca-file", "--tls-cert-file", "--tls-key-file")
+#: Commands that take --bootstrap but connect through Spark, which has no TLS yet.
+_NO_CLIENT_TLS_PREFIX = "tidemq.cli.commands_pipeline"
+
+
+def _client_tls(
+    tls: bool, ca_file: Path | None, cert_file: Path | None, key_file: Path | None
+) -> ssl.SSLContext | None:
+    if not (tls or ca_file or cert_file or key_file):
+        return None
+    try:
+        return client_context(ca_file, cert_file, key_file, names=_TLS_NAMES)
+    except ConfigError as exc:
+        raise CliUsageError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _using(config: ClientConfig) -> Iterator[None]:
+    """Make `config` the client settings (`client_config()`) while a command runs (and
+    put the previous ones back after: tests run many commands in one process)."""
+    _active_client_config.append(config)
+    try:
+        yield
+    finally:
+        _active_client_config.pop()
+
+
+def _with_client_tls(fn: Callable[P, R]) -> Callable[P, R]:
+    """A client command (one that takes --bootstrap) with the --tls options added."""
+    signature = inspect.signature(fn, eval_str=True)
+    if "bootstrap" not in signature.parameters or fn.__module__.startswith(_NO_CLIENT_TLS_PREFIX):
+        return fn
+    assert not {p.name for p in _TLS_OPTIONS} & signature.parameters.keys()
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> R:
+        context = _client_tls(
+            kwargs.pop("tls", False),
+            kwargs.pop("tls_ca_file", None),
+            kwargs.pop("tls_cert_file", None),
+            kwargs.pop("tls_key_file", None),
+        )
+        if context is None:
+            return fn(*args, **kwargs)
+        config = dataclasses.replace(CLIENT_CONFIG, ssl_context=context)
+        with _using(config):
+            return fn(*args, **kwargs)
+
+    run.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(), *_TLS_OPTIONS]
+    )
+    return cast(Callable[P, R], run)
 
 
 def _first_paragraph(doc: str | None) -> str | None:

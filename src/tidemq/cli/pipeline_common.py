@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tidemq.cli.common import CLIENT_CONFIG, CliError, debugging, info
+from tidemq.cli.common import CliError, client_config, debugging, info
 from tidemq.client.sync import Admin
 
 __all__ = [
@@ -81,7 +81,7 @@ def load(module: str) -> Any:
 def require_topics(address: str, topics: Iterable[str]) -> None:
     """Fail (`TopicNotFound`) before Spark starts when a topic does not exist: a pipeline
     over a missing topic would otherwise read nothing and report success."""
-    with Admin(address, client_config=CLIENT_CONFIG) as admin:
+    with Admin(address, client_config=client_config()) as admin:
         for topic in dict.fromkeys(topics):
             admin.describe_topic(topic)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from dataclasses import dataclass
 from typing import TypeVar
@@ -77,6 +78,10 @@ class ClientConfig:
     retries: int = 8
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 2_000
+    #: TLS to the name servers and brokers: None for plaintext, or a context, most simply
+    #: `tidemq.client_tls(ca_file=...)` (with `cert_file`/`key_file` for a listener that
+    #: asks for client certificates). The same context serves every connection.
+    ssl_context: ssl.SSLContext | None = None
 
 
 def _retrieve(task: asyncio.Task[RouteTable]) -> None:
@@ -125,6 +130,7 @@ class ClusterClient:
                         max_frame_bytes=self.config.max_frame_bytes,
                         max_in_flight=self.config.max_in_flight,
                         connect_timeout_s=self._connect_timeout_s(probe),
+                        ssl_context=self.config.ssl_context,
                     )
                 except BrokerNotAvailable:
                     self.mark_down(address, probe=False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
 
 from tidemq.core.errors import BrokerNotAvailable, TidemqError
@@ -48,8 +49,12 @@ class Registration:
         interval_ms: int,
         *,
         created_ms: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`ssl_context`: TLS to the name servers (tidemq.net.tls.client_context), None
+        for plaintext."""
         self._name = broker_name
+        self._ssl_context = ssl_context
         self._created_ms = created_ms
         self._address = address
         self._servers = name_servers
@@ -71,7 +76,9 @@ class Registration:
     async def _conn(self, server: str) -> ClientConnection:
         conn = self._conns.get(server)
         if conn is None or not conn.is_open:
-            conn = await ClientConnection.open(server, max_frame_bytes=_FRAME_BYTES_MAX)
+            conn = await ClientConnection.open(
+                server, max_frame_bytes=_FRAME_BYTES_MAX, ssl_context=self._ssl_context
+            )
             self._conns[server] = conn
         return conn
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -115,7 +116,9 @@ class NameServerService:
         heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
         stale_topic_ms: int = DEFAULT_STALE_TOPIC_MS,
         clock: Clock | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`ssl_context`: the listener speaks TLS only (tidemq.net.tls.server_context)."""
         self._host = host
         self._port = port
         self._clock = clock or SystemClock()
@@ -132,7 +135,9 @@ class NameServerService:
         self._handlers = NameServerHandlers(self.nameserver)
         self._handlers.before_request = self.check_pause
         self._server = TcpServer(
-            self._handlers.dispatch, ServerLimits(max_frame_bytes=_NAMESERVER_FRAME_BYTES)
+            self._handlers.dispatch,
+            ServerLimits(max_frame_bytes=_NAMESERVER_FRAME_BYTES),
+            ssl_context=ssl_context,
         )
         self._sweeper: asyncio.Task[None] | None = None
         self.address = ""
@@ -141,7 +146,8 @@ class NameServerService:
         host, port = await self._server.start(self._host, self._port)
         self.address = f"{host}:{port}"
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        log.info("name server serving on %s", self.address)
+        tls = " (TLS)" if self._server.ssl_context is not None else ""
+        log.info("name server serving on %s%s", self.address, tls)
         return self.address
 
     def check_pause(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+import ssl
 from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
@@ -108,15 +109,38 @@ class ClientConnection:
         max_frame_bytes: int,
         max_in_flight: int = 64,
         connect_timeout_s: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> ClientConnection:
+        """Connect (and with `ssl_context`, finish the TLS handshake, verifying the
+        server's certificate for the host in `address`) within `connect_timeout_s`."""
         host, port = split_address(address)
         conn = cls(address, max_frame_bytes=max_frame_bytes, max_in_flight=max_in_flight)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_timeout_s):
-                transport, _ = await loop.create_connection(lambda: _Protocol(conn), host, port)
-        except (OSError, TimeoutError) as exc:
-            raise BrokerNotAvailable(f"cannot connect to {address}: {exc}") from None
+                transport, _ = await loop.create_connection(
+                    lambda: _Protocol(conn),
+                    host,
+                    port,
+                    ssl=ssl_context,
+                    server_hostname=host if ssl_context is not None else None,
+                )
+        except TimeoutError:
+            raise BrokerNotAvailable(
+                f"cannot connect to {address}: no connection in {connect_timeout_s:.3g} s"
+            ) from None
+        except OSError as exc:
+            reason = str(exc) or type(exc).__name__
+            in_tls = isinstance(exc, (ssl.SSLError, ConnectionResetError, ConnectionAbortedError))
+            if ssl_context is not None and in_tls:
+                if not isinstance(exc, ssl.SSLError):
+                    # A reset during the handshake, with no TLS alert to say why.
+                    reason = (
+                        "the server closed the connection (a plaintext listener, or a TLS "
+                        "version it refuses)"
+                    )
+                reason = f"TLS handshake failed: {reason}"
+            raise BrokerNotAvailable(f"cannot connect to {address}: {reason}") from None
         # No isinstance check: uvloop's transports do not subclass asyncio.Transport.
         conn._transport = transport
         return conn

@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import logging
 import socket
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
@@ -40,6 +41,7 @@ from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import BrokerNotAvailable, InvalidRequest, RequestTimeout, TidemqError
 from tidemq.net.budget import ConnectionBudget
 from tidemq.net.ledger import ConnectionLedger, ServerLimits
+from tidemq.net.tls import is_loopback
 from tidemq.protocol.codec import (
     decode_response,
     encode_error,
@@ -63,6 +65,8 @@ _SOCKET_BUFFER_BYTES = 4 << 20
 #: What a decoded frame costs besides its header and body (the Frame and bytes objects):
 #: charged to the inbound budget so that thousands of tiny frames count too.
 _FRAME_OVERHEAD_BYTES = 256
+#: A TLS handshake must finish within this (reliability.md 6.5: 10 s handshake timeout).
+_TLS_HANDSHAKE_TIMEOUT_S = 10.0
 #: Where a refused connection's reads go (discarded).
 _DISCARD = memoryview(bytearray(4096))
 
@@ -399,7 +403,8 @@ def _remote(exc: TidemqError) -> TidemqError:
 class TcpServer(ConnectionLedger["ServerConnection"]):
     """Listens on one address; hands every request frame to the dispatcher. Its
     connections' shared bookkeeping (admission, inbound budget, timeouts sweep, counters)
-    is the ConnectionLedger it is."""
+    is the ConnectionLedger it is. With `ssl_context` (tidemq.net.tls.server_context) it
+    speaks TLS only: a connection's protocol starts once the handshake has succeeded."""
 
     def __init__(
         self,
@@ -408,9 +413,11 @@ class TcpServer(ConnectionLedger["ServerConnection"]):
         *,
         on_client_frame: Callable[[Frame, ServerConnection], None] | None = None,
         clock: Clock | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__(limits, clock or SystemClock(), log)
         self.dispatcher = dispatcher
+        self.ssl_context = ssl_context
         self._on_client_frame = on_client_frame
         self._server: asyncio.Server | None = None
         self._accepting = True
@@ -431,11 +438,25 @@ class TcpServer(ConnectionLedger["ServerConnection"]):
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
+        tls = self.ssl_context
         self._server = await loop.create_server(
-            lambda: ServerConnection(self), host, port, reuse_address=True, backlog=1024
+            lambda: ServerConnection(self),
+            host,
+            port,
+            reuse_address=True,
+            backlog=1024,
+            ssl=tls,
+            ssl_handshake_timeout=_TLS_HANDSHAKE_TIMEOUT_S if tls is not None else None,
         )
         self._sweeper = loop.create_task(self._sweep_forever())
         sockname = self._server.sockets[0].getsockname()
+        if tls is None and not is_loopback(host):
+            log.warning(
+                "listening on %s:%d without TLS: anyone who can reach it can read and send "
+                "messages (set broker.tls_cert_file and broker.tls_key_file)",
+                sockname[0],
+                sockname[1],
+            )
         return sockname[0], sockname[1]
 
     @property
