@@ -24,6 +24,7 @@ from tidemq.client.results import (
     TimerTopicStatus,
     TopicInfo,
     TransactionStatus,
+    UserInfo,
 )
 from tidemq.client.simple_consumer import Sql92
 from tidemq.client.sync import (
@@ -41,6 +42,8 @@ from tidemq.client.sync import (
 from tidemq.client.transaction import TransactionCheck
 from tidemq.core.errors import (
     AlreadyDelivered,
+    AuthenticationFailed,
+    AuthorizationFailed,
     BatchTooLarge,
     BrokerNotAvailable,
     DelayTooLong,
@@ -65,6 +68,8 @@ from tidemq.net.tls import client_context as client_tls
 __all__ = [
     "Admin",
     "AlreadyDelivered",
+    "AuthenticationFailed",
+    "AuthorizationFailed",
     "BatchReceipts",
     "BatchTooLarge",
     "BroadcastConsumer",
@@ -114,6 +119,7 @@ __all__ = [
     "TransactionStatus",
     "UnknownMessage",
     "UnknownTransaction",
+    "UserInfo",
     "__version__",
     "client_tls",
     "tune_malloc",

@@ -26,6 +26,7 @@ from tidemq.client.results import (
     TimerTopicStatus,
     TopicInfo,
     TransactionStatus,
+    UserInfo,
 )
 from tidemq.client.simple_consumer import AsyncReceivedMessage as ReceivedMessage
 from tidemq.client.simple_consumer import AsyncSimpleConsumer as SimpleConsumer
@@ -72,4 +73,5 @@ __all__ = [
     "TransactionCheck",
     "TransactionProducer",
     "TransactionStatus",
+    "UserInfo",
 ]

@@ -109,12 +109,18 @@ StartBroker = Callable[..., BrokerEnv]
 @pytest.fixture
 def start_broker(loop: Loop, tmp_path: Path) -> Iterator[StartBroker]:
     """`start_broker(**overrides)` starts a broker with an embedded name server on `loop`
-    (see `broker_config` for the overrides) and returns it running."""
+    (see `broker_config` for the overrides; `bootstrap_password` goes to the Broker) and
+    returns it running."""
     started: list[Broker] = []
 
     def start(**overrides: Any) -> BrokerEnv:
         data_dir = tmp_path / f"broker-{len(started)}"
-        broker = Broker(broker_config(data_dir, **overrides), embedded_nameserver=True)
+        password = overrides.pop("bootstrap_password", None)
+        broker = Broker(
+            broker_config(data_dir, **overrides),
+            embedded_nameserver=True,
+            bootstrap_password=password,
+        )
         started.append(broker)
         address = loop.run(broker.start())
         return BrokerEnv(broker, address, data_dir)
@@ -176,13 +182,15 @@ def cluster(loop: Loop, tmp_path: Path) -> Iterator[ClusterEnv]:
 class ThreadedBroker:
     """A broker with an embedded name server on its own thread and event loop."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, *, bootstrap_password: str | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="test-broker", daemon=True
         )
         self._thread.start()
-        self.broker = Broker(config, embedded_nameserver=True)
+        self.broker = Broker(
+            config, embedded_nameserver=True, bootstrap_password=bootstrap_password
+        )
         self.address = ""
 
     def start(self) -> str:
@@ -226,3 +234,24 @@ def sync_broker(tmp_path: Path) -> Iterator[ThreadedBroker]:
         yield tb
     finally:
         tb.stop()
+
+
+@pytest.fixture
+def start_sync_broker(tmp_path: Path) -> Iterator[Callable[..., ThreadedBroker]]:
+    """`start_sync_broker(**overrides)`: like `sync_broker`, with `broker_config`
+    overrides (and `bootstrap_password` for the Broker); started, stopped at teardown."""
+    started: list[ThreadedBroker] = []
+
+    def start(**overrides: Any) -> ThreadedBroker:
+        password = overrides.pop("bootstrap_password", None)
+        config = broker_config(tmp_path / f"sync-broker-{len(started)}", **overrides)
+        tb = ThreadedBroker(config, bootstrap_password=password)
+        started.append(tb)
+        tb.start()
+        return tb
+
+    try:
+        yield start
+    finally:
+        for tb in reversed(started):
+            tb.stop()

@@ -163,6 +163,7 @@ def test_every_wire_struct_converts_to_its_result() -> None:
         commands.PopSuspended: results.SuspendedMessage,
         commands.PopQueueStatus: results.PopStatus,
         commands.PopResumeResponse: results.ResumeResult,
+        commands.UserEntry: results.UserInfo,
     }
     for wire, result in pairs.items():
         wire_fields = set(wire.__struct_fields__)

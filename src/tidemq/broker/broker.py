@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from tidemq.broker.auth import AUTH_CODES, Authenticator
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.groups import GroupCoordinator
 from tidemq.broker.handlers.admin import AdminHandlers
@@ -123,8 +124,13 @@ class Broker:
         clock: Clock | None = None,
         fs: FileSystem | None = None,
         embedded_nameserver: bool = False,
+        bootstrap_password: str | None = None,
     ) -> None:
+        """`bootstrap_password`: the password of `config.bootstrap_user`, created when
+        authentication is on and the broker has no user yet (the CLI reads it from
+        TIDEMQ_BOOTSTRAP_PASSWORD)."""
         self.config = config
+        self._bootstrap_password = bootstrap_password
         self._clock = clock or SystemClock()
         self._fs = fs
         self._embedded = embedded_nameserver
@@ -212,6 +218,8 @@ class Broker:
             ),
         )
         self._rebuild_services(store)
+        self._auth = Authenticator(cfg, self._gateway)
+        self._auth.bootstrap(cfg.bootstrap_user, self._bootstrap_password)
         await self._transactions.start()
         self._timers.start()
         self._server = TcpServer(
@@ -220,6 +228,7 @@ class Broker:
             # Network timeouts run on the real clock, not the broker's: a test that moves a
             # ManualClock by hours (timers, retention) must not close its idle connections.
             ssl_context=listener_tls,
+            auth_required=cfg.auth_enabled,
         )
         host, port = await self._server.start(cfg.host, cfg.port)
         self.address = cfg.advertised_address or f"{host}:{port}"
@@ -273,7 +282,8 @@ class Broker:
         self._tasks.append(loop.create_task(self._retention()))
         self._tasks.append(loop.create_task(self._save_services_periodically()))
         tls = " (TLS)" if listener_tls is not None else ""
-        log.info("broker %s serving on %s%s", cfg.broker_name, self.address, tls)
+        auth = " (SCRAM-SHA-256 authentication)" if cfg.auth_enabled else ""
+        log.info("broker %s serving on %s%s%s", cfg.broker_name, self.address, tls, auth)
         return self.address
 
     async def stop(self) -> None:
@@ -493,7 +503,18 @@ class Broker:
         return Empty()
 
     async def _dispatch(self, frame: Frame, conn: ServerConnection) -> tuple[Any, bytes]:
+        auth = self._auth
+        if auth.enabled and conn.principal is None:
+            # Before login only SASL_HANDSHAKE and SASL_AUTHENTICATE are served.
+            return await auth.before_login(frame, conn), b""
         code, header = decode_request(frame)
+        if code in AUTH_CODES:
+            return await auth.after_login(code, header, conn), b""
+        return await self._serve(code, header, frame, conn)
+
+    async def _serve(
+        self, code: RequestCode, header: Any, frame: Frame, conn: ServerConnection
+    ) -> tuple[Any, bytes]:
         if code in NAMESERVER_CODES:
             if self._ns_handlers is None:
                 raise InvalidRequest(

@@ -130,6 +130,17 @@ class BrokerConfig:
     #: tls_ca_file, or the system's CAs; presenting tls_cert_file); unset: the same as
     #: the listener (TLS when tls_cert_file is set).
     name_server_tls: bool | None = None
+    #: SCRAM-SHA-256 authentication on the listener (docs/guide/security.md, "Users and
+    #: passwords"): every connection must log in as a user of this broker before any
+    #: other request. Off by default: then nothing asks for or checks a user.
+    auth_enabled: bool = False
+    #: User names that may manage users (USER_UPSERT, USER_DELETE, USER_LIST) when
+    #: auth_enabled; `bootstrap_user` is one too.
+    super_users: tuple[str, ...] = ()
+    #: With auth_enabled: when the broker starts with no user at all, it creates this one
+    #: (a super user), with the password the `tidemq server`/`tidemq broker` process reads
+    #: from the environment variable TIDEMQ_BOOTSTRAP_PASSWORD (never from a file or flag).
+    bootstrap_user: str | None = None
     store: StoreConfig = field(default_factory=_default_store)
 
     def __post_init__(self) -> None:

@@ -67,6 +67,14 @@ LogLevel = Annotated[
 
 _LEVELS = ("debug", "info", "warning", "error")
 
+#: The password of broker.bootstrap_user (the first user, created when the broker has
+#: none and broker.auth_enabled is set): read from the environment only.
+BOOTSTRAP_PASSWORD_ENV = "TIDEMQ_BOOTSTRAP_PASSWORD"
+
+
+def _bootstrap_password() -> str | None:
+    return os.environ.get(BOOTSTRAP_PASSWORD_ENV) or None
+
 
 def _logging(level: str) -> None:
     if level.lower() not in _LEVELS:
@@ -111,7 +119,9 @@ def server(
     """Run a name server and a broker in one process, on one port.
 
     TLS: --set broker.tls_cert_file=FILE --set broker.tls_key_file=FILE (and
-    broker.tls_ca_file to require client certificates); see docs/guide/security.md.
+    broker.tls_ca_file to require client certificates). Passwords: --set
+    broker.auth_enabled=true --set broker.bootstrap_user=NAME with the password in
+    TIDEMQ_BOOTSTRAP_PASSWORD; see docs/guide/security.md.
     """
     _logging(log_level)
     cfg = _load(
@@ -123,7 +133,8 @@ def server(
             "store": {"data_dir": data_dir, "flush_mode": flush},
         },
     )
-    serve(lambda: Broker(cfg, embedded_nameserver=True))
+    password = _bootstrap_password()
+    serve(lambda: Broker(cfg, embedded_nameserver=True, bootstrap_password=password))
 
 
 def namesrv(
@@ -197,7 +208,9 @@ def broker(
     """Run a broker that registers with separate name servers.
 
     TLS: --set broker.tls_cert_file=FILE --set broker.tls_key_file=FILE (and
-    broker.tls_ca_file to require client certificates); see docs/guide/security.md.
+    broker.tls_ca_file to require client certificates). Passwords: --set
+    broker.auth_enabled=true --set broker.bootstrap_user=NAME with the password in
+    TIDEMQ_BOOTSTRAP_PASSWORD; see docs/guide/security.md.
     """
     _logging(log_level)
     cfg = _load(
@@ -219,7 +232,8 @@ def broker(
             "broker.name_servers is empty: pass --namesrv HOST:PORT "
             "(or run `tidemq server` for a broker with its own name server)"
         )
-    serve(lambda: Broker(cfg, embedded_nameserver=False))
+    password = _bootstrap_password()
+    serve(lambda: Broker(cfg, embedded_nameserver=False, bootstrap_password=password))
 
 
 def register(app: typer.Typer) -> None:

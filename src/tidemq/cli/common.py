@@ -37,6 +37,8 @@ __all__ = [
     "CLIENT_CONFIG",
     "DEBUG_ENV",
     "DEFAULT_BOOTSTRAP",
+    "PASSWORD_ENV",
+    "USERNAME_ENV",
     "Bootstrap",
     "CliError",
     "CliUsageError",
@@ -65,6 +67,11 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9876"
 #: Environment variable that turns on `--debug` (any value but "", "0", "false", "no").
 DEBUG_ENV = "TIDEMQ_DEBUG"
 
+#: SCRAM login of the client commands, for a broker with broker.auth_enabled: the user
+#: name and password come from the environment only (never a flag: it would show in `ps`).
+USERNAME_ENV = "TIDEMQ_USERNAME"
+PASSWORD_ENV = "TIDEMQ_PASSWORD"
+
 #: Commands fail fast when nothing listens: a few quick retries, not the library's eight.
 #: (Plaintext; `client_config()` is this with the command's --tls options applied.)
 CLIENT_CONFIG = ClientConfig(retries=2, connect_timeout_ms=5_000)
@@ -73,8 +80,15 @@ _active_client_config: list[ClientConfig] = [CLIENT_CONFIG]
 
 def client_config() -> ClientConfig:
     """The client settings of the command running now: CLIENT_CONFIG with its --tls
-    options."""
-    return _active_client_config[-1]
+    options, and the login of TIDEMQ_USERNAME / TIDEMQ_PASSWORD when they are set."""
+    config = _active_client_config[-1]
+    username = os.environ.get(USERNAME_ENV)
+    if not username:
+        return config
+    password = os.environ.get(PASSWORD_ENV)
+    if not password:
+        raise CliUsageError(f"{USERNAME_ENV} is set but {PASSWORD_ENV} is not")
+    return dataclasses.replace(config, username=username, password=password)
 
 
 class Output(enum.StrEnum):

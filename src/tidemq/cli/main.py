@@ -2,7 +2,7 @@
 
 Servers: `tidemq server` (name server + broker), `tidemq namesrv`, `tidemq broker`.
 Clients: `tidemq topic ...`, `tidemq produce`, `tidemq consume`, `tidemq group ...`,
-`tidemq cluster ...`, `tidemq dlq ...`. Exit codes: 0 ok, 1 error, 2 usage. See
+`tidemq cluster ...`, `tidemq dlq ...`, `tidemq user ...`. Exit codes: 0 ok, 1 error, 2 usage. See
 docs/guide/cli.md.
 """
 
@@ -22,6 +22,7 @@ from tidemq.cli import (
     commands_server,
     commands_special,
     commands_topic,
+    commands_user,
     pipeline_common,
 )
 from tidemq.cli.common import DEBUG_ENV, set_debug
@@ -72,6 +73,7 @@ app.add_typer(commands_special.timer_app, name="timer")
 app.add_typer(commands_special.txn_app, name="txn")
 app.add_typer(commands_dlq.app, name="dlq")
 app.add_typer(commands_pop.app, name="pop")
+app.add_typer(commands_user.app, name="user")
 # the pipeline commands register on pipeline_common.app when their modules are imported
 _ = (commands_pipeline, commands_pipeline_analytics, commands_pipeline_dbsync)
 app.add_typer(pipeline_common.app, name="pipeline")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Mapping
 
@@ -33,6 +34,7 @@ from tidemq.client.results import (
     TimerStatus,
     TopicInfo,
     TransactionStatus,
+    UserInfo,
     broker_info_from_wire,
     broker_status_from_wire,
     committed_offset_from_wire,
@@ -42,6 +44,7 @@ from tidemq.client.results import (
     timer_status_from_wire,
     topic_info_from_wire,
     transaction_status_from_wire,
+    user_info_from_wire,
 )
 from tidemq.client.stream_consumer import AsyncStreamConsumer
 from tidemq.core import limits
@@ -55,6 +58,7 @@ from tidemq.core.errors import (
 )
 from tidemq.core.message import Message
 from tidemq.core.offsets import check_reset_target, reset_target
+from tidemq.core.scram import DEFAULT_ITERATIONS, ScramError, make_credentials, new_salt
 from tidemq.protocol.commands import (
     AlterTopicRequest,
     ClusterStatusRequest,
@@ -90,6 +94,11 @@ from tidemq.protocol.commands import (
     TopicInfoMsg,
     TxnStatusRequest,
     TxnStatusResponse,
+    UserDeleteRequest,
+    UserEntry,
+    UserListRequest,
+    UserListResponse,
+    UserUpsertRequest,
 )
 
 __all__ = [
@@ -523,6 +532,54 @@ class AsyncAdmin:
             else:
                 return resume_result_from_wire(answer)
         raise last or InvalidRequest(f"no broker holds a suspended message {message_id}")
+
+    async def create_user(
+        self, name: str, password: str, *, iterations: int = DEFAULT_ITERATIONS
+    ) -> None:
+        """Create a user of SCRAM authentication on every live broker, or set a new
+        password for an existing one. Only the salted keys leave this process (use TLS
+        all the same); with `broker.auth_enabled`, only a super user may do this."""
+        try:
+            c = make_credentials(password, new_salt(os.urandom), iterations)
+        except ScramError as exc:
+            raise ValueError(str(exc)) from None
+        request = UserUpsertRequest(
+            name=name,
+            salt=c.salt,
+            iterations=c.iterations,
+            stored_key=c.stored_key,
+            server_key=c.server_key,
+        )
+        brokers = await self._brokers()
+        await asyncio.gather(*(self._cluster.call(b, request, Empty) for b in brokers))
+
+    async def delete_user(self, name: str) -> None:
+        """Delete a user on every live broker that has it (InvalidRequest if none has).
+        Connections it has open stay open."""
+        brokers = await self._brokers()
+        answers = await asyncio.gather(
+            *(self._cluster.call(b, UserDeleteRequest(name=name), Empty) for b in brokers),
+            return_exceptions=True,
+        )
+        failures = [a for a in answers if isinstance(a, BaseException)]
+        missing = [a for a in failures if isinstance(a, InvalidRequest)]
+        other = [a for a in failures if not isinstance(a, InvalidRequest)]
+        if other:
+            raise other[0]
+        if len(missing) == len(answers):
+            raise missing[0]
+
+    async def list_users(self) -> list[UserInfo]:
+        """The users of the live brokers, by name (names and iterations only)."""
+        brokers = await self._brokers()
+        answers = await asyncio.gather(
+            *(self._cluster.call(b, UserListRequest(), UserListResponse) for b in brokers)
+        )
+        seen: dict[str, UserEntry] = {}
+        for answer in answers:
+            for user in answer.users:
+                seen.setdefault(user.name, user)
+        return [user_info_from_wire(seen[n]) for n in sorted(seen)]
 
     async def close(self) -> None:
         await self._cluster.close()

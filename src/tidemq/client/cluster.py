@@ -26,7 +26,7 @@ import contextlib
 import logging
 import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import msgspec
@@ -82,6 +82,11 @@ class ClientConfig:
     #: `tidemq.client_tls(ca_file=...)` (with `cert_file`/`key_file` for a listener that
     #: asks for client certificates). The same context serves every connection.
     ssl_context: ssl.SSLContext | None = None
+    #: SCRAM-SHA-256 login for a broker with `broker.auth_enabled` (docs/guide/security.md):
+    #: every connection logs in as this user right after connecting (and after TLS).
+    #: None: no login (a broker that requires one refuses every request).
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
 
 
 def _retrieve(task: asyncio.Task[RouteTable]) -> None:
@@ -131,10 +136,17 @@ class ClusterClient:
                         max_in_flight=self.config.max_in_flight,
                         connect_timeout_s=self._connect_timeout_s(probe),
                         ssl_context=self.config.ssl_context,
+                        username=self.config.username,
+                        password=self.config.password,
                     )
                 except BrokerNotAvailable:
                     self.mark_down(address, probe=False)
                     raise
+                if self._closed:
+                    # Closed while this connection was being opened: `close` has closed
+                    # the ones it knew, so this one must not outlive the client.
+                    conn.close()
+                    raise BrokerNotAvailable("the client is closed")
                 self._conns[address] = conn
                 if self._down.pop(address, None) is not None:
                     # It accepts connections again: back in the routes.

@@ -38,6 +38,7 @@ __all__ = [
     "TimerTopicStatus",
     "TopicInfo",
     "TransactionStatus",
+    "UserInfo",
     "broker_info_from_wire",
     "broker_status_from_wire",
     "cancel_result_from_wire",
@@ -55,6 +56,7 @@ __all__ = [
     "timer_topic_status_from_wire",
     "topic_info_from_wire",
     "transaction_status_from_wire",
+    "user_info_from_wire",
 ]
 
 
@@ -459,3 +461,16 @@ class ResumeResult:
 
 def resume_result_from_wire(msg: wire.PopResumeResponse) -> ResumeResult:
     return ResumeResult(topic=msg.topic, queue=msg.queue, offset=msg.offset, action=msg.action)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserInfo:
+    """A user of the brokers' SCRAM authentication: its name and PBKDF2 iterations (the
+    credentials themselves are never listed)."""
+
+    name: str
+    iterations: int
+
+
+def user_info_from_wire(msg: wire.UserEntry) -> UserInfo:
+    return UserInfo(name=msg.name, iterations=msg.iterations)

@@ -30,6 +30,7 @@ from tidemq.client.results import (
     TimerStatus,
     TopicInfo,
     TransactionStatus,
+    UserInfo,
 )
 from tidemq.client.simple_consumer import AsyncReceivedMessage, AsyncSimpleConsumer, Filter
 from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
@@ -42,6 +43,7 @@ from tidemq.client.transaction import (
 from tidemq.core.errors import RequestTimeout, TidemqError
 from tidemq.core.filters import Sql92
 from tidemq.core.message import Message, MessageBatch, Receipt
+from tidemq.core.scram import DEFAULT_ITERATIONS
 
 __all__ = [
     "Admin",
@@ -581,6 +583,18 @@ class Admin:
 
     def transaction_status(self) -> TransactionStatus:
         return run(self._a.transaction_status())
+
+    def create_user(
+        self, name: str, password: str, *, iterations: int = DEFAULT_ITERATIONS
+    ) -> None:
+        """Create a user (or set its password) on every live broker."""
+        run(self._a.create_user(name, password, iterations=iterations))
+
+    def delete_user(self, name: str) -> None:
+        run(self._a.delete_user(name))
+
+    def list_users(self) -> list[UserInfo]:
+        return run(self._a.list_users())
 
     def dead_letters(self, group: str, *, limit: int = 100) -> list[Message]:
         """The first `limit` messages of `%DLQ%<group>`, with their `tidemq.dlq.*` headers."""

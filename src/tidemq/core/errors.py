@@ -11,6 +11,8 @@ from typing import ClassVar, TypeVar
 
 __all__ = [
     "AlreadyDelivered",
+    "AuthenticationFailed",
+    "AuthorizationFailed",
     "BatchTooLarge",
     "BrokerNotAvailable",
     "ConfigError",
@@ -72,6 +74,8 @@ class ErrorCode(IntEnum):
     ALREADY_DELIVERED = 26
     UNKNOWN_TRANSACTION = 27
     TRANSACTION_STATE = 28
+    AUTHENTICATION_FAILED = 29
+    AUTHORIZATION_FAILED = 30
 
 
 class TidemqError(Exception):
@@ -248,3 +252,15 @@ class UnknownTransaction(TidemqError):
 class TransactionStateError(TidemqError):
     """The transaction cannot do that in its state: commit after rollback, rollback after
     commit, a send after the end."""
+
+
+@_error(ErrorCode.AUTHENTICATION_FAILED)
+class AuthenticationFailed(TidemqError):
+    """The broker requires authentication (SCRAM-SHA-256) and this connection has not
+    passed it: a wrong user name or password (the message never says which), or a request
+    sent before authenticating. The broker closes the connection after the answer."""
+
+
+@_error(ErrorCode.AUTHORIZATION_FAILED)
+class AuthorizationFailed(TidemqError):
+    """The authenticated principal may not do this (managing users takes a super user)."""

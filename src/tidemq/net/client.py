@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import socket
 import ssl
 from collections import deque
@@ -24,8 +25,20 @@ from typing import TypeVar
 
 import msgspec
 
-from tidemq.core.errors import BrokerNotAvailable, RequestTimeout, TidemqError
+from tidemq.core.errors import (
+    AuthenticationFailed,
+    BrokerNotAvailable,
+    RequestTimeout,
+    TidemqError,
+)
+from tidemq.core.scram import MECHANISM, ScramClient, ScramError
 from tidemq.protocol.codec import decode_response, encode_request, error_from_frame
+from tidemq.protocol.commands import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 from tidemq.protocol.frame import Frame, FrameDecoder, FrameKind, RemoteProtocolError
 
 __all__ = ["ClientConnection", "split_address"]
@@ -110,9 +123,14 @@ class ClientConnection:
         max_in_flight: int = 64,
         connect_timeout_s: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
+        username: str | None = None,
+        password: str | None = None,
     ) -> ClientConnection:
         """Connect (and with `ssl_context`, finish the TLS handshake, verifying the
-        server's certificate for the host in `address`) within `connect_timeout_s`."""
+        server's certificate for the host in `address`) within `connect_timeout_s`.
+        With `username`, log in with SCRAM-SHA-256 (`password`) before returning;
+        AuthenticationFailed if the broker refuses, or proves not to hold the user's
+        credentials."""
         host, port = split_address(address)
         conn = cls(address, max_frame_bytes=max_frame_bytes, max_in_flight=max_in_flight)
         loop = asyncio.get_running_loop()
@@ -143,7 +161,46 @@ class ClientConnection:
             raise BrokerNotAvailable(f"cannot connect to {address}: {reason}") from None
         # No isinstance check: uvloop's transports do not subclass asyncio.Transport.
         conn._transport = transport
+        if username is not None:
+            try:
+                await conn._login(username, password or "", connect_timeout_s)
+            except BaseException:
+                conn.close()
+                raise
         return conn
+
+    async def _login(self, username: str, password: str, timeout_s: float) -> None:
+        """The SCRAM-SHA-256 exchange (docs/design/security.md), through
+        `tidemq.core.scram.ScramClient`."""
+        try:
+            client = ScramClient(username, password, random_bytes=os.urandom)
+        except ScramError as exc:
+            raise AuthenticationFailed(f"cannot log in as {username!r}: {exc}") from None
+        # The broker waits about a second before it answers a failed login.
+        timeout_s = max(timeout_s, 5.0)
+        try:
+            offered, _ = await self.request(
+                SaslHandshakeRequest(mechanism=MECHANISM),
+                SaslHandshakeResponse,
+                timeout_s=timeout_s,
+            )
+            if MECHANISM not in offered.mechanisms:
+                raise AuthenticationFailed(
+                    f"{self.address} does not offer {MECHANISM} (offers {offered.mechanisms})"
+                )
+            first, _ = await self.request(
+                SaslAuthenticateRequest(message=client.first()),
+                SaslAuthenticateResponse,
+                timeout_s=timeout_s,
+            )
+            final, _ = await self.request(
+                SaslAuthenticateRequest(message=client.receive_server_first(first.message)),
+                SaslAuthenticateResponse,
+                timeout_s=timeout_s,
+            )
+            client.receive_server_final(final.message)
+        except ScramError as exc:
+            raise AuthenticationFailed(f"login to {self.address} failed: {exc}") from None
 
     @property
     def is_open(self) -> bool:

@@ -21,6 +21,10 @@ bounded (`ServerLimits`; the table is in docs/design/protocol.md, "Connection li
   shrink for `write_stall_timeout_ms` is closed. One periodic sweep checks them (`sweep`).
 * connections: at most `max_connections`, `max_connections_per_address` from one IP. A
   refused client gets an error frame naming the limit before the close.
+* authentication (`TcpServer(auth_required=True)`, docs/design/security.md): until the
+  dispatcher calls `ServerConnection.authenticated`, frames are limited to
+  `PREAUTH_MAX_FRAME_BYTES` (a larger one closes the connection). Whatever request is
+  answered with AuthenticationFailed, the connection is closed after that answer.
 """
 
 from __future__ import annotations
@@ -38,7 +42,13 @@ from typing import Any, TypeVar, cast
 import msgspec
 
 from tidemq.core.clock import Clock, SystemClock
-from tidemq.core.errors import BrokerNotAvailable, InvalidRequest, RequestTimeout, TidemqError
+from tidemq.core.errors import (
+    AuthenticationFailed,
+    BrokerNotAvailable,
+    InvalidRequest,
+    RequestTimeout,
+    TidemqError,
+)
 from tidemq.net.budget import ConnectionBudget
 from tidemq.net.ledger import ConnectionLedger, ServerLimits
 from tidemq.net.tls import is_loopback
@@ -52,7 +62,14 @@ from tidemq.protocol.frame import Frame, FrameDecoder, FrameKind, RemoteProtocol
 
 T = TypeVar("T")
 
-__all__ = ["Dispatcher", "Reply", "ServerConnection", "ServerLimits", "TcpServer"]
+__all__ = [
+    "PREAUTH_MAX_FRAME_BYTES",
+    "Dispatcher",
+    "Reply",
+    "ServerConnection",
+    "ServerLimits",
+    "TcpServer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +84,10 @@ _SOCKET_BUFFER_BYTES = 4 << 20
 _FRAME_OVERHEAD_BYTES = 256
 #: A TLS handshake must finish within this (reliability.md 6.5: 10 s handshake timeout).
 _TLS_HANDSHAKE_TIMEOUT_S = 10.0
+#: Largest frame a connection may send before it has authenticated (when the server
+#: requires it): a SCRAM message is at most 2 KiB, so this bounds unauthenticated memory
+#: far below a batch (reliability.md 6.5).
+PREAUTH_MAX_FRAME_BYTES = 64 << 10
 #: Where a refused connection's reads go (discarded).
 _DISCARD = memoryview(bytearray(4096))
 
@@ -79,7 +100,14 @@ class ServerConnection(asyncio.BufferedProtocol):
     def __init__(self, server: TcpServer) -> None:
         self._server = server
         self._limits = server.limits
-        self._decoder = FrameDecoder(server.limits.max_frame_bytes)
+        max_frame = server.limits.max_frame_bytes
+        if server.auth_required:
+            max_frame = min(max_frame, PREAUTH_MAX_FRAME_BYTES)
+        self._decoder = FrameDecoder(max_frame)
+        #: With authentication required: `User:<name>` once authenticated, None before.
+        self.principal: str | None = None
+        #: The authentication exchange under way (the dispatcher's state), if any.
+        self.auth_exchange: object | None = None
         self._transport: asyncio.Transport | None = None
         self._in_flight = 0
         #: Decoded requests waiting for a slot (bounded: reading stops at the limit).
@@ -107,6 +135,13 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._ask_ids = itertools.count(1)
         #: Called once when the connection closes (services forget what it registered).
         self.on_close: list[Callable[[], None]] = []
+
+    def authenticated(self, principal: str) -> None:
+        """The connection proved who it is: record the principal, lift the pre-auth
+        frame limit."""
+        self.principal = principal
+        self.auth_exchange = None
+        self._decoder.max_frame_bytes = self._limits.max_frame_bytes
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -242,12 +277,14 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     async def _handle(self, frame: Frame) -> None:
         task = asyncio.current_task()
+        close_after = False
         try:
             try:
                 header, body = await self._server.dispatcher(frame, self)
                 out = encode_response(frame.code, frame.correlation_id, header, body)
             except TidemqError as exc:
                 out = encode_error(frame.code, frame.correlation_id, _remote(exc))
+                close_after = isinstance(exc, AuthenticationFailed)
             except Exception:
                 self._server.log_event(
                     logging.ERROR,
@@ -261,6 +298,8 @@ class ServerConnection(asyncio.BufferedProtocol):
                 out = encode_error(frame.code, frame.correlation_id, err)
             if frame.kind is FrameKind.REQUEST:
                 self.send(out)
+            if close_after:
+                self.close()  # after the answer: close() sends what is buffered first
         finally:
             self.budget.settle(task, queued=self._writing_paused)
             self._in_flight -= 1
@@ -414,10 +453,13 @@ class TcpServer(ConnectionLedger["ServerConnection"]):
         on_client_frame: Callable[[Frame, ServerConnection], None] | None = None,
         clock: Clock | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        auth_required: bool = False,
     ) -> None:
         super().__init__(limits, clock or SystemClock(), log)
         self.dispatcher = dispatcher
         self.ssl_context = ssl_context
+        #: Connections start unauthenticated, with the pre-auth frame limit.
+        self.auth_required = auth_required
         self._on_client_frame = on_client_frame
         self._server: asyncio.Server | None = None
         self._accepting = True

@@ -52,3 +52,11 @@ class RequestCode(IntEnum):
     POP_NACK = 63
     POP_STATUS = 64
     POP_RESUME = 65
+    # authentication (docs/design/security.md): the only requests a connection may send
+    # before it has authenticated, when the broker requires it (broker.auth_enabled)
+    SASL_HANDSHAKE = 70
+    SASL_AUTHENTICATE = 71
+    # users (SCRAM credentials) of a broker
+    USER_UPSERT = 72
+    USER_DELETE = 73
+    USER_LIST = 74

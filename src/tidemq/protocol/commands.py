@@ -89,6 +89,10 @@ __all__ = [
     "RegisterCheckerRequest",
     "ResetOffsetsRequest",
     "ResetOffsetsResponse",
+    "SaslAuthenticateRequest",
+    "SaslAuthenticateResponse",
+    "SaslHandshakeRequest",
+    "SaslHandshakeResponse",
     "SinkMarkerRequest",
     "SinkMarkerResponse",
     "StatusRequest",
@@ -101,6 +105,11 @@ __all__ = [
     "TxnStatusRequest",
     "TxnStatusResponse",
     "UnregisterBrokerRequest",
+    "UserDeleteRequest",
+    "UserEntry",
+    "UserListRequest",
+    "UserListResponse",
+    "UserUpsertRequest",
 ]
 
 
@@ -683,6 +692,55 @@ class PopStatusResponse(_Msg):
     queues: list[PopQueueStatus]
 
 
+# ------------------------------------------------------------------ authentication
+
+
+class SaslHandshakeRequest(_Msg):
+    mechanism: str
+
+
+class SaslHandshakeResponse(_Msg):
+    mechanisms: list[str]
+
+
+class SaslAuthenticateRequest(_Msg):
+    #: One SCRAM message (client-first, then client-final), at most 2 KiB.
+    message: bytes
+
+
+class SaslAuthenticateResponse(_Msg):
+    #: The server's SCRAM answer (server-first, then server-final).
+    message: bytes
+
+
+class UserUpsertRequest(_Msg):
+    """Create a user or replace its credentials: never the password, only what the
+    server stores (`tidemq.core.scram.Credentials`, made on the client side)."""
+
+    name: str
+    salt: bytes
+    iterations: int
+    stored_key: bytes
+    server_key: bytes
+
+
+class UserDeleteRequest(_Msg):
+    name: str
+
+
+class UserListRequest(_Msg):
+    pass
+
+
+class UserEntry(_Msg):
+    name: str
+    iterations: int
+
+
+class UserListResponse(_Msg):
+    users: list[UserEntry]
+
+
 REQUESTS: Final[dict[RequestCode, tuple[type[_Msg], type[_Msg]]]] = {
     RequestCode.PRODUCE: (ProduceRequest, ProduceResponse),
     RequestCode.FETCH: (FetchRequest, FetchResponse),
@@ -720,4 +778,9 @@ REQUESTS: Final[dict[RequestCode, tuple[type[_Msg], type[_Msg]]]] = {
     RequestCode.POP_NACK: (PopNackRequest, Empty),
     RequestCode.POP_STATUS: (PopStatusRequest, PopStatusResponse),
     RequestCode.POP_RESUME: (PopResumeRequest, PopResumeResponse),
+    RequestCode.SASL_HANDSHAKE: (SaslHandshakeRequest, SaslHandshakeResponse),
+    RequestCode.SASL_AUTHENTICATE: (SaslAuthenticateRequest, SaslAuthenticateResponse),
+    RequestCode.USER_UPSERT: (UserUpsertRequest, Empty),
+    RequestCode.USER_DELETE: (UserDeleteRequest, Empty),
+    RequestCode.USER_LIST: (UserListRequest, UserListResponse),
 }

@@ -184,6 +184,16 @@ class FrameDecoder:
         self._filled = 0
 
     @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame accepted; may be changed between frames (a connection's
+        limit before and after it authenticates)."""
+        return self._max
+
+    @max_frame_bytes.setter
+    def max_frame_bytes(self, value: int) -> None:
+        self._max = value
+
+    @property
     def buffered_bytes(self) -> int:
         return self._filled if self._direct is not None else self._size
 

@@ -83,6 +83,10 @@ CREATE TABLE IF NOT EXISTS producer_state (
 );
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS service_state (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS users (
+    name TEXT PRIMARY KEY, salt BLOB NOT NULL, iterations INTEGER NOT NULL,
+    stored_key BLOB NOT NULL, server_key BLOB NOT NULL
+);
 """
 
 _NAME = re.compile(limits.TOPIC_NAME_PATTERN)
@@ -399,6 +403,30 @@ class Metadata:
             self._db.executemany(
                 "INSERT OR REPLACE INTO service_state VALUES (?, ?)", list(values.items())
             )
+
+    # ------------------------------------------------------------------ users (SCRAM)
+
+    def users(self) -> list[tuple[str, bytes, int, bytes, bytes]]:
+        """Every user's SCRAM credentials: (name, salt, iterations, stored key, server
+        key), by name. Never a password: none is stored."""
+        rows = self._db.execute(
+            "SELECT name, salt, iterations, stored_key, server_key FROM users ORDER BY name"
+        ).fetchall()
+        return [(n, bytes(s), int(i), bytes(k), bytes(v)) for n, s, i, k, v in rows]
+
+    @_writes
+    def upsert_user(
+        self, name: str, salt: bytes, iterations: int, stored_key: bytes, server_key: bytes
+    ) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO users VALUES (?, ?, ?, ?, ?)",
+            (name, salt, iterations, stored_key, server_key),
+        )
+
+    @_writes
+    def delete_user(self, name: str) -> bool:
+        """Remove a user; False if there was none of that name."""
+        return self._db.execute("DELETE FROM users WHERE name = ?", (name,)).rowcount > 0
 
     # ------------------------------------------------------------------ helpers
 

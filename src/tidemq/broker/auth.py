@@ -1,0 +1,252 @@
+"""SCRAM-SHA-256 authentication of the broker's connections, and its user store.
+
+On only with `broker.auth_enabled` (docs/design/security.md draws the exchange). A
+connection then starts unauthenticated (`ServerConnection.principal` is None, its frames
+limited to 64 KiB by the server) and may send only:
+
+* SASL_HANDSHAKE: the mechanisms offered (SCRAM-SHA-256 alone);
+* SASL_AUTHENTICATE, twice: client-first -> server-first, client-final -> server-final,
+  driven through `tidemq.core.scram.ScramServer`. On success the connection's principal is
+  `User:<name>`.
+
+Anything else before that is answered with AuthenticationFailed and the connection is
+closed (the server closes after any AuthenticationFailed answer). A failed exchange is
+answered after `AUTH_FAILURE_DELAY_S`, with the same message for an unknown user and a
+wrong password.
+
+Users live in the broker's metadata (salt, iterations, StoredKey, ServerKey; never a
+password) and in memory here. USER_UPSERT / USER_DELETE / USER_LIST manage them; with
+authentication on, only the super users (`broker.super_users`, and
+`broker.bootstrap_user`) may call them. Deleting a user does not close the connections it
+has open already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, Final
+
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.store_gateway import StoreGateway
+from tidemq.core.errors import (
+    AuthenticationFailed,
+    AuthorizationFailed,
+    ConfigError,
+    InvalidRequest,
+    Unsupported,
+)
+from tidemq.core.scram import (
+    DEFAULT_ITERATIONS,
+    MAX_USERNAME_BYTES,
+    MECHANISM,
+    Credentials,
+    ScramError,
+    ScramServer,
+    make_credentials,
+    new_salt,
+)
+from tidemq.net.server import ServerConnection
+from tidemq.protocol.codec import decode_request
+from tidemq.protocol.codes import RequestCode
+from tidemq.protocol.commands import (
+    Empty,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+    UserDeleteRequest,
+    UserEntry,
+    UserListResponse,
+    UserUpsertRequest,
+)
+from tidemq.protocol.frame import Frame, RemoteProtocolError
+from tidemq.store.message_store import MessageStore
+
+__all__ = [
+    "AUTH_CODES",
+    "AUTH_FAILURE_DELAY_S",
+    "MOCK_SECRET_KEY",
+    "Authenticator",
+    "check_user_name",
+]
+
+log = logging.getLogger(__name__)
+
+#: A failed login is answered this late (design section 2, check 4): online password
+#: guessing gets one try per second per connection.
+AUTH_FAILURE_DELAY_S: Final = 1.0
+#: service_state key of the secret from which unknown users' fake credentials derive
+#: (kept, so that an unknown user's fake salt is as stable as a real one's).
+MOCK_SECRET_KEY: Final = "auth.mock_secret"
+_MOCK_SECRET_BYTES: Final = 32
+#: What a failed exchange says, whatever failed: a known user's wrong password and an
+#: unknown user look alike.
+_FAILED: Final = "authentication failed: unknown user or wrong password"
+
+_SASL_CODES: Final = frozenset({RequestCode.SASL_HANDSHAKE, RequestCode.SASL_AUTHENTICATE})
+#: The requests `Authenticator.after_login` serves.
+AUTH_CODES: Final = _SASL_CODES | {
+    RequestCode.USER_UPSERT,
+    RequestCode.USER_DELETE,
+    RequestCode.USER_LIST,
+}
+
+
+def check_user_name(name: str) -> None:
+    """InvalidRequest unless `name` may name a user (`*` is reserved: every principal)."""
+    if not name or not name.isprintable() or name == "*":
+        raise InvalidRequest(f"bad user name {name!r}: printable, not empty, not '*'")
+    if len(name.encode()) > MAX_USERNAME_BYTES:
+        raise InvalidRequest(f"user name longer than {MAX_USERNAME_BYTES} bytes")
+
+
+class Authenticator:
+    """The broker's users and the login of its connections (one per broker, on the
+    loop). `enabled` is broker.auth_enabled; the user requests work either way (users
+    may be prepared before authentication is turned on)."""
+
+    def __init__(self, cfg: BrokerConfig, gateway: StoreGateway) -> None:
+        self.enabled = cfg.auth_enabled
+        self._gateway = gateway
+        self._super = frozenset(f"User:{u}" for u in (*cfg.super_users, cfg.bootstrap_user) if u)
+        store = gateway.store
+        self._users: dict[str, Credentials] = {
+            name: Credentials(salt=s, iterations=i, stored_key=k, server_key=v)
+            for name, s, i, k, v in store.metadata.users()
+        }
+        self._mock_secret = b""
+        if self.enabled:  # off: nothing is written (nor read) for authentication
+            secret = store.metadata.service_state(MOCK_SECRET_KEY)
+            if secret is None or len(secret) < _MOCK_SECRET_BYTES:
+                secret = os.urandom(_MOCK_SECRET_BYTES)
+                store.metadata.save_service_state({MOCK_SECRET_KEY: secret})
+            self._mock_secret = secret
+
+    def bootstrap(self, user: str | None, password: str | None) -> None:
+        """At start: with authentication on and no user yet, create `user` (a super
+        user) with `password`."""
+        if not self.enabled:
+            return
+        if self._users:
+            return
+        if user is None:
+            log.warning(
+                "broker.auth_enabled is set and there are no users: no client can log in "
+                "(set broker.bootstrap_user and TIDEMQ_BOOTSTRAP_PASSWORD)"
+            )
+            return
+        if not password:
+            raise ConfigError(
+                f"broker.bootstrap_user={user}: the user table is empty and "
+                "TIDEMQ_BOOTSTRAP_PASSWORD is not set"
+            )
+        try:
+            check_user_name(user)
+        except InvalidRequest as exc:
+            raise ConfigError(f"broker.bootstrap_user: {exc}") from None
+        try:
+            credentials = make_credentials(password, new_salt(os.urandom), DEFAULT_ITERATIONS)
+        except ScramError as exc:
+            raise ConfigError(f"TIDEMQ_BOOTSTRAP_PASSWORD: {exc}") from None
+        self._store(user, credentials)
+        log.info("created the bootstrap user %s (a super user)", user)
+
+    def _store(self, name: str, c: Credentials) -> None:
+        self._gateway.store.metadata.upsert_user(
+            name, c.salt, c.iterations, c.stored_key, c.server_key
+        )
+        self._users[name] = c
+
+    # ------------------------------------------------------------------ login
+
+    async def before_login(self, frame: Frame, conn: ServerConnection) -> Any:
+        """The answer to a request on a connection not yet authenticated."""
+        try:
+            code: RequestCode | None
+            code, header = decode_request(frame)
+        except RemoteProtocolError:
+            code, header = None, None
+        if code is RequestCode.SASL_HANDSHAKE:
+            assert isinstance(header, SaslHandshakeRequest)
+            if header.mechanism != MECHANISM:
+                raise AuthenticationFailed(
+                    f"mechanism {header.mechanism!r} is not supported; this broker offers "
+                    f"{MECHANISM}"
+                )
+            return SaslHandshakeResponse(mechanisms=[MECHANISM])
+        if code is RequestCode.SASL_AUTHENTICATE:
+            assert isinstance(header, SaslAuthenticateRequest)
+            return await self._authenticate(header.message, conn)
+        name = code.name if code is not None else "an undecodable request"
+        raise AuthenticationFailed(
+            f"authenticate first: {name} refused before SASL authentication "
+            "(this broker requires a user name and password)"
+        )
+
+    async def _authenticate(self, message: bytes, conn: ServerConnection) -> Any:
+        exchange = conn.auth_exchange
+        try:
+            if exchange is None:
+                server = ScramServer(
+                    self._users.get, random_bytes=os.urandom, mock_secret=self._mock_secret
+                )
+                conn.auth_exchange = server
+                return SaslAuthenticateResponse(message=server.receive_client_first(message))
+            assert isinstance(exchange, ScramServer)
+            final = exchange.receive_client_final(message)
+        except ScramError as exc:
+            conn.auth_exchange = None
+            log.info("login from %s failed: %s", conn.peer, exc)
+            await asyncio.sleep(AUTH_FAILURE_DELAY_S)
+            reason = _FAILED if exc.server_error == "invalid-proof" else f"{_FAILED} ({exc})"
+            raise AuthenticationFailed(reason) from None
+        conn.authenticated(f"User:{exchange.username}")
+        return SaslAuthenticateResponse(message=final)
+
+    # ------------------------------------------------------------------ users
+
+    async def after_login(self, code: RequestCode, header: Any, conn: ServerConnection) -> Any:
+        """An AUTH_CODES request on a connection that has logged in (or on any, with
+        authentication off): USER_UPSERT, USER_DELETE, USER_LIST (super users only, with
+        authentication on); the SASL requests are refused."""
+        if code in _SASL_CODES:
+            if self.enabled:
+                raise InvalidRequest(f"{code.name}: this connection is authenticated already")
+            raise Unsupported(
+                f"{code.name}: this broker does not authenticate (broker.auth_enabled is off)"
+            )
+        if self.enabled and conn.principal not in self._super:
+            raise AuthorizationFailed(
+                f"{conn.principal} may not manage users: only the super users "
+                "(broker.super_users) may"
+            )
+        if code is RequestCode.USER_LIST:
+            return UserListResponse(
+                users=[UserEntry(name=n, iterations=c.iterations) for n, c in self._users.items()]
+            )
+        if code is RequestCode.USER_DELETE:
+            assert isinstance(header, UserDeleteRequest)
+            if header.name not in self._users:
+                raise InvalidRequest(f"no user {header.name!r}")
+            await self._gateway.call(lambda s: _delete(s, header.name))
+            del self._users[header.name]
+            return Empty()
+        assert isinstance(header, UserUpsertRequest)
+        check_user_name(header.name)
+        try:
+            credentials = Credentials(
+                salt=header.salt,
+                iterations=header.iterations,
+                stored_key=header.stored_key,
+                server_key=header.server_key,
+            )
+        except ScramError as exc:
+            raise InvalidRequest(f"user {header.name!r}: {exc}") from None
+        await self._gateway.call(lambda _: self._store(header.name, credentials))
+        return Empty()
+
+
+def _delete(store: MessageStore, name: str) -> None:
+    store.metadata.delete_user(name)
