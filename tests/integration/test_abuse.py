@@ -21,7 +21,6 @@ import re
 import socket
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from tests.support.server_process import server_process
 
 from tidemq import aio
 from tidemq.net.client import ClientConnection
@@ -72,28 +72,9 @@ class Server:
 @contextlib.contextmanager
 def server(tmp_path: Path, **settings: int) -> Iterator[Server]:
     """`tidemq server` with `--set broker.KEY=VALUE` for each setting, on a free port."""
-    log = tmp_path / "server.log"
     sets = [a for k, v in settings.items() for a in ("--set", f"broker.{k}={v}")]
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tidemq.cli.main", "server", "--data-dir",
-             str(tmp_path / "data"), "--port", "0", "--log-level", "warning", *sets],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not (found := re.search(r"serving on (\S+:\d+)", log.read_text())):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"tidemq server did not start: {log.read_text()}")
-            time.sleep(0.05)
-        yield Server(proc, found.group(1), log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(15)
+    with server_process(tmp_path, sets, start_timeout_s=START_TIMEOUT_S) as running:
+        yield Server(running.proc, running.address, running.log)
 
 
 class RssWatch:

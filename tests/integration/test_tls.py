@@ -10,7 +10,6 @@ import re
 import shutil
 import ssl
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.support.server_process import server_process
 from typer.testing import CliRunner
 
 import tidemq
@@ -307,33 +307,14 @@ def test_bad_tls_settings_name_the_key(tmp_path: Path, certs: Certs) -> None:
 def tls_server(certs: Certs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`tidemq server` with TLS and optional client certificates, from --set keys."""
     base = tmp_path_factory.mktemp("tls-server")
-    log = base / "server.log"
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "tidemq.cli.main", "server", "--data-dir", "data",
-                "--port", "0", "--log-level", "warning",
-                "--set", f"broker.tls_cert_file={certs.server_cert}",
-                "--set", f"broker.tls_key_file={certs.server_key}",
-                "--set", f"broker.tls_ca_file={certs.ca}",
-                "--set", "broker.tls_client_auth=optional",
-            ],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, cwd=base,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while not (found := _SERVING.search(log.read_text(errors="replace"))):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"tidemq server did not start: {log.read_text(errors='replace')}")
-            time.sleep(0.05)
-        yield found.group(1)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+    settings = [
+        "--set", f"broker.tls_cert_file={certs.server_cert}",
+        "--set", f"broker.tls_key_file={certs.server_key}",
+        "--set", f"broker.tls_ca_file={certs.ca}",
+        "--set", "broker.tls_client_auth=optional",
+    ]  # fmt: skip
+    with server_process(base, settings) as running:
+        yield running.address
 
 
 def test_sync_clients_against_a_tls_server_process(tls_server: str, certs: Certs) -> None:

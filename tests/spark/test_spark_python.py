@@ -16,11 +16,11 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.server_process import server_process
 
 from tidemq import Admin, Producer
 
@@ -63,29 +63,8 @@ SCRIPT = textwrap.dedent(
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
     """`tidemq server` on a free port."""
-    log = tmp_path / "server.log"
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [*SERVER, "--data-dir", "data", "--port", "0", "--log-level", "warning"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            cwd=tmp_path,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while not (found := _SERVING.search(log.read_text(errors="replace"))):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"tidemq server did not start: {log.read_text(errors='replace')}")
-            time.sleep(0.05)
-        yield found.group(1)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+    with server_process(tmp_path) as running:
+        yield running.address
 
 
 def _python_without_tidemq(bin_dir: Path) -> Path:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.server_process import server_process as running_server
 
 from tidemq.broker.broker import Broker
 from tidemq.broker.config import BrokerConfig
@@ -85,32 +84,8 @@ def server(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def server_process(tmp_path: Path) -> Iterator[str]:
     """`tidemq server --data-dir DIR` as `make run` starts it, on a free port."""
-    log = tmp_path / "server.log"
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [*SERVER, "--data-dir", "data", "--port", "0", "--log-level", "warning"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            cwd=tmp_path,
-        )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            found = _SERVING.search(log.read_text(errors="replace"))
-            if found:
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"tidemq server did not start: {log.read_text(errors='replace')}")
-            time.sleep(0.05)
-        yield found.group(1)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+    with running_server(tmp_path, start_timeout_s=START_TIMEOUT_S) as server:
+        yield server.address
 
 
 def test_readme_lists_every_page_with_examples() -> None:
