@@ -47,8 +47,9 @@ from tidemq.client.records import (
     Delay,
     DeliverAt,
     batch_columns,
-    build_record,
+    check_send,
     deliver_at_ms,
+    due_ms_of,
 )
 from tidemq.client.results import CancelResult, cancel_result_from_wire
 from tidemq.client.route_wait import RouteWait, WaitingSend
@@ -57,7 +58,7 @@ from tidemq.core.errors import AlreadyDelivered, TidemqError, UnknownMessage
 from tidemq.core.message import Receipt
 from tidemq.protocol.commands import CancelDelayedRequest, CancelDelayedResponse
 
-__all__ = ["AsyncProducer", "Delay", "DeliverAt", "check_send", "deliver_at_ms", "due_ms_of"]
+__all__ = ["AsyncProducer", "Delay", "DeliverAt", "deliver_at_ms"]
 
 
 class AsyncProducer:
@@ -483,29 +484,6 @@ class AsyncProducer:
         if sender is None:
             sender = self._senders[(topic, queue)] = QueueSender(self._ctx, topic, queue)
         return sender
-
-
-def check_send(  # noqa: PLR0917 - mirrors send()'s arguments one to one
-    topic: object,
-    value: object,
-    key: object,
-    tag: object,
-    keys: object,
-    headers: object,
-    queue: object,
-    timestamp: object,
-) -> tuple[str, MessageRecord, bytes | None, int | None]:
-    """`send`'s arguments checked: (topic, record, key, queue)."""
-    checked_topic = checks.check_readable_topic(topic)
-    record = build_record(value, key, tag, keys, headers, timestamp)
-    return checked_topic, record, record.key, checks.check_queue(queue)
-
-
-def due_ms_of(delay: object, deliver_at: object) -> int:
-    """Epoch ms of a delayed send's delivery; 0 for a plain send."""
-    if delay is None and deliver_at is None:
-        return 0
-    return deliver_at_ms(delay, deliver_at)
 
 
 def _fail(future: Any, error: BaseException) -> None:

@@ -15,7 +15,16 @@ from tidemq.client import checks
 from tidemq.core import limits
 from tidemq.core.batch import MessageRecord
 
-__all__ = ["Delay", "DeliverAt", "batch_columns", "build_record", "build_records", "deliver_at_ms"]
+__all__ = [
+    "Delay",
+    "DeliverAt",
+    "batch_columns",
+    "build_record",
+    "build_records",
+    "check_send",
+    "deliver_at_ms",
+    "due_ms_of",
+]
 
 #: A delay or delivery time, as `send` takes it.
 Delay = float | timedelta | None
@@ -119,3 +128,26 @@ def deliver_at_ms(delay: object, deliver_at: object) -> int:
         seconds = checks.check_seconds(delay, "delay", maximum=_MAX_DELAY_S)
         return time.time_ns() // 1_000_000 + max(1, round(seconds * 1000))
     return max(1, checks.timestamp_ms(deliver_at, "deliver_at"))
+
+
+def check_send(  # noqa: PLR0917 - mirrors send()'s arguments one to one
+    topic: object,
+    value: object,
+    key: object,
+    tag: object,
+    keys: object,
+    headers: object,
+    queue: object,
+    timestamp: object,
+) -> tuple[str, MessageRecord, bytes | None, int | None]:
+    """`send`'s arguments checked: (topic, record, key, queue)."""
+    checked_topic = checks.check_readable_topic(topic)
+    record = build_record(value, key, tag, keys, headers, timestamp)
+    return checked_topic, record, record.key, checks.check_queue(queue)
+
+
+def due_ms_of(delay: object, deliver_at: object) -> int:
+    """Epoch ms of a delayed send's delivery; 0 for a plain send."""
+    if delay is None and deliver_at is None:
+        return 0
+    return deliver_at_ms(delay, deliver_at)

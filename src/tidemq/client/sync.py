@@ -17,8 +17,9 @@ from tidemq.client.admin import AsyncAdmin
 from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer
 from tidemq.client.cluster import ClientConfig
 from tidemq.client.group_consumer import AssignmentCallback, AsyncGroupConsumer
-from tidemq.client.producer import AsyncProducer, Delay, DeliverAt, check_send, due_ms_of
+from tidemq.client.producer import AsyncProducer, Delay, DeliverAt
 from tidemq.client.push_consumer import DEFAULT_RETRY_POLICY, AsyncPushConsumer, RetryPolicy
+from tidemq.client.records import check_send, due_ms_of
 from tidemq.client.results import (
     BrokerInfo,
     BrokerStatus,
