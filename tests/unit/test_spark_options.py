@@ -168,3 +168,35 @@ def test_create_topic_options() -> None:
         parse_write_options(
             {"bootstrap": "h:1", "createTopic": "true", "createTopic.queues": "5000"}
         )
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({**BASE, "maxOffsetPerTrigger": "5"}, "did you mean 'maxOffsetsPerTrigger'"),
+        ({**BASE, "startingoffset": "earliest"}, "did you mean 'startingOffsets'"),
+        ({**BASE, "colour": "blue"}, "unknown option 'colour' for the tidemq source; known:"),
+        ({**BASE, "kafka.security.protocol": "SSL"}, "'kafka.security.protocol' is a Kafka"),
+        ({**BASE, "kafka.group.id": "g"}, "not supported by the tidemq source yet"),
+        ({**BASE, "kafka.max.poll.records": "5"}, "instead: 'maxOffsetsPerTrigger'"),
+        ({**BASE, "kafka.linger.ms": "5"}, "see the options of the tidemq connector"),
+    ],
+    ids=["typo-trigger", "typo-starting", "unknown", "kafka-tls", "kafka-group", "kafka-poll",
+         "kafka-other"],
+)  # fmt: skip
+def test_unknown_options_are_errors(options: dict[str, str], named: str) -> None:
+    """An option the source does not read fails the query, naming it (issue 21: a
+    misspelt `maxOffsetPerTrigger` used to be ignored, and the query read everything)."""
+    for streaming in (True, False):
+        with pytest.raises(OptionError) as info:
+            parse_read_options(options, streaming=streaming)
+        assert named in str(info.value)
+
+
+def test_unknown_write_options_are_errors() -> None:
+    with pytest.raises(OptionError, match="did you mean 'createTopic'"):
+        parse_write_options({"bootstrap": "h:1", "createTopics": "true"})
+    with pytest.raises(OptionError, match="unknown option 'sinkid' for the tidemq writer"):
+        parse_write_options({"bootstrap": "h:1", "sinkId": "s"})  # the streaming sink's
+    with pytest.raises(OptionError, match="Kafka client option"):
+        parse_write_options({"bootstrap": "h:1", "kafka.acks": "all"})

@@ -176,3 +176,12 @@ def test_abort_rolls_back_unless_published() -> None:
     assert client.committed == {("b1:1", "a")}
     assert client.rolled_back == set()
     assert discard(FakeClient(), "s", [None, None], 0) == "nothing"
+
+
+def test_unknown_sink_options_are_errors() -> None:
+    """The sink reads the writer's options, its own, and the query's checkpointLocation
+    (which Spark passes on); any other name is an error, not silently ignored."""
+    opts = parse_sink_options({**BOOT, "sinkId": "s", "checkpointLocation": "/tmp/cp"})
+    assert opts.sink_id == "s"
+    with pytest.raises(OptionError, match="did you mean 'sinkId'"):
+        parse_sink_options({**BOOT, "sinkId": "s", "sinkIds": "t"})

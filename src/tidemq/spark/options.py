@@ -33,9 +33,10 @@ Writing: ``bootstrap`` as above, ``topic`` (overrides the ``topic`` column),
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -44,6 +45,8 @@ from tidemq.core import limits
 __all__ = [
     "EARLIEST",
     "LATEST",
+    "READ_OPTIONS",
+    "WRITE_OPTIONS",
     "Assign",
     "OffsetSpec",
     "OptionError",
@@ -52,6 +55,7 @@ __all__ = [
     "SubscribePattern",
     "Subscription",
     "WriteOptions",
+    "check_known",
     "include_headers",
     "parse_read_options",
     "parse_write_options",
@@ -78,6 +82,35 @@ _UNSUPPORTED: Final = (
     "kafka.group.id",
 )
 _TOPIC: Final = re.compile(limits.TOPIC_NAME_PATTERN)
+#: Every option the source reads (Spark hands them over lower-cased; these are the names
+#: users write, for messages and "did you mean").
+READ_OPTIONS: Final = (
+    *BOOTSTRAP_NAMES,
+    "subscribe",
+    "subscribePattern",
+    "assign",
+    "startingOffsets",
+    "endingOffsets",
+    "startingTimestamp",
+    "maxOffsetsPerTrigger",
+    "maxRecordsPerBatch",
+    "failOnDataLoss",
+    "includeHeaders",
+    "minPartitions",
+    "fetchMaxBytes",
+)
+WRITE_OPTIONS: Final = (*BOOTSTRAP_NAMES, "topic", "createTopic", "createTopic.queues")
+#: Kafka client options users carry over, and what to do instead in tidemq.
+_KAFKA_INSTEAD: Final = {
+    "kafka.group.id": "none: the query's checkpoint keeps its offsets",
+    "kafka.security.protocol": "TLS and login for the connector are not built yet",
+    "kafka.sasl.mechanism": "TLS and login for the connector are not built yet",
+    "kafka.sasl.jaas.config": "TLS and login for the connector are not built yet",
+    "kafka.max.poll.records": "'maxOffsetsPerTrigger'",
+    "kafka.fetch.max.bytes": "'fetchMaxBytes'",
+    "kafka.max.partition.fetch.bytes": "'fetchMaxBytes'",
+    "kafka.auto.offset.reset": "'startingOffsets'",
+}
 
 
 class OptionError(ValueError):
@@ -153,6 +186,30 @@ class WriteOptions:
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
     return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def check_known(opts: Mapping[str, str], known: Collection[str], what: str) -> None:
+    """Refuse an option that `what` does not read (an unknown name would otherwise be
+    ignored, and the user would believe it took effect): the error names it, with the
+    closest known names, or, for a Kafka client option (`kafka.*`), what to use instead."""
+    by_lower = {name.lower(): name for name in known}
+    for key in sorted(opts):
+        name = key.lower()
+        if name in by_lower:
+            continue
+        if name.startswith("kafka."):
+            instead = _KAFKA_INSTEAD.get(name, "see the options of the tidemq connector")
+            raise OptionError(
+                f"option {key!r} is a Kafka client option; tidemq does not use them "
+                f"(instead: {instead})"
+            )
+        close = difflib.get_close_matches(name, by_lower, n=3, cutoff=0.75)
+        hint = (
+            f"; did you mean {' or '.join(repr(by_lower[c]) for c in close)}?"
+            if close
+            else f"; known: {', '.join(sorted(set(known)))}"
+        )
+        raise OptionError(f"unknown option {key!r} for {what}{hint}")
 
 
 def _get(opts: dict[str, str], name: str) -> str | None:
@@ -353,6 +410,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     for name in _UNSUPPORTED:
         if name.lower() in opts:
             raise OptionError(f"option {name!r} is not supported by the tidemq source yet")
+    check_known(opts, READ_OPTIONS, "the tidemq source")
     bootstrap = _bootstrap(opts)
     subscription = _subscription(opts)
     min_text = _get(opts, "minPartitions")
@@ -374,8 +432,12 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     )
 
 
-def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+def parse_write_options(
+    options: Mapping[str, str], *, also: Collection[str] = (), what: str = "the tidemq writer"
+) -> WriteOptions:
+    """`also`: the options a caller built on the writer reads besides (the streaming sink's)."""
     opts = _lower(options)
+    check_known(opts, (*WRITE_OPTIONS, *also), what)
     topic = _get(opts, "topic")
     create = _bool("createTopic", _get(opts, "createTopic"), False)
     queues_text = _get(opts, "createTopic.queues")

@@ -84,6 +84,14 @@ log = logging.getLogger(__name__)
 #: marker, and appears in logs.
 SINK_ID_PATTERN: Final = r"^[A-Za-z0-9_.-]{1,200}$"
 _SINK_ID: Final = re.compile(SINK_ID_PATTERN)
+#: The sink's options beyond the writer's. Spark passes the query's `checkpointLocation`
+#: on with the sink's options.
+SINK_OPTIONS: Final = (
+    "sinkId",
+    "checkpointLocation",
+    "testing.failAfterRows",
+    "testing.failOnceFile",
+)
 #: Attempts of the driver's commit (it is idempotent: a retry of a committed transaction
 #: returns the same receipts), with this pause between them.
 COMMIT_ATTEMPTS: Final = 3
@@ -110,7 +118,7 @@ class SinkOptions:
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     """The streaming sink's options: the batch writer's (`bootstrap`, `topic`) plus the
     required `sinkId`."""
-    write = parse_write_options(options)
+    write = parse_write_options(options, also=SINK_OPTIONS, what="the tidemq streaming sink")
     opts = {str(k).lower(): str(v) for k, v in options.items() if v is not None}
     sink_id = opts.get("sinkid")
     if sink_id is None or not sink_id.strip():
