@@ -192,3 +192,41 @@ def test_generate_events_and_analytics_cli(
     assert result.exit_code == 0, result.output
     assert "processed 300 event(s)" in result.output
     assert list((tmp_path / "out" / "tumbling").rglob("*.parquet"))
+
+
+def test_runs_with_other_checkpoints_do_not_share_sink_markers(
+    spark: SparkSession,
+    admin: Admin,
+    options: Options,
+    consume: Consume,
+    topic_name: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 21: a second run with another input, checkpoint and results topic but the
+    default name wrote nothing to its results topic (the first run's markers for the
+    shared sink ids made it skip its batches) and exited 0. Sink ids now carry the
+    checkpoint's token: both runs publish all their results."""
+    bootstrap = options()["bootstrap"]
+    events = generate_events(400, users=30, items=10, seed=11, idle_s=120, session_pause_s=20)
+    counts = []
+    for run_no in (1, 2):
+        topic = f"{topic_name}-{run_no}"
+        produce_events(bootstrap, topic, events, queues=3)
+        run_analytics(
+            spark,
+            bootstrap=bootstrap,
+            topics=[topic],
+            output=tmp_path / f"out{run_no}",
+            checkpoint=tmp_path / f"cp{run_no}",
+            results_topic=topic + "-out",
+            config=CONFIG,
+            max_offsets_per_trigger=200,  # two batches: the first moves the watermark
+        )  # the default name, "analytics", both times
+        counts.append(sum(_topic_rows(admin, consume, topic + "-out").values()))
+    assert counts[0] > 0
+    assert counts[1] == counts[0]
+    # Shuffle partitions: one per input queue (3), kept in the checkpoint, whatever the
+    # session's (2 in these tests; Spark's default is 200), which is left as it was.
+    offsets = (tmp_path / "cp1" / "session" / "offsets" / "0").read_text()
+    assert '"spark.sql.shuffle.partitions":"3"' in offsets
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"

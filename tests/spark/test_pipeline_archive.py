@@ -135,3 +135,29 @@ def test_archive_cli(
     assert "archived 5 message(s)" in result.output
     assert _archived(output) == _expected([topic_name], 1, 5)
     assert spark.sparkContext._jsc is not None  # the CLI kept the session it did not create
+
+
+def test_archive_cli_counts_every_micro_batch(
+    spark: SparkSession,
+    admin: Admin,
+    producer: Producer,
+    options: Options,
+    topic_name: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 21: the totals came from the query's recent progress, which keeps the last
+    100 reports (here 2), so long runs were undercounted. Every batch counts now."""
+    _fill(admin, producer, topic_name, 1, 0, 12)
+    output, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    args = ["pipeline", "archive", "--bootstrap", options()["bootstrap"], "--topic"]
+    args += [topic_name, "--output", str(output), "--checkpoint", str(checkpoint)]
+    args += ["--max-offsets-per-trigger", "3"]
+    key = "spark.sql.streaming.numRecentProgressUpdates"
+    spark.conf.set(key, "2")
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        spark.conf.unset(key)
+    assert result.exit_code == 0, result.output
+    assert "archived 12 message(s) in 4 micro-batch(es)" in result.output
+    assert _archived(output) == _expected([topic_name], 1, 12)

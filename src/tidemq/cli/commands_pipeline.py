@@ -57,6 +57,7 @@ def archive(
     require_topics(address, topic)
     with spark_failures("the archive query"):
         spark, created = session(master, "tidemq-archive")
+        progress = load("tidemq.spark.pipelines.progress").ProgressTotals(spark)
         try:
             query = pipeline.run_archive(
                 spark,
@@ -68,11 +69,12 @@ def archive(
                 max_offsets_per_trigger=max_offsets_per_trigger,
             )
             rows, batches = run_query(
-                query, once=once, running=f"archiving {', '.join(topic)} to {output}"
+                query, progress, once=once, running=f"archiving {', '.join(topic)} to {output}"
             )
             say(f"archived {rows} message(s) in {batches} micro-batch(es) to {output}")
         except ValueError as exc:  # the source's OptionError, a bad argument
             raise CliUsageError(str(exc)) from None
         finally:
+            progress.close()
             if created:
                 spark.stop()

@@ -84,7 +84,10 @@ def analytics(
         str, typer.Option("--results-topic", help="Topic for the results ('' for none).")
     ] = "analytics-results",
     name: Annotated[
-        str, typer.Option("--name", help="Pipeline name: sink ids are <name>-<kind>.")
+        str,
+        typer.Option(
+            "--name", help="Pipeline name: sink ids are <name>-<kind>-<checkpoint token>."
+        ),
     ] = "analytics",
     tumbling: Annotated[int, typer.Option("--tumbling", min=1, help="Tumbling window, s.")] = 60,
     sliding: Annotated[int, typer.Option("--sliding", min=1, help="Sliding window, s.")] = 600,

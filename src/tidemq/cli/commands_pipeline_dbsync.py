@@ -122,6 +122,7 @@ def db_sync(
     require_topics(address, topic)
     with spark_failures("the db-sync query"):
         spark, created = session(master, "tidemq-db-sync")
+        progress = load("tidemq.spark.pipelines.progress").ProgressTotals(spark)
         try:
             query = pipeline.run_db_sync(
                 spark,
@@ -134,7 +135,7 @@ def db_sync(
                 max_offsets_per_trigger=max_offsets_per_trigger,
             )
             rows, batches = run_query(
-                query, once=once, running=f"syncing {', '.join(topic)} to {shown}"
+                query, progress, once=once, running=f"syncing {', '.join(topic)} to {shown}"
             )
             say(
                 f"synced {rows} change event(s) in {batches} micro-batch(es) "
@@ -145,5 +146,6 @@ def db_sync(
         except pipeline.TargetError as exc:
             raise CliError(f"the target cannot be used: {exc}") from None
         finally:
+            progress.close()
             if created:
                 spark.stop()

@@ -189,15 +189,16 @@ def spark_failures(what: str) -> Iterator[None]:
                 os.unlink(_logs.pop())
 
 
-def run_query(query: Any, *, once: bool, running: str) -> tuple[int, int]:
+def run_query(query: Any, progress: Any, *, once: bool, running: str) -> tuple[int, int]:
     """Wait for a pipeline's streaming query: until it has read what was there (`once`),
-    else until Ctrl-C (after printing `running`). Returns (rows, micro-batches) of the
-    batches that read anything, from the query's recent progress."""
+    else until Ctrl-C (after printing `running`). Returns (rows, micro-batches that read
+    anything), counted by `progress` (a `ProgressTotals` opened before the query started:
+    every batch, not the last 100 that the query's recent progress keeps)."""
     if not once:
         info(f"{running}; Ctrl-C to stop")
         try:
             query.awaitTermination()
         except KeyboardInterrupt:
             query.stop()
-    batches = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
-    return sum(int(p["numInputRows"]) for p in batches), len(batches)
+    totals = progress.totals(query)
+    return int(totals.rows), int(totals.batches)

@@ -30,7 +30,8 @@ Outputs of micro-batch N of query `kind`:
   ``<output>/rejected/`` (`archive.write_table`).
 * The results topic (not for `rejected`): one JSON message per row with tag `kind` (so a
   consumer subscribes to `tumbling || sliding` with a tag filter), in one transaction
-  committed with the marker (sink id ``<name>-<kind>``, N).
+  committed with the marker (sink id ``<name>-<kind>-<token>``, N; the token is the
+  checkpoint's, `sink_ids.py`, so that runs with other checkpoints never share markers).
 
 Why each output is exactly once: Spark replays micro-batch N after a crash with the same
 offset ranges and the same state version, so it computes the same rows. The Parquet
@@ -46,12 +47,13 @@ input, so this suits local mode and small clusters; `rejected` rows are bounded 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,11 +67,15 @@ from tidemq.client.sync import Admin, TransactionProducer
 from tidemq.core.errors import TopicNotFound
 from tidemq.spark.pipelines.archive import write_table
 from tidemq.spark.pipelines.events import BEHAVIORS
+from tidemq.spark.pipelines.sink_ids import sink_id, sink_token
 from tidemq.spark.pipelines.streams import Trigger, check_trigger, read_topics
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    from tidemq.spark.pipelines.progress import ProgressTotals
 
 __all__ = [
     "KINDS",
@@ -299,6 +305,7 @@ class AnalyticsRun:
 
     queries: dict[Kind, StreamingQuery]
     _sinks: list[_TopicSink]
+    _progress: ProgressTotals
 
     def await_termination(self) -> None:
         """Wait for every query; when one fails, stop the others and raise its error.
@@ -320,16 +327,40 @@ class AnalyticsRun:
             self.close()
 
     def rows(self) -> dict[Kind, int]:
-        """Input rows each query has processed (from its recent progress)."""
-        return {
-            kind: sum(int(p.get("numInputRows", 0)) for p in q.recentProgress)
-            for kind, q in self.queries.items()
-        }
+        """Input rows each query has processed (every micro-batch counted: see
+        `progress.py`)."""
+        return {kind: self._progress.totals(q).rows for kind, q in self.queries.items()}
 
     def close(self) -> None:
         """Close the producers of the results topic (a later batch opens one again)."""
         for sink in self._sinks:
             sink.close()
+        if not any(q.isActive for q in self.queries.values()):
+            self._progress.close()  # the counts stay readable
+
+
+def _input_queues(bootstrap: str, topics: Sequence[str]) -> int:
+    with Admin(bootstrap) as admin:
+        return max(1, sum(admin.describe_topic(t).queues for t in topics))
+
+
+@contextlib.contextmanager
+def _shuffle_partitions(spark: SparkSession, partitions: int) -> Iterator[None]:
+    """Spark's `spark.sql.shuffle.partitions` for the queries started inside. A streaming
+    query keeps the value of its first run in its checkpoint for good, and the default
+    (200) made analytics 2.5 times slower here than one per input queue (issue 21). Each
+    query runs on a copy of the session's conf taken when it starts, so the caller's
+    value is restored afterwards without touching the queries."""
+    key = "spark.sql.shuffle.partitions"
+    previous = spark.conf.get(key, None)
+    spark.conf.set(key, str(partitions))
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, previous)
 
 
 def _ensure_topic(bootstrap: str, topic: str) -> None:
@@ -355,7 +386,8 @@ def run_analytics(
 ) -> AnalyticsRun:
     """Run the pipeline over `topics` (see the module docstring). Parquet goes under
     `output`; results also go to `results_topic` (created with `RESULT_QUEUES` queues
-    when missing; None: Parquet only), with sink ids ``<name>-<kind>``.
+    when missing; None: Parquet only), with sink ids ``<name>-<kind>-<token>`` (the token
+    is made at the checkpoint's first run and kept in it: see `sink_ids`).
 
     `trigger="available_now"` processes what the topics hold now (micro-batches of at
     most `max_offsets_per_trigger` messages per query) and returns when every query is
@@ -368,6 +400,8 @@ def run_analytics(
         raise ValueError(f"max_offsets_per_trigger must be >= 1, got {max_offsets_per_trigger}")
     config = config or AnalyticsConfig()
     root, checkpoints = Path(output), Path(checkpoint)
+    token = sink_token(checkpoints)
+    partitions = _input_queues(bootstrap, topics)
     if results_topic is not None:
         _ensure_topic(bootstrap, results_topic)
 
@@ -379,45 +413,55 @@ def run_analytics(
             max_offsets_per_trigger=max_offsets_per_trigger,
         )
 
-    sinks: list[_TopicSink] = []
-    queries: dict[Kind, StreamingQuery] = {}
-    run = AnalyticsRun(queries, sinks)
+    from tidemq.spark.pipelines.progress import ProgressTotals  # noqa: PLC0415 - pyspark
+
+    run = AnalyticsRun({}, [], ProgressTotals(spark))
     try:
-        for kind in KINDS:
-            events, rejected = parsed_events(source())
-            if kind == "rejected":
-                handle: Callable[[DataFrame, int], None] = _reject_writer(root / "rejected")
-                frame = rejected
-            else:
+        with _shuffle_partitions(spark, partitions):
+            for kind in KINDS:
                 sink = None
-                if results_topic is not None:
+                if results_topic is not None and kind != "rejected":
                     sink = _TopicSink(
-                        bootstrap, results_topic, f"{name}-analytics", f"{name}-{kind}", kind
+                        bootstrap,
+                        results_topic,
+                        sink_id(name, "analytics", token),
+                        sink_id(name, kind, token),
+                        kind,
                     )
-                    sinks.append(sink)
-                handle = _result_writer(root, kind, sink)
-                frame = _aggregate(events, kind, config)
-            writer = (
-                frame.writeStream.queryName(f"tidemq-{name}-{kind}-{uuid.uuid4().hex[:6]}")
-                .outputMode("append")
-                .foreachBatch(handle)
-                .option("checkpointLocation", str(checkpoints / kind))
-            )
-            if trigger == "available_now":
-                # One query after the other: each starts a Python process for its source,
-                # and four starting at once on a small machine can miss Spark's
-                # connect-back timeout.
-                queries[kind] = query = writer.trigger(availableNow=True).start()
-                query.awaitTermination()
-            else:
-                queries[kind] = query = writer.start()
-                _wait_started(query)
+                    run._sinks.append(sink)
+                writer = _writer(source(), kind, config, root, sink).queryName(
+                    f"tidemq-{name}-{kind}-{uuid.uuid4().hex[:6]}"
+                )
+                writer = writer.option("checkpointLocation", str(checkpoints / kind))
+                if trigger == "available_now":
+                    # One query after the other: each starts a Python process for its
+                    # source, and four starting at once on a small machine can miss
+                    # Spark's connect-back timeout.
+                    run.queries[kind] = query = writer.trigger(availableNow=True).start()
+                    query.awaitTermination()
+                else:
+                    run.queries[kind] = query = writer.start()
+                    _wait_started(query)
     except BaseException:
         run.stop()
         raise
     if trigger == "available_now":
         run.close()  # every query is done
     return run
+
+
+def _writer(
+    source: DataFrame, kind: Kind, config: AnalyticsConfig, root: Path, sink: _TopicSink | None
+) -> DataStreamWriter:
+    """The query of `kind` over `source`: its frame and where each micro-batch goes."""
+    events, rejected = parsed_events(source)
+    if kind == "rejected":
+        handle: Callable[[DataFrame, int], None] = _reject_writer(root / "rejected")
+        frame = rejected
+    else:
+        handle = _result_writer(root, kind, sink)
+        frame = _aggregate(events, kind, config)
+    return frame.writeStream.outputMode("append").foreachBatch(handle)
 
 
 def _wait_started(query: StreamingQuery) -> None:

@@ -437,13 +437,12 @@ def run_db_sync(
     apply_partition = _ApplyPartition(target, shards, shard_column)
 
     def sync_batch(df: DataFrame, batch_id: int) -> None:
-        # Each (topic, queue) in one task, its events in offset order. As many tasks as the
-        # source has partitions (one per queue range), not spark.sql.shuffle.partitions
-        # (200 by default): an empty task still costs a Python worker round trip.
-        tasks = max(1, df.rdd.getNumPartitions())
+        # Each (topic, queue) in one task, its events in offset order: the source already
+        # reads each queue's range of the batch as one partition (`read_topics` sets no
+        # minPartitions, which would split ranges), so the tasks are exactly the queues.
+        # A repartition by hash put 8 queues into 6 tasks, two of them empty (issue 21).
         (
             df.select("topic", "partition", "offset", "value")
-            .repartition(tasks, "topic", "partition")
             .sortWithinPartitions("topic", "partition", "offset")
             .foreachPartition(apply_partition)
         )
