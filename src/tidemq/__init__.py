@@ -5,6 +5,7 @@ The synchronous client API; `tidemq.aio` has the asyncio twins with the same nam
 
 from __future__ import annotations
 
+from tidemq.client.acls import Acl
 from tidemq.client.push_consumer import HandlerTimeout, RetryPolicy
 from tidemq.client.results import (
     BrokerInfo,
@@ -66,6 +67,7 @@ from tidemq.core.version import __version__
 from tidemq.net.tls import client_context as client_tls
 
 __all__ = [
+    "Acl",
     "Admin",
     "AlreadyDelivered",
     "AuthenticationFailed",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tidemq.client.acls import Acl
 from tidemq.client.admin import AsyncAdmin as Admin
 from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer as BroadcastConsumer
 from tidemq.client.group_consumer import AsyncGroupConsumer as GroupConsumer
@@ -38,6 +39,7 @@ from tidemq.client.transaction import TransactionCheck
 from tidemq.core.message import BatchReceipts, Message, MessageBatch, Receipt
 
 __all__ = [
+    "Acl",
     "Admin",
     "BatchReceipts",
     "BroadcastConsumer",

@@ -124,6 +124,11 @@ class Authenticator:
                 store.metadata.save_service_state({MOCK_SECRET_KEY: secret})
             self._mock_secret = secret
 
+    @property
+    def super_users(self) -> frozenset[str]:
+        """The principals (`User:<name>`) of broker.super_users and the bootstrap user."""
+        return self._super
+
     def bootstrap(self, user: str | None, password: str | None) -> None:
         """At start: with authentication on and no user yet, create `user` (a super
         user) with `password`."""

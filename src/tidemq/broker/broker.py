@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from tidemq.broker.auth import AUTH_CODES, Authenticator
+from tidemq.broker.authorization import ACL_CODES, FILTERED_CODES, Authorization
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.groups import GroupCoordinator
 from tidemq.broker.handlers.admin import AdminHandlers
@@ -220,6 +221,15 @@ class Broker:
         self._rebuild_services(store)
         self._auth = Authenticator(cfg, self._gateway)
         self._auth.bootstrap(cfg.bootstrap_user, self._bootstrap_password)
+        self._authz = Authorization(
+            enabled=cfg.authorization_enabled,
+            super_users=self._auth.super_users,
+            rows=store.metadata.acls(),
+            save=store.metadata.add_acls,
+            remove=store.metadata.delete_acls,
+            txn_groups=self._transactions.groups_of,
+            clock=self._clock,
+        )
         await self._transactions.start()
         self._timers.start()
         self._server = TcpServer(
@@ -508,9 +518,27 @@ class Broker:
             # Before login only SASL_HANDSHAKE and SASL_AUTHENTICATE are served.
             return await auth.before_login(frame, conn), b""
         code, header = decode_request(frame)
+        authz = self._authz
+        if authz.enabled:
+            authz.check(code, header, conn.principal, conn.host)
         if code in AUTH_CODES:
             return await auth.after_login(code, header, conn), b""
-        return await self._serve(code, header, frame, conn)
+        if code in ACL_CODES:
+            return await self._acl_request(code, header), b""
+        answer, body = await self._serve(code, header, frame, conn)
+        if authz.enabled and code in FILTERED_CODES:
+            answer = authz.filter(code, header, answer, conn.principal, conn.host)
+        return answer, body
+
+    async def _acl_request(self, code: RequestCode, header: Any) -> Any:
+        """ACL_CREATE / ACL_DELETE / ACL_LIST (authorized like any request above; with
+        authorization off, anyone logged in, or anyone, may prepare entries)."""
+        authz = self._authz
+        if code is RequestCode.ACL_LIST:
+            return authz.listed(header)
+        if code is RequestCode.ACL_CREATE:
+            return await self._gateway.call(lambda _: authz.create(header))
+        return await self._gateway.call(lambda _: authz.delete(header))
 
     async def _serve(
         self, code: RequestCode, header: Any, frame: Frame, conn: ServerConnection

@@ -141,6 +141,10 @@ class BrokerConfig:
     #: (a super user), with the password the `tidemq server`/`tidemq broker` process reads
     #: from the environment variable TIDEMQ_BOOTSTRAP_PASSWORD (never from a file or flag).
     bootstrap_user: str | None = None
+    #: ACLs (docs/guide/security.md, "Who may do what"): every request must be allowed
+    #: by an ACL entry (or come from a super user); what is not allowed is refused.
+    #: Needs auth_enabled (an ACL names users). Off by default.
+    authorization_enabled: bool = False
     store: StoreConfig = field(default_factory=_default_store)
 
     def __post_init__(self) -> None:
@@ -203,6 +207,11 @@ class BrokerConfig:
             )
         if self.broker_heartbeat_interval_ms * 2 > self.broker_ttl_ms:
             raise ConfigError("broker.broker_ttl_ms must be at least twice the heartbeat interval")
+        if self.authorization_enabled and not self.auth_enabled:
+            raise ConfigError(
+                "broker.authorization_enabled needs broker.auth_enabled: ACL entries name "
+                "users, and without login every client is anonymous"
+            )
         self._check_tls()
 
     def _check_tls(self) -> None:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -286,6 +286,13 @@ class TransactionService:
         txn_id = uuid.uuid4().hex
         self._txns[txn_id] = _Txn(txn_id, group, begun_ms=self._clock.now_ms())
         return txn_id
+
+    def groups_of(self, txn_ids: Sequence[str]) -> list[str]:
+        """The groups of the transactions this broker knows (for authorization: ending a
+        transaction needs WRITE on its group); unknown ids are skipped (ending them fails
+        with UnknownTransaction anyway)."""
+        found = (self._txns.get(t) or self._finished.get(t) for t in txn_ids)
+        return sorted({txn.group for txn in found if txn is not None})
 
     def _lookup(self, txn_id: str) -> _Txn:
         txn = self._txns.get(txn_id) or self._finished.get(txn_id)

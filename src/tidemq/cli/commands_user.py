@@ -96,3 +96,23 @@ def list_(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Output.T
         emit_json(users)
         return
     emit_table(["USER", "ITERATIONS"], ((u.name, u.iterations) for u in users))
+
+
+@command(app, "passwd")
+def passwd(
+    name: Annotated[str, typer.Argument(help="The user name.", show_default=False)],
+    password_stdin: Annotated[
+        bool,
+        typer.Option(
+            "--password-stdin",
+            help="Read the new password from the first line of stdin (else: a prompt).",
+        ),
+    ] = False,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+) -> None:
+    """Set a new password for an existing user (on every live broker)."""
+    with _admin(bootstrap) as admin:
+        if name not in {u.name for u in admin.list_users()}:
+            raise CliUsageError(f"no user {name!r}; create it with `tidemq user create`")
+        admin.create_user(name, _password(password_stdin))
+    say(f"password of {name} changed")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import typer
 
 from tidemq.cli import (
+    commands_acl,
     commands_cluster,
     commands_data,
     commands_dlq,
@@ -74,6 +75,7 @@ app.add_typer(commands_special.txn_app, name="txn")
 app.add_typer(commands_dlq.app, name="dlq")
 app.add_typer(commands_pop.app, name="pop")
 app.add_typer(commands_user.app, name="user")
+app.add_typer(commands_acl.app, name="acl")
 # the pipeline commands register on pipeline_common.app when their modules are imported
 _ = (commands_pipeline, commands_pipeline_analytics, commands_pipeline_dbsync)
 app.add_typer(pipeline_common.app, name="pipeline")

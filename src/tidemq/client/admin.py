@@ -19,9 +19,11 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
+from tidemq.client import acls as acls_api
 from tidemq.client import checks
+from tidemq.client.acls import Acl
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer import AsyncProducer
 from tidemq.client.results import (
@@ -580,6 +582,23 @@ class AsyncAdmin:
             for user in answer.users:
                 seen.setdefault(user.name, user)
         return [user_info_from_wire(seen[n]) for n in sorted(seen)]
+
+    async def create_acls(self, acls: Iterable[Acl]) -> int:
+        """Add ACL entries on every live broker; how many were new. With
+        `broker.authorization_enabled`, this needs ALTER on the cluster (a super user)."""
+        return await acls_api.create_acls(self._cluster, await self._brokers(), acls)
+
+    async def delete_acls(self, acls: Iterable[Acl]) -> int:
+        """Remove ACL entries (exactly these) on every live broker; how many were there."""
+        return await acls_api.delete_acls(self._cluster, await self._brokers(), acls)
+
+    async def list_acls(
+        self, *, principal: str | None = None, resource_type: str | None = None
+    ) -> list[Acl]:
+        """The ACL entries of the live brokers, optionally of one principal or type."""
+        return await acls_api.list_acls(
+            self._cluster, await self._brokers(), principal=principal, resource_type=resource_type
+        )
 
     async def close(self) -> None:
         await self._cluster.close()

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from tidemq.client._loop import call_soon, run
+from tidemq.client.acls import Acl
 from tidemq.client.admin import AsyncAdmin
 from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer
 from tidemq.client.cluster import ClientConfig
@@ -596,6 +597,19 @@ class Admin:
 
     def list_users(self) -> list[UserInfo]:
         return run(self._a.list_users())
+
+    def create_acls(self, acls: Iterable[Acl]) -> int:
+        """Add ACL entries on every live broker; how many were new."""
+        return run(self._a.create_acls(acls))
+
+    def delete_acls(self, acls: Iterable[Acl]) -> int:
+        """Remove ACL entries on every live broker; how many were there."""
+        return run(self._a.delete_acls(acls))
+
+    def list_acls(
+        self, *, principal: str | None = None, resource_type: str | None = None
+    ) -> list[Acl]:
+        return run(self._a.list_acls(principal=principal, resource_type=resource_type))
 
     def dead_letters(self, group: str, *, limit: int = 100) -> list[Message]:
         """The first `limit` messages of `%DLQ%<group>`, with their `tidemq.dlq.*` headers."""

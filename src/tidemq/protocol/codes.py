@@ -60,6 +60,10 @@ class RequestCode(IntEnum):
     USER_UPSERT = 72
     USER_DELETE = 73
     USER_LIST = 74
+    # ACL entries of a broker (docs/design/security.md section 4)
+    ACL_CREATE = 80
+    ACL_DELETE = 81
+    ACL_LIST = 82
     # Reserved ranges for work in progress (append codes in your range only):
     # 80-89 authorization (ACLs, issue 16); 90-99 static topics (issue 17);
     # 100-109 compact topics and key-value access (issue 18); 110-119 operations (issue 22).

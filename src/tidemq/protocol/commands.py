@@ -784,3 +784,9 @@ REQUESTS: Final[dict[RequestCode, tuple[type[_Msg], type[_Msg]]]] = {
     RequestCode.USER_DELETE: (UserDeleteRequest, Empty),
     RequestCode.USER_LIST: (UserListRequest, UserListResponse),
 }
+
+# Requests defined in their own modules (imported here, after REQUESTS, so that they may
+# import from this module without a cycle).
+from tidemq.protocol.acl_messages import ACL_REQUESTS  # noqa: E402
+
+REQUESTS.update(ACL_REQUESTS)  # type: ignore[arg-type]

@@ -20,6 +20,9 @@ Tables::
     consumer_offsets(group_name, topic, queue_id, next_offset, updated_ms)
     producer_state(topic_id, queue_id, producer_id, epoch, window JSON, position)
     counters(name, value)                                          producer id allocation
+    users(name, salt, iterations, stored_key, server_key)          SCRAM credentials
+    acls(principal, resource_type, resource_name, pattern_type,    ACL entries (core/acl.py),
+         operation, permission, host)                              as their enum values
 """
 
 from __future__ import annotations
@@ -86,6 +89,13 @@ CREATE TABLE IF NOT EXISTS service_state (name TEXT PRIMARY KEY, value BLOB NOT 
 CREATE TABLE IF NOT EXISTS users (
     name TEXT PRIMARY KEY, salt BLOB NOT NULL, iterations INTEGER NOT NULL,
     stored_key BLOB NOT NULL, server_key BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS acls (
+    principal TEXT NOT NULL, resource_type TEXT NOT NULL, resource_name TEXT NOT NULL,
+    pattern_type TEXT NOT NULL, operation TEXT NOT NULL, permission TEXT NOT NULL,
+    host TEXT NOT NULL,
+    PRIMARY KEY (principal, resource_type, resource_name, pattern_type, operation,
+                 permission, host)
 );
 """
 
@@ -427,6 +437,38 @@ class Metadata:
     def delete_user(self, name: str) -> bool:
         """Remove a user; False if there was none of that name."""
         return self._db.execute("DELETE FROM users WHERE name = ?", (name,)).rowcount > 0
+
+    # ------------------------------------------------------------------ ACL entries
+
+    def acls(self) -> list[tuple[str, str, str, str, str, str, str]]:
+        """Every ACL entry: (principal, resource type, resource name, pattern type,
+        operation, permission, host), as stored (the broker validates them)."""
+        rows = self._db.execute(
+            "SELECT principal, resource_type, resource_name, pattern_type, operation,"
+            " permission, host FROM acls ORDER BY 1, 2, 3, 4, 5, 6, 7"
+        ).fetchall()
+        return [tuple(str(v) for v in row) for row in rows]  # type: ignore[misc]
+
+    @_writes
+    def add_acls(self, entries: Iterable[tuple[str, str, str, str, str, str, str]]) -> int:
+        """Add entries (one transaction); the count that were not there already."""
+        with self._tx():
+            before = self._db.total_changes
+            self._db.executemany("INSERT OR IGNORE INTO acls VALUES (?, ?, ?, ?, ?, ?, ?)", entries)
+            return self._db.total_changes - before
+
+    @_writes
+    def delete_acls(self, entries: Iterable[tuple[str, str, str, str, str, str, str]]) -> int:
+        """Remove entries (one transaction); the count that were there."""
+        with self._tx():
+            before = self._db.total_changes
+            self._db.executemany(
+                "DELETE FROM acls WHERE principal = ? AND resource_type = ? AND"
+                " resource_name = ? AND pattern_type = ? AND operation = ? AND"
+                " permission = ? AND host = ?",
+                entries,
+            )
+            return self._db.total_changes - before
 
     # ------------------------------------------------------------------ helpers
 

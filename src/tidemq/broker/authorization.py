@@ -1,0 +1,390 @@
+"""Who may do what: the broker's table of what each request code needs, the ACL entries
+it keeps, and the check every request passes before its handler runs (with
+`broker.authorization_enabled`; docs/design/security.md sections 2 and 4).
+
+`REQUEST_ACLS` maps every `RequestCode` to rules: a `Requirement` (operation, resource
+type) and a function naming the resources in the request. A request is served only if
+its connection's principal is allowed every action; `()` means "authentication only".
+A test walks `RequestCode`: a code without an entry here fails it, so a new request kind
+cannot slip past authorization by being forgotten.
+
+List requests filter instead of refusing (Kafka's rule): LIST_TOPICS, LIST_GROUPS and a
+GET_ROUTES for every topic answer with what the principal may describe.
+
+The refusal a client sees names the operation and the resource, never the entries; the
+decision's full reason goes to the audit log (rate-limited per kind of refusal).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+from tidemq.core.acl import (
+    CLUSTER_NAME,
+    AclEntry,
+    Authorizer,
+    Operation,
+    PatternType,
+    Permission,
+    Requirement,
+    ResourceType,
+)
+from tidemq.core.clock import Clock
+from tidemq.core.errors import AuthorizationFailed, InvalidRequest
+from tidemq.core.log_limit import RateLimitedLog
+from tidemq.protocol.acl_messages import (
+    AclCreateRequest,
+    AclDeleteRequest,
+    AclEntryMsg,
+    AclListRequest,
+    AclListResponse,
+    AclsChangedResponse,
+)
+from tidemq.protocol.codes import RequestCode
+from tidemq.protocol.commands import GetRoutesResponse, ListGroupsResponse, ListTopicsResponse
+
+__all__ = [
+    "ACL_CODES",
+    "FILTERED_CODES",
+    "REQUEST_ACLS",
+    "Authorization",
+    "Rule",
+    "entry_of",
+    "message_of",
+]
+
+log = logging.getLogger("tidemq.audit")
+
+#: One line per kind of refusal per interval in the audit log.
+AUDIT_LOG_INTERVAL_MS: Final = 10_000
+#: Entries one ACL_CREATE or ACL_DELETE may carry.
+MAX_ACLS_PER_REQUEST: Final = 1_000
+
+Names = Callable[[Any], Iterable[str]]
+
+#: The requests `Authorization` itself serves.
+ACL_CODES: Final = frozenset({RequestCode.ACL_CREATE, RequestCode.ACL_DELETE, RequestCode.ACL_LIST})
+#: The requests whose answers are cut to what the principal may describe.
+FILTERED_CODES: Final = frozenset(
+    {RequestCode.LIST_TOPICS, RequestCode.LIST_GROUPS, RequestCode.GET_ROUTES}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """`requirement` on every resource `names(header)` returns."""
+
+    requirement: Requirement
+    names: Names
+
+
+def _rule(operation: Operation, resource: ResourceType, names: Names) -> Rule:
+    return Rule(Requirement(operation, resource), names)
+
+
+def _cluster(_: Any) -> tuple[str]:
+    return (CLUSTER_NAME,)
+
+
+def _topic(h: Any) -> tuple[str]:
+    return (h.topic,)
+
+
+def _name(h: Any) -> tuple[str]:
+    return (h.name,)
+
+
+def _group(h: Any) -> tuple[str]:
+    return (h.group,)
+
+
+def _sink(h: Any) -> tuple[str, ...]:
+    return (h.sink_id,) if h.sink_id else ()
+
+
+_T, _G, _C, _X = (
+    ResourceType.TOPIC,
+    ResourceType.GROUP,
+    ResourceType.CLUSTER,
+    ResourceType.TRANSACTIONAL_ID,
+)
+_READ, _WRITE, _DESCRIBE = Operation.READ, Operation.WRITE, Operation.DESCRIBE
+_ALTER, _CREATE, _DELETE = Operation.ALTER, Operation.CREATE, Operation.DELETE
+_GROUP_READ = (_rule(_READ, _G, _group),)
+_CLUSTER_DESCRIBE = (_rule(_DESCRIBE, _C, _cluster),)
+_CLUSTER_ALTER = (_rule(_ALTER, _C, _cluster),)
+
+
+def _txn_ids(h: Any) -> list[str]:
+    """END_TXN's transactions: `Authorization.check` turns them into their groups (the
+    broker's `txn_groups`), on which the request needs WRITE."""
+    return list(h.txn_ids)
+
+
+REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
+    {
+        RequestCode.PRODUCE: (_rule(_WRITE, _T, _topic),),
+        RequestCode.FETCH: (_rule(_READ, _T, _topic),),
+        RequestCode.LIST_OFFSETS: (_rule(_DESCRIBE, _T, _topic),),
+        # Producer ids are not secret-bearing on their own; who uses them is checked
+        # with PRODUCE (WRITE on the topic).
+        RequestCode.INIT_PRODUCER: (),
+        RequestCode.CREATE_TOPIC: (_rule(_CREATE, _T, _name),),
+        RequestCode.ALTER_TOPIC: (_rule(_ALTER, _T, _name),),
+        RequestCode.DELETE_TOPIC: (_rule(_DELETE, _T, _name),),
+        RequestCode.LIST_TOPICS: (),  # filtered: the topics the principal may describe
+        RequestCode.DESCRIBE_TOPIC: (_rule(_DESCRIBE, _T, _name),),
+        RequestCode.JOIN_GROUP: (
+            *_GROUP_READ,
+            _rule(_READ, _T, lambda h: h.topics or ()),
+        ),
+        RequestCode.HEARTBEAT: _GROUP_READ,
+        RequestCode.LEAVE_GROUP: _GROUP_READ,
+        RequestCode.COMMIT_OFFSETS: (
+            *_GROUP_READ,
+            _rule(_READ, _T, lambda h: {o.topic for o in h.offsets}),
+        ),
+        RequestCode.FETCH_OFFSETS: (_rule(_DESCRIBE, _G, _group),),
+        RequestCode.LIST_GROUPS: (),  # filtered: the groups the principal may describe
+        RequestCode.DESCRIBE_GROUP: (_rule(_DESCRIBE, _G, _group),),
+        RequestCode.RESET_OFFSETS: (*_GROUP_READ, _rule(_ALTER, _T, _topic)),
+        # Every topic when the list is empty: then the answer is filtered.
+        RequestCode.GET_ROUTES: (_rule(_DESCRIBE, _T, lambda h: h.topics or ()),),
+        RequestCode.REGISTER_BROKER: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
+        RequestCode.UNREGISTER_BROKER: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
+        RequestCode.CLUSTER_STATUS: _CLUSTER_DESCRIBE,
+        RequestCode.STATUS: _CLUSTER_DESCRIBE,
+        # The id names the timer's record, not the message's topic: operators only.
+        RequestCode.CANCEL_DELAYED: _CLUSTER_ALTER,
+        RequestCode.TIMER_STATUS: _CLUSTER_DESCRIBE,
+        RequestCode.BEGIN_TXN: (_rule(_WRITE, _X, _group),),
+        RequestCode.END_TXN: (_rule(_WRITE, _X, _txn_ids), _rule(_WRITE, _X, _sink)),
+        RequestCode.SINK_MARKER: (_rule(_DESCRIBE, _X, _sink),),
+        # Server to client only: refused by the dispatcher whoever sends it.
+        RequestCode.CHECK_TXN: (),
+        RequestCode.REGISTER_CHECKER: (_rule(_WRITE, _X, _group),),
+        RequestCode.TXN_STATUS: _CLUSTER_DESCRIBE,
+        RequestCode.POP_RECEIVE: (
+            *_GROUP_READ,
+            _rule(_READ, _T, lambda h: {s.topic for s in h.subscriptions}),
+        ),
+        RequestCode.POP_ACK: _GROUP_READ,
+        RequestCode.POP_CHANGE_INVISIBLE: _GROUP_READ,
+        RequestCode.POP_NACK: _GROUP_READ,
+        RequestCode.POP_STATUS: (_rule(_DESCRIBE, _G, _group),),
+        # A redrive is the group's own retry: READ on the group (the broker writes).
+        RequestCode.POP_RESUME: _GROUP_READ,
+        # Login happens before any of this is consulted.
+        RequestCode.SASL_HANDSHAKE: (),
+        RequestCode.SASL_AUTHENTICATE: (),
+        # Users: the super users only, checked by the Authenticator as well.
+        RequestCode.USER_UPSERT: _CLUSTER_ALTER,
+        RequestCode.USER_DELETE: _CLUSTER_ALTER,
+        RequestCode.USER_LIST: _CLUSTER_DESCRIBE,
+        RequestCode.ACL_CREATE: _CLUSTER_ALTER,
+        RequestCode.ACL_DELETE: _CLUSTER_ALTER,
+        RequestCode.ACL_LIST: _CLUSTER_DESCRIBE,
+    }
+)
+
+
+def entry_of(msg: AclEntryMsg) -> AclEntry:
+    """The entry a message describes; InvalidRequest naming what is wrong."""
+    try:
+        return AclEntry(
+            principal=msg.principal,
+            resource_type=ResourceType(msg.resource_type.lower()),
+            resource_name=msg.resource_name,
+            pattern_type=PatternType(msg.pattern_type.lower()),
+            operation=Operation(msg.operation.lower()),
+            permission=Permission(msg.permission.lower()),
+            host=msg.host,
+        )
+    except ValueError as exc:  # AclError is a ValueError, and so are unknown enum values
+        raise InvalidRequest(f"bad ACL entry ({_describe(msg)}): {exc}") from None
+
+
+def message_of(entry: AclEntry) -> AclEntryMsg:
+    return AclEntryMsg(
+        principal=entry.principal,
+        resource_type=entry.resource_type.value,
+        resource_name=entry.resource_name,
+        pattern_type=entry.pattern_type.value,
+        operation=entry.operation.value,
+        permission=entry.permission.value,
+        host=entry.host,
+    )
+
+
+def _describe(msg: AclEntryMsg) -> str:
+    return (
+        f"{msg.permission} {msg.principal} from {msg.host} {msg.operation} "
+        f"{msg.resource_type} {msg.resource_name} ({msg.pattern_type})"
+    )
+
+
+def _row(entry: AclEntry) -> tuple[str, str, str, str, str, str, str]:
+    m = message_of(entry)
+    return (
+        m.principal,
+        m.resource_type,
+        m.resource_name,
+        m.pattern_type,
+        m.operation,
+        m.permission,
+        m.host,
+    )
+
+
+class Authorization:
+    """The broker's ACL entries and the check of each request (one per broker, on its
+    loop). `enabled` is broker.authorization_enabled; the ACL requests work either way
+    (entries may be prepared before authorization is turned on)."""
+
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        super_users: Iterable[str],
+        rows: Iterable[Sequence[str]],
+        save: Callable[[list[tuple[str, str, str, str, str, str, str]]], Any],
+        remove: Callable[[list[tuple[str, str, str, str, str, str, str]]], Any],
+        txn_groups: Callable[[Sequence[str]], list[str]],
+        clock: Clock,
+    ) -> None:
+        self.enabled = enabled
+        self._super = frozenset(super_users)
+        self._save = save
+        self._remove = remove
+        self._txn_groups = txn_groups
+        self._audit = RateLimitedLog(log, clock, interval_ms=AUDIT_LOG_INTERVAL_MS)
+        self._entries: set[AclEntry] = set()
+        for row in rows:
+            principal, resource_type, resource_name, pattern_type, operation, permission, host = row
+            try:
+                self._entries.add(
+                    entry_of(
+                        AclEntryMsg(
+                            principal=principal,
+                            resource_type=resource_type,
+                            resource_name=resource_name,
+                            operation=operation,
+                            permission=permission,
+                            pattern_type=pattern_type,
+                            host=host,
+                        )
+                    )
+                )
+            except InvalidRequest as exc:  # written by an older version, or by hand
+                log.error("ignoring a stored ACL entry: %s", exc)
+        self._authorizer = self._build()
+
+    def _build(self) -> Authorizer:
+        return Authorizer(self._entries, super_users=self._super)
+
+    # ------------------------------------------------------------------ checks
+
+    def check(self, code: RequestCode, header: Any, principal: str | None, host: str) -> None:
+        """Raise AuthorizationFailed unless `principal` may make this request."""
+        if not self.enabled:
+            return
+        if principal is None:  # authentication is on whenever authorization is (config)
+            raise AuthorizationFailed(f"{code.name} refused: not logged in")
+        for rule in REQUEST_ACLS[code]:
+            names = rule.names(header)
+            if rule.names is _txn_ids:
+                names = self._txn_groups(list(names))
+            for resource in sorted(set(names)):
+                self._check_one(code, principal, host, rule.requirement, resource)
+
+    def _check_one(
+        self, code: RequestCode, principal: str, host: str, req: Requirement, resource: str
+    ) -> None:
+        decision = self._authorizer.authorize(
+            principal, host, req.operation, req.resource_type, resource
+        )
+        if decision.allowed:
+            return
+        self._audit.log(
+            logging.WARNING,
+            f"denied-{code.name}",
+            "denied %s from %s: %s (%s)",
+            principal,
+            host,
+            code.name,
+            decision.reason,
+        )
+        raise AuthorizationFailed(
+            f"{principal} may not {req.operation.name} {req.resource_type.value} "
+            f"{resource!r} ({code.name})"
+        )
+
+    def may_describe(self, principal: str | None, host: str, kind: ResourceType, name: str) -> bool:
+        if not self.enabled:
+            return True
+        if principal is None:
+            return False
+        return self._authorizer.authorize(principal, host, _DESCRIBE, kind, name).allowed
+
+    def filter(
+        self, code: RequestCode, header: Any, answer: Any, principal: str | None, host: str
+    ) -> Any:
+        """The answer of a list request, cut to what the principal may describe."""
+        if not self.enabled:
+            return answer
+
+        def visible(kind: ResourceType, name: str) -> bool:
+            return self.may_describe(principal, host, kind, name)
+
+        if code is RequestCode.LIST_TOPICS and isinstance(answer, ListTopicsResponse):
+            answer.topics = [t for t in answer.topics if visible(_T, t.name)]
+        elif code is RequestCode.LIST_GROUPS and isinstance(answer, ListGroupsResponse):
+            answer.groups = [g for g in answer.groups if visible(_G, g)]
+        elif code is RequestCode.GET_ROUTES and isinstance(answer, GetRoutesResponse):
+            answer.routes = [r for r in answer.routes if visible(_T, r.topic)]
+        return answer
+
+    # ------------------------------------------------------------------ management
+
+    def create(self, req: AclCreateRequest) -> AclsChangedResponse:
+        entries = self._entries_of(req.entries)
+        new = [e for e in dict.fromkeys(entries) if e not in self._entries]
+        if new:
+            self._save([_row(e) for e in new])
+            self._entries.update(new)
+            self._authorizer = self._build()
+        return AclsChangedResponse(changed=len(new))
+
+    def delete(self, req: AclDeleteRequest) -> AclsChangedResponse:
+        entries = self._entries_of(req.entries)
+        gone = [e for e in dict.fromkeys(entries) if e in self._entries]
+        if gone:
+            self._remove([_row(e) for e in gone])
+            self._entries.difference_update(gone)
+            self._authorizer = self._build()
+        return AclsChangedResponse(changed=len(gone))
+
+    def listed(self, req: AclListRequest) -> AclListResponse:
+        kind = req.resource_type.lower()
+        entries = sorted(
+            (
+                e
+                for e in self._entries
+                if (not req.principal or e.principal == req.principal)
+                and (not kind or e.resource_type.value == kind)
+            ),
+            key=_row,
+        )
+        return AclListResponse(entries=[message_of(e) for e in entries])
+
+    @staticmethod
+    def _entries_of(messages: list[AclEntryMsg]) -> list[AclEntry]:
+        if not messages:
+            raise InvalidRequest("no ACL entry given")
+        if len(messages) > MAX_ACLS_PER_REQUEST:
+            raise InvalidRequest(f"at most {MAX_ACLS_PER_REQUEST} ACL entries per request")
+        return [entry_of(m) for m in messages]
