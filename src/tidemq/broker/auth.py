@@ -29,7 +29,9 @@ import os
 from typing import Any, Final
 
 from tidemq.broker.config import BrokerConfig
+from tidemq.broker.login_limit import LoginLimit
 from tidemq.broker.store_gateway import StoreGateway
+from tidemq.core.clock import Clock
 from tidemq.core.errors import (
     AuthenticationFailed,
     AuthorizationFailed,
@@ -107,9 +109,10 @@ class Authenticator:
     loop). `enabled` is broker.auth_enabled; the user requests work either way (users
     may be prepared before authentication is turned on)."""
 
-    def __init__(self, cfg: BrokerConfig, gateway: StoreGateway) -> None:
+    def __init__(self, cfg: BrokerConfig, gateway: StoreGateway, clock: Clock) -> None:
         self.enabled = cfg.auth_enabled
         self._gateway = gateway
+        self._login_limit = LoginLimit(clock)
         self._super = frozenset(f"User:{u}" for u in (*cfg.super_users, cfg.bootstrap_user) if u)
         store = gateway.store
         self._users: dict[str, Credentials] = {
@@ -175,6 +178,11 @@ class Authenticator:
             code, header = None, None
         if code is RequestCode.SASL_HANDSHAKE:
             assert isinstance(header, SaslHandshakeRequest)
+            wait_s = self._login_limit.refused_for_s(conn.host)
+            if wait_s is not None:
+                raise AuthenticationFailed(
+                    f"too many failed logins from {conn.host}: retry in {wait_s:.0f} s"
+                )
             if header.mechanism != MECHANISM:
                 raise AuthenticationFailed(
                     f"mechanism {header.mechanism!r} is not supported; this broker offers "
@@ -203,6 +211,7 @@ class Authenticator:
             final = exchange.receive_client_final(message)
         except ScramError as exc:
             conn.auth_exchange = None
+            self._login_limit.failed(conn.host)
             log.info("login from %s failed: %s", conn.peer, exc)
             await asyncio.sleep(AUTH_FAILURE_DELAY_S)
             reason = _FAILED if exc.server_error == "invalid-proof" else f"{_FAILED} ({exc})"

@@ -219,7 +219,7 @@ class Broker:
             ),
         )
         self._rebuild_services(store)
-        self._auth = Authenticator(cfg, self._gateway)
+        self._auth = Authenticator(cfg, self._gateway, self._clock)
         self._auth.bootstrap(cfg.bootstrap_user, self._bootstrap_password)
         self._authz = Authorization(
             enabled=cfg.authorization_enabled,
@@ -602,6 +602,7 @@ def _server_limits(cfg: BrokerConfig) -> ServerLimits:
         max_connections_per_address=min(cfg.max_connections_per_address, cfg.max_connections),
         frame_read_timeout_ms=cfg.frame_read_timeout_ms,
         idle_timeout_ms=cfg.connection_idle_timeout_ms,
+        login_timeout_ms=cfg.login_timeout_ms,
         write_stall_timeout_ms=cfg.write_stall_timeout_ms,
         write_buffer_high_bytes=cfg.write_buffer_high_bytes,
         max_response_bytes=cfg.max_response_bytes,

@@ -13,6 +13,7 @@ from tidemq.core.errors import ConfigError
 from tidemq.core.limits import (
     NET_FRAME_READ_TIMEOUT_MS,
     NET_IDLE_TIMEOUT_MS,
+    NET_LOGIN_TIMEOUT_MS,
     NET_MAX_CONNECTIONS_PER_ADDRESS,
     NET_MAX_INBOUND_BYTES,
     NET_MAX_RESPONSE_BYTES,
@@ -67,6 +68,8 @@ class BrokerConfig:
     #: for this long closes it.
     frame_read_timeout_ms: int = NET_FRAME_READ_TIMEOUT_MS
     connection_idle_timeout_ms: int = NET_IDLE_TIMEOUT_MS
+    #: With auth_enabled: a connection not logged in this long after it opened is closed.
+    login_timeout_ms: int = NET_LOGIN_TIMEOUT_MS
     write_stall_timeout_ms: int = NET_WRITE_STALL_TIMEOUT_MS
     #: Above this a connection's write buffer stops it reading requests.
     write_buffer_high_bytes: int = NET_WRITE_BUFFER_HIGH_BYTES
@@ -165,6 +168,7 @@ class BrokerConfig:
             "max_connections_per_address",
             "frame_read_timeout_ms",
             "connection_idle_timeout_ms",
+            "login_timeout_ms",
             "write_stall_timeout_ms",
             "write_buffer_high_bytes",
             "max_response_bytes",

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 __all__ = [
+    "AUTH_FAILURE_WINDOW_MS",
+    "AUTH_MAX_FAILURES_PER_ADDRESS",
+    "AUTH_MAX_TRACKED_ADDRESSES",
     "MAX_BATCH_BYTES",
     "MAX_BATCH_MESSAGES",
     "MAX_GROUP_NAME_BYTES",
@@ -23,6 +26,7 @@ __all__ = [
     "MIN_SEGMENT_BYTES",
     "NET_FRAME_READ_TIMEOUT_MS",
     "NET_IDLE_TIMEOUT_MS",
+    "NET_LOGIN_TIMEOUT_MS",
     "NET_LOG_INTERVAL_MS",
     "NET_MAX_CONNECTIONS_PER_ADDRESS",
     "NET_MAX_INBOUND_BYTES",
@@ -113,6 +117,19 @@ NET_FRAME_READ_TIMEOUT_MS = 30_000
 #: (Kafka's connections.max.idle.ms). Clients reconnect on their next request; a parked
 #: long-poll FETCH is in flight, so it never counts as idle.
 NET_IDLE_TIMEOUT_MS = 600_000
+#: With authentication required, a connection must have logged in this long after it
+#: opened (docs/design/security.md: 10 s), else it is closed: an unauthenticated
+#: connection holds a slot and little else, but no longer than this.
+NET_LOGIN_TIMEOUT_MS = 10_000
+#: Failed logins from one IP address within AUTH_FAILURE_WINDOW_MS after which further
+#: logins from it are refused at once until the oldest failure leaves the window (with
+#: the 1 s delay of each failure, a guesser gets this many tries a minute, not 60 per
+#: connection in parallel).
+AUTH_MAX_FAILURES_PER_ADDRESS = 10
+AUTH_FAILURE_WINDOW_MS = 60_000
+#: Addresses whose failures are remembered at once (a flood from many addresses forgets
+#: the oldest rather than growing without bound).
+AUTH_MAX_TRACKED_ADDRESSES = 10_000
 #: A connection whose write buffer is over its high-water mark and has not shrunk by a
 #: byte for this long is closed: its client does not read its answers.
 NET_WRITE_STALL_TIMEOUT_MS = 60_000

@@ -15,6 +15,7 @@ from tidemq.core.limits import (
     NET_FRAME_READ_TIMEOUT_MS,
     NET_IDLE_TIMEOUT_MS,
     NET_LOG_INTERVAL_MS,
+    NET_LOGIN_TIMEOUT_MS,
     NET_MAX_CONNECTIONS_PER_ADDRESS,
     NET_MAX_INBOUND_BYTES,
     NET_MAX_LINGERING_REFUSALS,
@@ -47,6 +48,8 @@ class ServerLimits:
     max_connections_per_address: int = NET_MAX_CONNECTIONS_PER_ADDRESS
     frame_read_timeout_ms: int = NET_FRAME_READ_TIMEOUT_MS
     idle_timeout_ms: int = NET_IDLE_TIMEOUT_MS
+    #: With authentication required: log in within this after connecting.
+    login_timeout_ms: int = NET_LOGIN_TIMEOUT_MS
     write_stall_timeout_ms: int = NET_WRITE_STALL_TIMEOUT_MS
     write_buffer_high_bytes: int = NET_WRITE_BUFFER_HIGH_BYTES
     max_response_bytes: int = NET_MAX_RESPONSE_BYTES
@@ -195,6 +198,7 @@ class ConnectionLedger(Generic[C]):
         shortest = min(
             lim.frame_read_timeout_ms,
             lim.idle_timeout_ms,
+            lim.login_timeout_ms,
             lim.write_stall_timeout_ms,
             lim.refusal_linger_ms,
         )

@@ -126,6 +126,7 @@ class ServerConnection(asyncio.BufferedProtocol):
         self._frame_started_ms: float | None = None
         self._stall_since_ms = now
         self._stall_buffer_bytes = 0
+        self._opened_ms = now
         self.peer = "?"
         self.host = "?"
         self.budget: ConnectionBudget = server.response_budget.connection()
@@ -417,6 +418,12 @@ class ServerConnection(asyncio.BufferedProtocol):
         )
         if idle and now_ms - self._last_activity_ms >= lim.idle_timeout_ms:
             return f"idle: no request for {lim.idle_timeout_ms} ms (idle_timeout_ms)"
+        if (
+            self._server.auth_required
+            and self.principal is None
+            and now_ms - self._opened_ms >= lim.login_timeout_ms
+        ):
+            return f"login-timeout: not logged in {lim.login_timeout_ms} ms after connecting"
         return None
 
     def _write_buffer_bytes(self) -> int:
