@@ -39,15 +39,20 @@ TIMEOUT_S = 60.0
 class ThreadedBroker:
     """A broker with an embedded name server on its own thread and event loop."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(
+        self, data_dir: Path, *, bootstrap_password: str | None = None, **config: Any
+    ) -> None:
+        """`config`: BrokerConfig overrides (auth_enabled=True, ...)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="spark-broker")
         self._thread.daemon = True
         self._thread.start()
-        config = BrokerConfig(
-            port=0, store=StoreConfig(data_dir=data_dir), shutdown_timeout_ms=5_000
+        broker_config = BrokerConfig(
+            port=0, store=StoreConfig(data_dir=data_dir), shutdown_timeout_ms=5_000, **config
         )
-        self.broker = Broker(config, embedded_nameserver=True)
+        self.broker = Broker(
+            broker_config, embedded_nameserver=True, bootstrap_password=bootstrap_password
+        )
         self.address = self.call(self.broker.start())
 
     def call(self, coro: Awaitable[T], timeout_s: float = TIMEOUT_S) -> T:
@@ -218,3 +223,21 @@ def load(spark: SparkSession, options: Options) -> Load:
         return spark.read.format("tidemq").options(**options(**given)).load()
 
     return read
+
+
+@pytest.fixture
+def make_broker(tmp_path: Path) -> Iterator[Callable[..., ThreadedBroker]]:
+    """`make_broker(**config)`: another broker of the test's own (BrokerConfig overrides,
+    and `bootstrap_password`), stopped at teardown."""
+    started: list[ThreadedBroker] = []
+
+    def make(**config: Any) -> ThreadedBroker:
+        tb = ThreadedBroker(tmp_path / f"broker-{len(started)}", **config)
+        started.append(tb)
+        return tb
+
+    try:
+        yield make
+    finally:
+        for tb in reversed(started):
+            tb.stop()

@@ -190,3 +190,24 @@ def test_stream_to_a_missing_topic_fails_when_the_query_starts(
     finally:
         query.stop()
     assert admin.describe_topic(missing).queues == 2
+
+
+def test_a_sink_id_reused_by_a_new_checkpoint_fails_the_query(
+    spark: SparkSession,
+    admin: Admin,
+    producer: Producer,
+    topic_name: str,
+    options: Options,
+    load: Load,
+    tmp_path: Path,
+) -> None:
+    """Issue 21: a new query whose sinkId another checkpoint already published under took
+    its batches for replays and wrote nothing. Now it fails before publishing."""
+    source, target, sink_id = topic_name + "-in", topic_name + "-out", topic_name + "-sink"
+    _fill(admin, producer, source, 1, 0, 10)
+    admin.create_topic(target, 1)
+    _query(spark, options, source, target, tmp_path / "first", {"sinkId": sink_id})
+    assert sum(_values(load, target).values()) == 10
+    with pytest.raises(StreamingQueryException, match="has published batches up to 0 from"):
+        _query(spark, options, source, target, tmp_path / "second", {"sinkId": sink_id})
+    assert sum(_values(load, target).values()) == 10  # nothing published twice, or lost

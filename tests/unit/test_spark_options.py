@@ -3,10 +3,13 @@ the option. No JVM."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tidemq.spark.options import (
     Assign,
+    ClientOptions,
     OffsetSpec,
     OptionError,
     Subscribe,
@@ -200,3 +203,29 @@ def test_unknown_write_options_are_errors() -> None:
         parse_write_options({"bootstrap": "h:1", "sinkId": "s"})  # the streaming sink's
     with pytest.raises(OptionError, match="Kafka client option"):
         parse_write_options({"bootstrap": "h:1", "kafka.acks": "all"})
+
+
+def test_connection_options() -> None:
+    """TLS and login options (`tidemq.` prefix) for reads and writes, checked together."""
+    plain = parse_read_options(BASE, streaming=True).client
+    assert plain == ClientOptions()
+    assert plain.client_config().ssl_context is None
+    login = {"tidemq.username": "etl", "tidemq.password": "pw"}
+    read = parse_read_options({**BASE, **login}, streaming=False).client
+    assert (read.username, read.password, read.tls) == ("etl", "pw", False)
+    assert "pw" not in repr(read)  # never in logs
+    write = parse_write_options({"bootstrap": "h:1", **login, "tidemq.tls": "true"}).client
+    assert write.tls
+    assert write.client_config().ssl_context is not None
+    with pytest.raises(
+        OptionError, match=re.escape("'tidemq.username' and 'tidemq.password' go together")
+    ):
+        parse_read_options({**BASE, "tidemq.username": "etl"}, streaming=True)
+    with pytest.raises(
+        OptionError, match=re.escape("'tidemq.tls.certFile' and 'tidemq.tls.keyFile'")
+    ):
+        parse_write_options({"bootstrap": "h:1", "tidemq.tls.certFile": "c.pem"})
+    with pytest.raises(OptionError, match=re.escape("'tidemq.tls' is false but")):
+        parse_write_options({"bootstrap": "h:1", "tidemq.tls": "false", "tidemq.tls.caFile": "x"})
+    with pytest.raises(OptionError, match=re.escape("instead: 'tidemq.tls'")):
+        parse_read_options({**BASE, "kafka.security.protocol": "SASL_SSL"}, streaming=True)

@@ -20,10 +20,15 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from tidemq.client.cluster import ClusterClient
+from tidemq.spark.options import ClientOptions
 
 __all__ = ["Runtime", "runtime"]
 
 T = TypeVar("T")
+
+
+#: Plaintext, no login: the default connection.
+_PLAIN = ClientOptions()
 
 
 class Runtime:
@@ -34,7 +39,7 @@ class Runtime:
             target=self._loop.run_forever, name="tidemq-spark", daemon=True
         )
         self._thread.start()
-        self._clusters: dict[str, ClusterClient] = {}
+        self._clusters: dict[tuple[str, ClientOptions], ClusterClient] = {}
         self._lock = threading.Lock()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -43,13 +48,14 @@ class Runtime:
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         return self.submit(coro).result(timeout_s)
 
-    def cluster(self, bootstrap: str) -> ClusterClient:
-        """The process's client for `bootstrap` (connections and routes are shared by every
-        task the process runs)."""
+    def cluster(self, bootstrap: str, options: ClientOptions = _PLAIN) -> ClusterClient:
+        """The process's client for `bootstrap` with these connection options (connections
+        and routes are shared by every task the process runs)."""
+        key = (bootstrap, options)
         with self._lock:
-            client = self._clusters.get(bootstrap)
+            client = self._clusters.get(key)
             if client is None:
-                client = self._clusters[bootstrap] = ClusterClient(bootstrap)
+                client = self._clusters[key] = ClusterClient(bootstrap, options.client_config())
             return client
 
 

@@ -157,7 +157,7 @@ class _RangeReader:
         self.options = options
         self.range = r
         self.rt = runtime()
-        self.cluster = self.rt.cluster(options.bootstrap)
+        self.cluster = self.rt.cluster(options.bootstrap, options.client)
         self.position = r.start
         self.pending: concurrent.futures.Future[tuple[FetchResponse, bytes]] | None = None
         self.stall_timeout_s = stall_timeout_s
@@ -271,7 +271,7 @@ async def batch_ranges(options: ReadOptions) -> list[OffsetRange]:
     """The ranges a batch read covers: the subscription's queues from `startingOffsets`
     (or `startingTimestamp`) to `endingOffsets`, resolved against the queues' bounds now."""
     assert options.ending is not None, "a batch read has an end"
-    cluster = runtime().cluster(options.bootstrap)
+    cluster = runtime().cluster(options.bootstrap, options.client)
     queues = await subscribed_queues(cluster, options.subscription, strict=True)
     bounds = await queue_bounds(cluster, queues, strict=True)
     times = None
@@ -293,7 +293,7 @@ async def batch_ranges(options: ReadOptions) -> list[OffsetRange]:
 async def stream_bounds(options: ReadOptions) -> dict[TopicQueue, Bounds]:
     """The bounds of the queues the stream's subscription covers now (queues whose broker
     does not answer are left out: they keep their position until it does)."""
-    cluster = runtime().cluster(options.bootstrap)
+    cluster = runtime().cluster(options.bootstrap, options.client)
     queues = await subscribed_queues(cluster, options.subscription, strict=False)
     return await queue_bounds(cluster, queues, strict=False)
 
@@ -301,7 +301,7 @@ async def stream_bounds(options: ReadOptions) -> dict[TopicQueue, Bounds]:
 async def initial_positions(options: ReadOptions) -> Positions:
     """Where a new stream starts: `startingOffsets` (default latest) or
     `startingTimestamp`, for the queues that exist now."""
-    cluster = runtime().cluster(options.bootstrap)
+    cluster = runtime().cluster(options.bootstrap, options.client)
     queues = await subscribed_queues(cluster, options.subscription, strict=False)
     bounds = await queue_bounds(cluster, queues, strict=True)
     times = None

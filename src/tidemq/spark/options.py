@@ -29,6 +29,13 @@ Reading:
 Writing: ``bootstrap`` as above, ``topic`` (overrides the ``topic`` column),
 ``createTopic`` (``false`` by default: a missing topic fails the query when it starts;
 ``true`` creates it, with ``createTopic.queues`` queues, default 8).
+
+Connecting, for reads and writes (the client's `ClientConfig`, with a ``tidemq.`` prefix):
+``tidemq.username`` and ``tidemq.password`` (SCRAM login; Spark's default
+``spark.redaction.regex`` hides the password in its UI and logs), ``tidemq.tls``
+(``true``: TLS, verified against the system's CAs), ``tidemq.tls.caFile``,
+``tidemq.tls.certFile``, ``tidemq.tls.keyFile`` (PEM files, which must exist at the same
+path wherever the driver and the executors run; any of them implies TLS).
 """
 
 from __future__ import annotations
@@ -37,17 +44,21 @@ import difflib
 import json
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from tidemq.client.cluster import ClientConfig
 from tidemq.core import limits
+from tidemq.net.tls import client_context
 
 __all__ = [
+    "CLIENT_OPTIONS",
     "EARLIEST",
     "LATEST",
     "READ_OPTIONS",
     "WRITE_OPTIONS",
     "Assign",
+    "ClientOptions",
     "OffsetSpec",
     "OptionError",
     "ReadOptions",
@@ -84,8 +95,18 @@ _UNSUPPORTED: Final = (
 _TOPIC: Final = re.compile(limits.TOPIC_NAME_PATTERN)
 #: Every option the source reads (Spark hands them over lower-cased; these are the names
 #: users write, for messages and "did you mean").
+#: Options of the connection itself, for reads and writes.
+CLIENT_OPTIONS: Final = (
+    "tidemq.username",
+    "tidemq.password",
+    "tidemq.tls",
+    "tidemq.tls.caFile",
+    "tidemq.tls.certFile",
+    "tidemq.tls.keyFile",
+)
 READ_OPTIONS: Final = (
     *BOOTSTRAP_NAMES,
+    *CLIENT_OPTIONS,
     "subscribe",
     "subscribePattern",
     "assign",
@@ -99,13 +120,21 @@ READ_OPTIONS: Final = (
     "minPartitions",
     "fetchMaxBytes",
 )
-WRITE_OPTIONS: Final = (*BOOTSTRAP_NAMES, "topic", "createTopic", "createTopic.queues")
+WRITE_OPTIONS: Final = (
+    *BOOTSTRAP_NAMES,
+    *CLIENT_OPTIONS,
+    "topic",
+    "createTopic",
+    "createTopic.queues",
+)
 #: Kafka client options users carry over, and what to do instead in tidemq.
 _KAFKA_INSTEAD: Final = {
     "kafka.group.id": "none: the query's checkpoint keeps its offsets",
-    "kafka.security.protocol": "TLS and login for the connector are not built yet",
-    "kafka.sasl.mechanism": "TLS and login for the connector are not built yet",
-    "kafka.sasl.jaas.config": "TLS and login for the connector are not built yet",
+    "kafka.security.protocol": "'tidemq.tls' (and 'tidemq.username'/'tidemq.password')",
+    "kafka.sasl.mechanism": "'tidemq.username' and 'tidemq.password' (SCRAM-SHA-256)",
+    "kafka.sasl.jaas.config": "'tidemq.username' and 'tidemq.password'",
+    "kafka.ssl.truststore.location": "'tidemq.tls.caFile' (PEM)",
+    "kafka.ssl.keystore.location": "'tidemq.tls.certFile' and 'tidemq.tls.keyFile' (PEM)",
     "kafka.max.poll.records": "'maxOffsetsPerTrigger'",
     "kafka.fetch.max.bytes": "'fetchMaxBytes'",
     "kafka.max.partition.fetch.bytes": "'fetchMaxBytes'",
@@ -161,6 +190,28 @@ class OffsetSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientOptions:
+    """How the connector's clients connect (hashable: one shared client per setting)."""
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def client_config(self) -> ClientConfig:
+        """The client's config (the TLS context made here, in the calling process: an
+        SSLContext does not travel to executors, its file names do)."""
+        context = None
+        if self.tls:
+            context = client_context(
+                ca_file=self.ca_file, cert_file=self.cert_file, key_file=self.key_file
+            )
+        return ClientConfig(ssl_context=context, username=self.username, password=self.password)
+
+
+@dataclass(frozen=True, slots=True)
 class ReadOptions:
     bootstrap: str
     subscription: Subscription
@@ -172,6 +223,7 @@ class ReadOptions:
     include_headers: bool
     min_partitions: int | None
     fetch_max_bytes: int
+    client: ClientOptions = ClientOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +234,7 @@ class WriteOptions:
     #: Create a missing target topic (with `create_queues` queues) instead of failing.
     create_topic: bool = False
     create_queues: int = DEFAULT_CREATE_QUEUES
+    client: ClientOptions = ClientOptions()
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -232,6 +285,27 @@ def _bootstrap(opts: dict[str, str]) -> str:
         name = next(iter(given))
         raise OptionError(f"option {name!r} must be host:port, got {value!r}")
     return value
+
+
+def _client(opts: dict[str, str]) -> ClientOptions:
+    username = _get(opts, "tidemq.username")
+    password = _get(opts, "tidemq.password")
+    if (username is None) != (password is None):
+        raise OptionError("options 'tidemq.username' and 'tidemq.password' go together")
+    files = {name: _get(opts, f"tidemq.tls.{name}") for name in ("caFile", "certFile", "keyFile")}
+    if (files["certFile"] is None) != (files["keyFile"] is None):
+        raise OptionError("options 'tidemq.tls.certFile' and 'tidemq.tls.keyFile' go together")
+    tls = _bool("tidemq.tls", _get(opts, "tidemq.tls"), any(f is not None for f in files.values()))
+    if not tls and any(f is not None for f in files.values()):
+        raise OptionError("option 'tidemq.tls' is false but a 'tidemq.tls.*' file is given")
+    return ClientOptions(
+        username=username,
+        password=password,
+        tls=tls,
+        ca_file=files["caFile"],
+        cert_file=files["certFile"],
+        key_file=files["keyFile"],
+    )
 
 
 def _topic_name(option: str, name: str) -> str:
@@ -429,6 +503,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
             if fetch_text is None
             else _int("fetchMaxBytes", fetch_text, minimum=1024)
         ),
+        client=_client(opts),
     )
 
 
@@ -456,6 +531,7 @@ def parse_write_options(
         topic=None if topic is None else _topic_name("topic", topic.strip()),
         create_topic=create,
         create_queues=queues,
+        client=_client(opts),
     )
 
 

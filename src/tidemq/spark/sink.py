@@ -52,7 +52,8 @@ from pyspark.sql.types import StructType
 from tidemq.client.transaction import AsyncTransaction, AsyncTransactionProducer, TxnRef
 from tidemq.core.errors import TidemqError, TopicNotFound, TransactionStateError
 from tidemq.spark._runtime import runtime
-from tidemq.spark.options import OptionError, WriteOptions, parse_write_options
+from tidemq.spark.options import ClientOptions, OptionError, WriteOptions, parse_write_options
+from tidemq.spark.sink_owner import check_owner
 from tidemq.spark.write import (
     WRITE_COLUMNS,
     Routes,
@@ -109,6 +110,9 @@ class SinkOptions:
     #: it first, so the failure happens once across processes and runs).
     fail_after_rows: int | None = None
     fail_once_file: str | None = None
+    #: The query's checkpointLocation (Spark passes it on): where the sink id's owner is
+    #: recorded (`sink_owner.py`).
+    checkpoint: str | None = None
 
     @property
     def group(self) -> str:
@@ -144,7 +148,13 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
             ) from None
         if "testing.failoncefile" not in opts:
             raise OptionError("option 'testing.failAfterRows' needs 'testing.failOnceFile'")
-    return SinkOptions(write, sink_id, fail_after, opts.get("testing.failoncefile"))
+    return SinkOptions(
+        write,
+        sink_id,
+        fail_after,
+        opts.get("testing.failoncefile"),
+        opts.get("checkpointlocation"),
+    )
 
 
 @dataclass
@@ -270,29 +280,32 @@ def _rollback_quietly(client: TxnClient, refs: Sequence[TxnRef], sink_id: str, b
 
 
 _producers_lock = threading.Lock()
-_producers: dict[tuple[int, str, str], AsyncTransactionProducer] = {}
+_producers: dict[tuple[int, str, str, ClientOptions], AsyncTransactionProducer] = {}
 
 
-async def _new_producer(bootstrap: str, group: str) -> AsyncTransactionProducer:
-    return AsyncTransactionProducer(bootstrap, group)
+async def _new_producer(
+    bootstrap: str, group: str, client: ClientOptions
+) -> AsyncTransactionProducer:
+    return AsyncTransactionProducer(bootstrap, group, client_config=client.client_config())
 
 
-def _producer(bootstrap: str, group: str) -> AsyncTransactionProducer:
-    """This process's transaction producer for (bootstrap, group), on its runtime's loop."""
+def _producer(bootstrap: str, group: str, client: ClientOptions) -> AsyncTransactionProducer:
+    """This process's transaction producer for (bootstrap, group, connection options), on
+    its runtime's loop."""
     rt = runtime()
-    key = (os.getpid(), bootstrap, group)
+    key = (os.getpid(), bootstrap, group, client)
     with _producers_lock:
         producer = _producers.get(key)
         if producer is None:
-            producer = _producers[key] = rt.run(_new_producer(bootstrap, group))
+            producer = _producers[key] = rt.run(_new_producer(bootstrap, group, client))
         return producer
 
 
 class _BlockingClient:
     """`TxnClient` over the process's async transaction producer."""
 
-    def __init__(self, bootstrap: str, group: str) -> None:
-        self._producer = _producer(bootstrap, group)
+    def __init__(self, bootstrap: str, group: str, client: ClientOptions) -> None:
+        self._producer = _producer(bootstrap, group, client)
 
     def sink_marker(self, sink_id: str) -> int:
         return runtime().run(self._producer.sink_marker(sink_id))
@@ -345,7 +358,7 @@ def write_transaction(
     """Send every row of `batches` inside one transaction left open; returns its refs and
     the rows sent. On error, rolls back what was begun (best effort) and re-raises."""
     rt = runtime()
-    producer = _producer(options.write.bootstrap, options.group)
+    producer = _producer(options.write.bootstrap, options.group, options.write.client)
     tx = rt.run(producer.begin())
     rows = 0
     pending: concurrent.futures.Future[int] | None = None
@@ -394,6 +407,7 @@ class TidemqStreamWriter(DataSourceStreamArrowWriter):
                 "tidemq topics are append-only: write streams with outputMode('append')"
             )
         self._options = parse_sink_options(options)
+        self._owner_checked = False
         used = StructType([f for f in schema.fields if f.name in WRITE_COLUMNS])
         check_write_columns({f.name: f.type for f in to_arrow_schema(used, timezone="UTC")})
         if self._options.write.topic is None and "topic" not in schema.names:
@@ -412,10 +426,21 @@ class TidemqStreamWriter(DataSourceStreamArrowWriter):
         return SinkCommitMessage(refs, batch_id, rows, partition)
 
     def _client(self) -> _BlockingClient:
-        return _BlockingClient(self._options.write.bootstrap, self._options.group)
+        return _BlockingClient(
+            self._options.write.bootstrap, self._options.group, self._options.write.client
+        )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
-        publish(self._client(), self._options.sink_id, messages, batchId)
+        client = self._client()
+        if not self._owner_checked:
+            # Before the first publish of this query run (see sink_owner.py).
+            check_owner(
+                self._options.checkpoint,
+                self._options.sink_id,
+                lambda: client.sink_marker(self._options.sink_id),
+            )
+            self._owner_checked = True
+        publish(client, self._options.sink_id, messages, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
         discard(self._client(), self._options.sink_id, messages, batchId)

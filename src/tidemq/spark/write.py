@@ -342,7 +342,7 @@ async def ensure_topics(
         return routes
     if not options.create_topic:
         raise TopicNotFound(_missing_message(missing, from_column=from_column))
-    admin = AsyncAdmin(options.bootstrap)
+    admin = AsyncAdmin(options.bootstrap, client_config=options.client.client_config())
     try:
         for name in missing:
             # TopicAlreadyExists: another task or writer created it meanwhile.
@@ -360,7 +360,12 @@ def check_target_topic(options: WriteOptions) -> None:
         return
     rt = runtime()
     rt.run(
-        ensure_topics(rt.cluster(options.bootstrap), options, [options.topic], from_column=False)
+        ensure_topics(
+            rt.cluster(options.bootstrap, options.client),
+            options,
+            [options.topic],
+            from_column=False,
+        )
     )
 
 
@@ -401,7 +406,7 @@ def write_batches(
     """Send every row of `batches` (Arrow record batches); returns what was sent. Raises the
     first send error (after the sends already in flight settle)."""
     rt = runtime()
-    cluster = rt.cluster(options.bootstrap)
+    cluster = rt.cluster(options.bootstrap, options.client)
     producer = rt.run(_producer(options.bootstrap, cluster))
     result = WriteResult()
     in_flight: deque[tuple[list[SendGroup], concurrent.futures.Future[list[int]]]] = deque()
