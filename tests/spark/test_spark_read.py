@@ -247,3 +247,24 @@ def _offset_log_entry(path: Path) -> str:
     """The source offset in one entry of Spark's offset log (version line, metadata line,
     then one line per source)."""
     return path.read_text().splitlines()[2]
+
+
+def test_timestamp_type_follows_the_topics_config(
+    admin: Admin, producer: Producer, load: Load, topic_name: str
+) -> None:
+    """Kafka's timestampType: 0 (CreateTime, the producer's timestamp) by default, 1 with
+    `message.timestamp.type=LogAppendTime` (the broker's append time)."""
+    appended, created = topic_name + "-append", topic_name + "-create"
+    admin.create_topic(appended, 1, config={"message.timestamp.type": "LogAppendTime"})
+    admin.create_topic(created, 1)
+    long_ago_s = 1_000_000_000.0
+    for topic in (appended, created):
+        producer.send_batch(topic, [b"a", b"b"], timestamp=long_ago_s)
+    rows = {
+        topic: load(subscribe=topic).select("timestamp", "timestampType").collect()
+        for topic in (appended, created)
+    }
+    assert [r.timestampType for r in rows[created]] == [0, 0]
+    assert {r.timestamp.timestamp() for r in rows[created]} == {long_ago_s}
+    assert [r.timestampType for r in rows[appended]] == [1, 1]
+    assert all(r.timestamp.timestamp() > long_ago_s + 10**8 for r in rows[appended])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,7 +23,7 @@ from tidemq.core.batch import (
 )
 from tidemq.core.errors import CorruptRecordError
 from tidemq.core.properties import decode_properties
-from tidemq.core.record import HEADER, RecordFlags, parse_header
+from tidemq.core.record import HEADER, RecordFlags, RecordHeader, parse_header
 
 __all__ = [
     "BatchReceipts",
@@ -34,6 +35,7 @@ __all__ = [
     "messages_from_records",
     "parse_message_id",
     "topic_hash",
+    "with_append_time",
 ]
 
 #: Records whose messages keep the id they had where they were first stored.
@@ -261,6 +263,15 @@ def _slices(column: BinaryColumn, indices: npt.NDArray[np.int64]) -> list[bytes 
     ]
 
 
+def with_append_time(header: RecordHeader, columns: BatchColumns) -> BatchColumns:
+    """`columns` with the record's store time as every timestamp when its topic uses
+    LogAppendTime (the record's LOG_APPEND_TIME flag), else unchanged."""
+    if not header.flags & RecordFlags.LOG_APPEND_TIME:
+        return columns
+    stamps = np.full(columns.count, header.store_time_ms, dtype=np.int64)
+    return dataclasses.replace(columns, timestamps_ms=stamps)
+
+
 def batches_from_records(
     topic: str,
     queue: int,
@@ -278,7 +289,7 @@ def batches_from_records(
         header = parse_header(record)
         if header.size != len(record):
             raise CorruptRecordError("record size does not match its header")
-        columns = decode_columns(record[header.payload_start :])
+        columns = with_append_time(header, decode_columns(record[header.payload_start :]))
         base = header.base_offset
         indices = np.arange(max(0, from_offset - base), columns.count, dtype=np.int64)
         mask = masks[n] if masks else b""
@@ -314,6 +325,8 @@ def messages_from_records(
         if header.size != len(record):
             raise CorruptRecordError("record size does not match its header")
         records = decode_messages(record[header.payload_start :])
+        if header.flags & RecordFlags.LOG_APPEND_TIME:
+            records = [m._replace(timestamp_ms=header.store_time_ms) for m in records]
         base = header.base_offset
         skip = max(0, from_offset - base)
         origin = None

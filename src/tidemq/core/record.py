@@ -67,6 +67,10 @@ class RecordFlags:
     #: scheduled in the timer topic (with DELAYED) or a dead letter. The properties name the
     #: lease (group, topic, queue, offset), so the record is its own "done" mark.
     FROM_POP = 1 << 5
+    #: The topic's `message.timestamp.type` is LogAppendTime: every message of the record
+    #: takes the record's `store_time_ms` as its timestamp (readers substitute it; the
+    #: producer's own timestamps stay in the payload, which is never rewritten).
+    LOG_APPEND_TIME = 1 << 6
 
 
 @dataclass(frozen=True, slots=True)

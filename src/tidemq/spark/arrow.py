@@ -36,14 +36,15 @@ import pyarrow as pa
 
 from tidemq.core.batch import BatchColumns, BinaryColumn, ListColumn, decode_columns
 from tidemq.core.errors import CorruptRecordError, InvalidBatch
-from tidemq.core.message import iter_records
-from tidemq.core.record import parse_header
+from tidemq.core.message import iter_records, with_append_time
+from tidemq.core.record import RecordFlags, parse_header
 
 __all__ = [
     "HEADER_TYPE",
     "SCHEMA",
     "SOURCE_COLUMNS",
     "TIMESTAMP_TYPE_CREATE_TIME",
+    "TIMESTAMP_TYPE_LOG_APPEND_TIME",
     "batch_to_arrow",
     "batches_to_arrow",
     "records_to_arrow",
@@ -270,8 +271,10 @@ SOURCE_COLUMNS: Final = (
     "keys",
 )
 #: Kafka's timestampType: 0 CreateTime (the producer's clock, which every tidemq message
-#: carries), 1 LogAppendTime.
+#: carries) ...
 TIMESTAMP_TYPE_CREATE_TIME: Final = 0
+#: ... and 1 for a topic with `message.timestamp.type=LogAppendTime` (the broker's clock).
+TIMESTAMP_TYPE_LOG_APPEND_TIME: Final = 1
 _SOURCE_TYPES: Final = {
     "key": pa.binary(),
     "value": pa.binary(),
@@ -328,6 +331,8 @@ def records_to_arrow(
     Raises CorruptRecordError for a damaged record, InvalidBatch for a damaged payload.
     """
     decoded: list[BatchColumns] = []
+    #: Per decoded record: Kafka's timestampType of its messages.
+    kinds: list[int] = []
     runs: list[tuple[int, int]] = []
     skip = 0
     for record in iter_records(body, list(sizes)):
@@ -346,7 +351,9 @@ def records_to_arrow(
             )
         if not decoded:
             skip = lo - base
-        decoded.append(cols)
+        appended = bool(header.flags & RecordFlags.LOG_APPEND_TIME)
+        decoded.append(with_append_time(header, cols))
+        kinds.append(TIMESTAMP_TYPE_LOG_APPEND_TIME if appended else TIMESTAMP_TYPE_CREATE_TIME)
         runs.append((lo, hi))
     if not decoded:
         return None
@@ -355,6 +362,13 @@ def records_to_arrow(
     wanted = sum(hi - lo for lo, hi in runs)
     if skip or wanted != messages.num_rows:
         messages = messages.slice(skip, wanted)
+    if any(kinds):
+        counts = [c.count for c in decoded]
+        stamp_types = pa.array(
+            np.repeat(np.array(kinds, dtype=np.int32), counts)[skip : skip + wanted]
+        )
+    else:
+        stamp_types = pa.repeat(pa.scalar(TIMESTAMP_TYPE_CREATE_TIME, pa.int32()), wanted)
     n = messages.num_rows
     columns = {
         "key": messages.column("key"),
@@ -363,7 +377,7 @@ def records_to_arrow(
         "partition": pa.repeat(pa.scalar(queue, pa.int32()), n),
         "offset": _offsets_column(runs),
         "timestamp": messages.column("timestamp"),
-        "timestampType": pa.repeat(pa.scalar(TIMESTAMP_TYPE_CREATE_TIME, pa.int32()), n),
+        "timestampType": stamp_types,
         "headers": messages.column("headers"),
         "tag": messages.column("tag"),
         "keys": messages.column("keys"),

@@ -39,7 +39,7 @@ from tidemq.core.errors import (
     StoreClosed,
     TopicNotFound,
 )
-from tidemq.core.record import parse_header
+from tidemq.core.record import RecordFlags, parse_header
 from tidemq.store.checkpoint import write_checkpoint
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.config import FlushMode, StoreConfig
@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
 _READ_SCAN_ENTRIES_MAX = 4096
 #: Bytes a commit-log record adds to its payload and properties (its header), rounded up.
 _RECORD_OVERHEAD_BYTES = 128
+#: Kafka's topic config, and the value that makes the broker's append time the messages'.
+TIMESTAMP_TYPE_KEY = "message.timestamp.type"
+LOG_APPEND_TIME = "LogAppendTime"
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -400,6 +403,10 @@ class MessageStore:
                 )
         self._watermark.reserve(len(payload) + len(properties) + _RECORD_OVERHEAD_BYTES)
         base = index.next_offset
+        if info.config.get(TIMESTAMP_TYPE_KEY) == LOG_APPEND_TIME:
+            # Every path into the topic (produce, timer delivery, transaction commit, pop
+            # retry) gets the broker's time: readers substitute the record's store time.
+            flags |= RecordFlags.LOG_APPEND_TIME
         rec = self._log.append(
             payload,
             properties,
