@@ -326,9 +326,9 @@ def test_offset_for_time_finds_first_batch_stored_at_or_after(config: StoreConfi
     store.create_topic("t", 1)
     store.append("t", 0, _values(b"a", b"b"))  # offsets 0-1 at T0
     clock.ms += 100
-    store.append("t", 0, _values(b"c"))  # offset 2 at T0 + 100
+    store.append("t", 0, encode_values([b"c"], timestamp_ms=T0 + 100))  # offset 2
     clock.ms += 100
-    store.append("t", 0, _values(b"d", b"e", b"f"))  # offsets 3-5 at T0 + 200
+    store.append("t", 0, encode_values([b"d", b"e", b"f"], timestamp_ms=T0 + 200))  # 3-5
     assert store.offset_for_time("t", 0, 0) == 0
     assert store.offset_for_time("t", 0, T0) == 0
     assert store.offset_for_time("t", 0, T0 + 1) == 2
@@ -336,6 +336,27 @@ def test_offset_for_time_finds_first_batch_stored_at_or_after(config: StoreConfi
     assert store.offset_for_time("t", 0, T0 + 150) == 3
     assert store.offset_for_time("t", 0, T0 + 200) == 3
     assert store.offset_for_time("t", 0, T0 + 201) == 6  # none: the next offset
+    store.close()
+
+
+def test_offset_for_time_picks_the_message_in_the_batch(config: StoreConfig) -> None:
+    """Kafka's offsetsForTimes: the first message whose timestamp is at or after the time,
+    not the first batch stored after it (issue 21: Spark's startingTimestamp started at a
+    batch); a batch whose messages carry older timestamps is stepped over."""
+    clock = FakeClock()
+    store = _open(config, clock)
+    store.create_topic("t", 1)
+    old = encode_batch([MessageRecord(b"old", timestamp_ms=T0 - 5_000)])
+    store.append("t", 0, old)  # offset 0, stored at T0, written "5 s ago"
+    clock.ms += 1_000
+    records = [MessageRecord(b"m%d" % i, timestamp_ms=T0 + 100 * i) for i in range(5)]
+    store.append("t", 0, encode_batch(records))  # offsets 1-5 at T0 + 1 s, stamped T0..T0+400
+    store.flush()  # (with flush_mode sync, what is not flushed is not readable yet)
+    assert store.offset_for_time("t", 0, T0 - 5_000) == 0
+    assert store.offset_for_time("t", 0, T0 - 4_999) == 1  # the old one is older
+    assert store.offset_for_time("t", 0, T0 + 250) == 4  # inside the second batch
+    assert store.offset_for_time("t", 0, T0 + 400) == 5
+    assert store.offset_for_time("t", 0, T0 + 401) == 6  # none: the next offset
     store.close()
 
 

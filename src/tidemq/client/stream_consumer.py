@@ -209,8 +209,9 @@ class AsyncStreamConsumer:
         self, timestamp: float | datetime, topic: str | None = None, queue: int | None = None
     ) -> None:
         """Move `topic`/`queue` (or every assigned queue of `topic`, or every assigned
-        queue) to its first message stored at or after `timestamp`: seconds since the
-        epoch (a float) or an aware datetime. After the last message: the end."""
+        queue) to its first message whose timestamp is at or after `timestamp` (Kafka's
+        offsetsForTimes): seconds since the epoch (a float) or an aware datetime. After
+        the last message: the end."""
         if timestamp is None:
             raise TypeError("timestamp must be seconds since the epoch or a datetime, got None")
         at_ms = checks.timestamp_ms(timestamp)

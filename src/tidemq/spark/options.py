@@ -16,8 +16,9 @@ Reading:
 ``startingOffsets``    ``earliest`` | ``latest`` | JSON ``{"orders": {"0": 23, "1": -2}}``
                        (-2 earliest, -1 latest); default latest (streams), earliest (batch)
 ``endingOffsets``      batch only: ``latest`` (default) | JSON (-1 latest)
-``startingTimestamp``  ms since the epoch: each queue starts at its first batch stored
-                       at or after it (takes precedence over ``startingOffsets``)
+``startingTimestamp``  ms since the epoch: each queue starts at its first message whose
+                       timestamp is at or after it (takes precedence over
+                       ``startingOffsets``)
 ``maxOffsetsPerTrigger`` rows per micro-batch, spread fairly over queues (alias
                        ``maxRecordsPerBatch``)
 ``failOnDataLoss``     ``true`` (default): offsets removed by retention fail the query

@@ -25,8 +25,10 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
+import numpy as np
+
 from tidemq.core import limits
-from tidemq.core.batch import check_tags, parse_envelope
+from tidemq.core.batch import check_tags, decode_columns, parse_envelope
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import (
     BatchTooLarge,
@@ -39,6 +41,7 @@ from tidemq.core.errors import (
     StoreClosed,
     TopicNotFound,
 )
+from tidemq.core.message import with_append_time
 from tidemq.core.record import RecordFlags, parse_header
 from tidemq.store.checkpoint import write_checkpoint
 from tidemq.store.commit_log import CommitLog
@@ -65,6 +68,9 @@ log = logging.getLogger(__name__)
 _READ_SCAN_ENTRIES_MAX = 4096
 #: Bytes a commit-log record adds to its payload and properties (its header), rounded up.
 _RECORD_OVERHEAD_BYTES = 128
+#: Batches `offset_for_time` looks into for the first message at or after a time, past
+#: the first batch stored after it (bounded work per lookup).
+_TIME_SCAN_BATCHES = 16
 #: Kafka's topic config, and the value that makes the broker's append time the messages'.
 TIMESTAMP_TYPE_KEY = "message.timestamp.type"
 LOG_APPEND_TIME = "LogAppendTime"
@@ -566,9 +572,31 @@ class MessageStore:
         return index.min_offset, index.next_offset
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        """The first offset stored at or after `timestamp_ms` (the next offset if none)."""
+        """The first offset whose message's timestamp is at or after `timestamp_ms` (the
+        next offset if none), as Kafka's offsetsForTimes: the index finds the first batch
+        stored at or after it (store time, in the index entries), and that batch's own
+        message timestamps (the producer's, or the store time for LogAppendTime) pick the
+        message in it; a batch whose messages are all older (timestamps set by the
+        producer) is stepped over, up to `_TIME_SCAN_BATCHES` batches."""
         _, index = self._index(topic, queue_id)
-        return index.offset_for_time(timestamp_ms)
+        offset = index.offset_for_time(timestamp_ms)
+        for _ in range(_TIME_SCAN_BATCHES):
+            if offset >= index.next_offset:
+                break
+            found = self.read(topic, queue_id, offset, max_bytes=1).batches
+            if not found:
+                break
+            batch = found[0]
+            header = parse_header(batch.record)
+            stamps = with_append_time(
+                header, decode_columns(batch.record[header.payload_start :])
+            ).timestamps_ms
+            first = max(0, offset - batch.base_offset)
+            later = np.flatnonzero(stamps[first:] >= timestamp_ms)
+            if len(later):
+                return batch.base_offset + first + int(later[0])
+            offset = batch.base_offset + batch.count
+        return offset
 
     def read(
         self,
