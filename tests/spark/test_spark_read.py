@@ -268,3 +268,31 @@ def test_timestamp_type_follows_the_topics_config(
     assert {r.timestamp.timestamp() for r in rows[created]} == {long_ago_s}
     assert [r.timestampType for r in rows[appended]] == [1, 1]
     assert all(r.timestamp.timestamp() > long_ago_s + 10**8 for r in rows[appended])
+
+
+def test_starting_and_ending_by_timestamp(
+    admin: Admin, producer: Producer, load: Load, topic_name: str
+) -> None:
+    """`startingTimestamp`, `startingOffsetsByTimestamp`, `endingTimestamp` and
+    `endingOffsetsByTimestamp` pick messages by their own timestamps, inside a batch too."""
+    admin.create_topic(topic_name, 2)
+    base_s = 1_600_000_000.0
+    for queue in (0, 1):
+        for i in range(6):  # timestamps 1 s apart
+            producer.send(topic_name, b"%d-%d" % (queue, i), queue=queue, timestamp=base_s + i)
+
+    def offsets(**given: str) -> list[tuple[int, int]]:
+        rows = load(subscribe=topic_name, **given).select("partition", "offset").collect()
+        return sorted((r.partition, r.offset) for r in rows)
+
+    ms = int(base_s * 1000)
+    every = [(q, o) for q in (0, 1) for o in range(6)]
+    assert offsets(startingTimestamp=str(ms + 2000)) == [(q, o) for q, o in every if o >= 2]
+    assert offsets(endingTimestamp=str(ms + 3000)) == [(q, o) for q, o in every if o < 3]
+    by_queue = f'{{"{topic_name}": {{"1": {ms + 4000}}}}}'
+    assert offsets(startingOffsetsByTimestamp=by_queue) == [
+        (q, o) for q, o in every if q == 0 or o >= 4
+    ]
+    assert offsets(endingOffsetsByTimestamp=by_queue) == [
+        (q, o) for q, o in every if q == 0 or o < 4
+    ]

@@ -175,6 +175,10 @@ def test_resolve_positions() -> None:
     ts = OffsetSpec("timestamp", timestamp_ms=1)
     times = {("t", 0): 30, ("t", 1): 10}
     assert resolve_positions(ts, bounds, option="x", default="latest", times=times) == times
+    per_queue = OffsetSpec("timestamps", (("t", ((0, 123),)),))  # queue 1 left out
+    assert resolve_positions(
+        per_queue, bounds, option="x", default="latest", times={("t", 0): 30}
+    ) == {("t", 0): 30, ("t", 1): 10}
     past = OffsetSpec("offsets", (("t", ((1, 11),)),))
     with pytest.raises(
         OptionError,

@@ -125,7 +125,19 @@ def test_starting_timestamp_takes_precedence() -> None:
         ({**BASE, "failOnDataLoss": "maybe"}, True, "'failOnDataLoss' must be true or false"),
         ({**BASE, "includeHeaders": "1"}, True, "'includeHeaders' must be true or false"),
         ({**BASE, "minPartitions": "many"}, False, "'minPartitions' must be an integer"),
-        ({**BASE, "endingTimestamp": "5"}, False, "'endingTimestamp' is not supported"),
+        ({**BASE, "minOffsetsPerTrigger": "5"}, False, "'minOffsetsPerTrigger' is not supported"),
+        ({**BASE, "endingTimestamp": "5"}, True, "'endingTimestamp' is for batch queries only"),
+        ({**BASE, "endingTimestamp": "soon"}, False, "'endingTimestamp' must be an integer"),
+        (
+            {**BASE, "startingOffsetsByTimestamp": '{"orders": {"0": -1}}'},
+            True,
+            "timestamp -1 of orders/0 must be milliseconds",
+        ),
+        (
+            {**BASE, "endingOffsetsByTimestamp": '{"other": {"0": 5}}'},
+            False,
+            "topic 'other', which is not subscribed",
+        ),
         (
             {"bootstrap": "h:1", "kafka.bootstrap.servers": "h:2", "subscribe": "t"},
             True,
@@ -229,3 +241,25 @@ def test_connection_options() -> None:
         parse_write_options({"bootstrap": "h:1", "tidemq.tls": "false", "tidemq.tls.caFile": "x"})
     with pytest.raises(OptionError, match=re.escape("instead: 'tidemq.tls'")):
         parse_read_options({**BASE, "kafka.security.protocol": "SASL_SSL"}, streaming=True)
+
+
+def test_offsets_by_timestamp() -> None:
+    """Kafka's precedence: ...Timestamp, then ...OffsetsByTimestamp, then ...Offsets."""
+    by_queue = '{"orders": {"1": 1700000000000}}'
+    read = parse_read_options(
+        {**BASE, "startingOffsetsByTimestamp": by_queue, "startingOffsets": "earliest"},
+        streaming=True,
+    )
+    assert read.starting == OffsetSpec("timestamps", (("orders", ((1, 1_700_000_000_000),)),))
+    read = parse_read_options(
+        {**BASE, "startingTimestamp": "5", "startingOffsetsByTimestamp": by_queue},
+        streaming=True,
+    )
+    assert read.starting == OffsetSpec("timestamp", timestamp_ms=5)
+    batch = parse_read_options(
+        {**BASE, "endingTimestamp": "9", "endingOffsets": "latest"}, streaming=False
+    )
+    assert batch.ending == OffsetSpec("timestamp", timestamp_ms=9)
+    batch = parse_read_options({**BASE, "endingOffsetsByTimestamp": by_queue}, streaming=False)
+    assert batch.ending is not None
+    assert batch.ending.kind == "timestamps"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from tidemq.client.cluster import ClusterClient
@@ -29,7 +29,14 @@ from tidemq.protocol.commands import FetchRequest, FetchResponse
 from tidemq.spark._runtime import runtime
 from tidemq.spark.arrow import records_to_arrow
 from tidemq.spark.offsets import Bounds, Positions, TopicQueue, resolve_positions
-from tidemq.spark.options import Assign, OptionError, ReadOptions, Subscribe, Subscription
+from tidemq.spark.options import (
+    Assign,
+    OffsetSpec,
+    OptionError,
+    ReadOptions,
+    Subscribe,
+    Subscription,
+)
 from tidemq.spark.planning import OffsetRange, ranges_between
 
 __all__ = [
@@ -106,14 +113,34 @@ async def queue_bounds(
 async def offsets_for_time(
     cluster: ClusterClient, queues: Iterable[TopicQueue], timestamp_ms: int
 ) -> dict[TopicQueue, int]:
-    """Each queue's first offset stored at or after `timestamp_ms` (its end if none)."""
-    tqs = list(queues)
-    answers = await asyncio.gather(*(cluster.list_offsets(t, q, timestamp_ms) for t, q in tqs))
+    """Each queue's first message at or after `timestamp_ms` (its end if none)."""
+    return await offsets_for_times(cluster, dict.fromkeys(queues, timestamp_ms))
+
+
+async def offsets_for_times(
+    cluster: ClusterClient, times: Mapping[TopicQueue, int]
+) -> dict[TopicQueue, int]:
+    """Each queue's first message at or after its own time (its end if none)."""
+    tqs = list(times)
+    answers = await asyncio.gather(*(cluster.list_offsets(t, q, times[(t, q)]) for t, q in tqs))
     out: dict[TopicQueue, int] = {}
     for tq, answer in zip(tqs, answers, strict=True):
         found = answer.offset_for_time
         out[tq] = answer.max_offset if found is None else found
     return out
+
+
+async def spec_times(
+    cluster: ClusterClient, spec: OffsetSpec, queues: Iterable[TopicQueue]
+) -> dict[TopicQueue, int] | None:
+    """The offsets a timestamp spec resolves to, for the queues it covers (None for a spec
+    of offsets)."""
+    if spec.kind == "timestamp":
+        return await offsets_for_time(cluster, queues, spec.timestamp_ms)
+    if spec.kind == "timestamps":
+        given = spec.as_dict()
+        return await offsets_for_times(cluster, {tq: given[tq] for tq in queues if tq in given})
+    return None
 
 
 async def _fetch(cluster: ClusterClient, request: FetchRequest) -> tuple[FetchResponse, bytes]:
@@ -274,13 +301,14 @@ async def batch_ranges(options: ReadOptions) -> list[OffsetRange]:
     cluster = runtime().cluster(options.bootstrap, options.client)
     queues = await subscribed_queues(cluster, options.subscription, strict=True)
     bounds = await queue_bounds(cluster, queues, strict=True)
-    times = None
-    if options.starting.kind == "timestamp":
-        times = await offsets_for_time(cluster, queues, options.starting.timestamp_ms)
+    times = await spec_times(cluster, options.starting, bounds)
     start = resolve_positions(
         options.starting, bounds, option="startingOffsets", default="earliest", times=times
     )
-    end = resolve_positions(options.ending, bounds, option="endingOffsets", default="latest")
+    end_times = await spec_times(cluster, options.ending, bounds)
+    end = resolve_positions(
+        options.ending, bounds, option="endingOffsets", default="latest", times=end_times
+    )
     for tq in sorted(start):
         if end[tq] < start[tq]:
             raise OptionError(
@@ -304,9 +332,7 @@ async def initial_positions(options: ReadOptions) -> Positions:
     cluster = runtime().cluster(options.bootstrap, options.client)
     queues = await subscribed_queues(cluster, options.subscription, strict=False)
     bounds = await queue_bounds(cluster, queues, strict=True)
-    times = None
-    if options.starting.kind == "timestamp":
-        times = await offsets_for_time(cluster, queues, options.starting.timestamp_ms)
+    times = await spec_times(cluster, options.starting, bounds)
     return resolve_positions(
         options.starting, bounds, option="startingOffsets", default="latest", times=times
     )

@@ -104,12 +104,14 @@ def resolve_positions(
     given = spec.as_dict()
     out: Positions = {}
     for tq, (lo, hi) in bounds.items():
-        if spec.kind == "timestamp":
+        if spec.kind == "timestamp" or (spec.kind == "timestamps" and tq in given):
             if times is None or tq not in times:
-                raise ValueError(f"no offset for the start timestamp of {tq[0]}/{tq[1]}")
+                raise ValueError(f"no offset for the timestamp of {tq[0]}/{tq[1]}")
             out[tq] = min(max(times[tq], lo), hi)
             continue
-        if spec.kind == "offsets":
+        if spec.kind == "timestamps":
+            value = EARLIEST if default == "earliest" else LATEST
+        elif spec.kind == "offsets":
             value = given.get(tq, EARLIEST if default == "earliest" else LATEST)
         else:
             value = EARLIEST if spec.kind == "earliest" else LATEST

@@ -18,7 +18,10 @@ Reading:
 ``endingOffsets``      batch only: ``latest`` (default) | JSON (-1 latest)
 ``startingTimestamp``  ms since the epoch: each queue starts at its first message whose
                        timestamp is at or after it (takes precedence over
-                       ``startingOffsets``)
+                       ``startingOffsetsByTimestamp``, JSON ``{"orders": {"0": ms}}``,
+                       which takes precedence over ``startingOffsets``)
+``endingTimestamp``    batch only: the same for the end (exclusive), over
+                       ``endingOffsetsByTimestamp`` over ``endingOffsets``
 ``maxOffsetsPerTrigger`` rows per micro-batch, spread fairly over queues (alias
                        ``maxRecordsPerBatch``)
 ``failOnDataLoss``     ``true`` (default): offsets removed by retention fail the query
@@ -84,9 +87,6 @@ DEFAULT_CREATE_QUEUES: Final = 8
 # Kafka source options tidemq does not implement yet: refused rather than ignored, so that
 # nobody believes they took effect.
 _UNSUPPORTED: Final = (
-    "endingTimestamp",
-    "startingOffsetsByTimestamp",
-    "endingOffsetsByTimestamp",
     "startingOffsetsByTimestampStrategy",
     "minOffsetsPerTrigger",
     "maxTriggerDelay",
@@ -114,6 +114,9 @@ READ_OPTIONS: Final = (
     "startingOffsets",
     "endingOffsets",
     "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "endingTimestamp",
+    "endingOffsetsByTimestamp",
     "maxOffsetsPerTrigger",
     "maxRecordsPerBatch",
     "failOnDataLoss",
@@ -178,10 +181,13 @@ Subscription = Subscribe | SubscribePattern | Assign
 @dataclass(frozen=True, slots=True)
 class OffsetSpec:
     """Where reading starts or ends: every queue's earliest or latest offset, or given
-    offsets per queue (EARLIEST / LATEST allowed as values), or a timestamp."""
+    offsets per queue (EARLIEST / LATEST allowed as values), or a timestamp for every
+    queue, or timestamps per queue (each queue at its first message at or after its
+    time; queues left out at the default)."""
 
-    kind: Literal["earliest", "latest", "offsets", "timestamp"]
-    #: kind "offsets": topic -> queue -> offset (or EARLIEST / LATEST)
+    kind: Literal["earliest", "latest", "offsets", "timestamp", "timestamps"]
+    #: kind "offsets": topic -> queue -> offset (or EARLIEST / LATEST); kind "timestamps":
+    #: topic -> queue -> milliseconds since the epoch (`...OffsetsByTimestamp`)
     offsets: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
     #: kind "timestamp": milliseconds since the epoch
     timestamp_ms: int = 0
@@ -442,11 +448,44 @@ def _starting(opts: dict[str, str], subscription: Subscription, *, streaming: bo
             "option 'startingOffsets' cannot be latest (-1) for a batch query: it would read "
             "nothing"
         )
-    ts_text = _get(opts, "startingTimestamp")
-    if ts_text is not None:  # Kafka's rule: the timestamp takes precedence
-        timestamp_ms = _int("startingTimestamp", ts_text, minimum=0)
-        starting = OffsetSpec("timestamp", timestamp_ms=timestamp_ms)
-    return starting
+    # Kafka's rule: startingTimestamp, then startingOffsetsByTimestamp, then
+    # startingOffsets.
+    return _by_time(opts, subscription, "starting") or starting
+
+
+def _by_time(opts: dict[str, str], subscription: Subscription, end: str) -> OffsetSpec | None:
+    """`<end>Timestamp` (every queue) or `<end>OffsetsByTimestamp` (JSON per queue), the
+    first given in that order; None if neither is."""
+    ts_text = _get(opts, f"{end}Timestamp")
+    if ts_text is not None:
+        return OffsetSpec("timestamp", timestamp_ms=_int(f"{end}Timestamp", ts_text, minimum=0))
+    option = f"{end}OffsetsByTimestamp"
+    text = _get(opts, option)
+    if text is None:
+        return None
+    raw = _json(option, text)
+    example = '{"orders": {"0": 1700000000000}}'
+    if not isinstance(raw, dict) or not raw:
+        raise OptionError(f"option {option!r} must be JSON like {example}, got {text!r}")
+    per_topic: list[tuple[str, tuple[tuple[int, int], ...]]] = []
+    for topic, per_queue in sorted(raw.items()):
+        _topic_name(option, topic)
+        if not isinstance(per_queue, dict) or not per_queue:
+            raise OptionError(f"option {option!r}: topic {topic!r} needs an object like {example}")
+        pairs = []
+        for q, ts in per_queue.items():
+            if not (isinstance(q, str) and q.isdigit()):
+                raise OptionError(f"option {option!r}: queue id {q!r} of {topic!r} is not >= 0")
+            if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
+                raise OptionError(
+                    f"option {option!r}: timestamp {ts!r} of {topic}/{q} must be milliseconds "
+                    "since the epoch, >= 0"
+                )
+            pairs.append((int(q), ts))
+        per_topic.append((topic, tuple(sorted(pairs))))
+    spec = OffsetSpec("timestamps", tuple(per_topic))
+    _check_spec_topics(option, spec, subscription)
+    return spec
 
 
 def _ending(
@@ -454,9 +493,13 @@ def _ending(
 ) -> OffsetSpec | None:
     text = _get(opts, "endingOffsets")
     if streaming:
-        if text is not None:
-            raise OptionError("option 'endingOffsets' is for batch queries only")
+        for name in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"):
+            if _get(opts, name) is not None:
+                raise OptionError(f"option {name!r} is for batch queries only")
         return None
+    by_time = _by_time(opts, subscription, "ending")
+    if by_time is not None:
+        return by_time
     if text is None:
         return OffsetSpec("latest")
     ending = _offset_spec("endingOffsets", text, ending=True)
