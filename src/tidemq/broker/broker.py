@@ -260,7 +260,12 @@ class Broker:
         self._admin.connections = lambda: self._server.connections
         if self._embedded:
             self.nameserver = NameServer(
-                self._clock,
+                # The real clock, not the broker's: this broker's heartbeats (`_sweep`) run
+                # on real time, so its liveness must be measured on it too. On a
+                # ManualClock moved past the TTL the broker lapsed from its own routes
+                # ("no live broker is registered"), as the network timeouts would close
+                # idle connections (which use the real clock for the same reason).
+                SystemClock(),
                 broker_ttl_ms=cfg.broker_ttl_ms,
                 heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
             )

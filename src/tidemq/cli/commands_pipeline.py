@@ -28,6 +28,7 @@ from tidemq.cli.pipeline_common import (
     session,
     spark_failures,
 )
+from tidemq.spark.pipelines.streams import DEFAULT_MAX_OFFSETS_PER_TRIGGER
 
 __all__ = ["archive"]
 
@@ -47,7 +48,7 @@ def archive(
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     master: Master = "local[*]",
     once: Once = True,
-    max_offsets_per_trigger: MaxOffsets = None,
+    max_offsets_per_trigger: MaxOffsets = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
 ) -> None:
     """Archive topics into Parquet files (topic=/dt=/hour=), exactly once, resumable."""
     address = check_bootstrap(bootstrap)

@@ -28,6 +28,7 @@ from tidemq.cli.pipeline_common import (
     session,
     spark_failures,
 )
+from tidemq.spark.pipelines.streams import DEFAULT_MAX_OFFSETS_PER_TRIGGER
 
 __all__ = ["analytics", "generate_events"]
 
@@ -101,7 +102,7 @@ def analytics(
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     master: Master = "local[*]",
     once: Once = True,
-    max_offsets_per_trigger: MaxOffsets = None,
+    max_offsets_per_trigger: MaxOffsets = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
 ) -> None:
     """Windowed counts per behavior and item, and sessions per user, exactly once."""
     address = check_bootstrap(bootstrap)

@@ -34,6 +34,7 @@ from tidemq.cli.pipeline_common import (
 from tidemq.client.sync import Admin
 from tidemq.core.errors import TopicNotFound
 from tidemq.core.limits import MAX_QUEUES_PER_TOPIC
+from tidemq.spark.pipelines.streams import DEFAULT_MAX_OFFSETS_PER_TRIGGER
 
 __all__ = ["db_sync", "generate_changes"]
 
@@ -107,7 +108,7 @@ def db_sync(
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     master: Master = "local[*]",
     once: Once = True,
-    max_offsets_per_trigger: MaxOffsets = None,
+    max_offsets_per_trigger: MaxOffsets = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
 ) -> None:
     """Replay change events into a database sharded by seller, idempotently."""
     address = check_bootstrap(bootstrap)

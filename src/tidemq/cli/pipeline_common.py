@@ -62,7 +62,6 @@ MaxOffsets = Annotated[
         min=1,
         metavar="N",
         help="Messages per micro-batch at most.",
-        show_default="no limit",
     ),
 ]
 

@@ -68,7 +68,12 @@ from tidemq.core.errors import TopicNotFound
 from tidemq.spark.pipelines.archive import write_table
 from tidemq.spark.pipelines.events import BEHAVIORS
 from tidemq.spark.pipelines.sink_ids import sink_id, sink_token
-from tidemq.spark.pipelines.streams import Trigger, check_trigger, read_topics
+from tidemq.spark.pipelines.streams import (
+    DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    Trigger,
+    check_trigger,
+    read_topics,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -382,7 +387,7 @@ def run_analytics(
     name: str = "analytics",
     config: AnalyticsConfig | None = None,
     trigger: Trigger = "available_now",
-    max_offsets_per_trigger: int | None = None,
+    max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
 ) -> AnalyticsRun:
     """Run the pipeline over `topics` (see the module docstring). Parquet goes under
     `output`; results also go to `results_topic` (created with `RESULT_QUEUES` queues

@@ -45,7 +45,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tidemq.spark.pipelines.streams import Trigger, check_trigger, read_topics, start
+from tidemq.spark.pipelines.streams import (
+    DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    Trigger,
+    check_trigger,
+    read_topics,
+    start,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -206,7 +212,7 @@ def run_archive(
     output: str | Path,
     checkpoint: str | Path,
     trigger: Trigger = "available_now",
-    max_offsets_per_trigger: int | None = None,
+    max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
 ) -> StreamingQuery:
     """Archive `topics` into Parquet under `output` (see the module docstring), with
     Spark's checkpoint in `checkpoint` (run again with the same one to resume).

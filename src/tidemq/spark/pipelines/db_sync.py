@@ -61,7 +61,13 @@ from tidemq.spark.pipelines.changes import (
     parse_change,
     shard_of,
 )
-from tidemq.spark.pipelines.streams import Trigger, check_trigger, read_topics, start
+from tidemq.spark.pipelines.streams import (
+    DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    Trigger,
+    check_trigger,
+    read_topics,
+    start,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -412,7 +418,7 @@ def run_db_sync(
     shards: int,
     checkpoint: str | Path,
     trigger: Trigger = "available_now",
-    max_offsets_per_trigger: int | None = None,
+    max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
     shard_column: str = DEFAULT_SHARD_COLUMN,
 ) -> StreamingQuery:
     """Replay the change events of `topics` into the `shards` databases of `target` (see

@@ -4,14 +4,27 @@ source, and start its query with AvailableNow or as a continuous query."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
-__all__ = ["TRIGGERS", "Trigger", "check_trigger", "read_topics", "start"]
+__all__ = [
+    "DEFAULT_MAX_OFFSETS_PER_TRIGGER",
+    "TRIGGERS",
+    "Trigger",
+    "check_trigger",
+    "read_topics",
+    "start",
+]
+
+#: Messages per micro-batch of every pipeline unless told otherwise (issue 21: without a
+#: limit, `archive` read a whole 1.5 GB backlog as batch 0 and ran the driver out of
+#: memory, and once recorded in the checkpoint, that batch is replayed whole on every
+#: restart). None (an explicit choice) reads everything available in one batch.
+DEFAULT_MAX_OFFSETS_PER_TRIGGER: Final = 100_000
 
 Trigger = Literal["available_now", "continuous"]
 TRIGGERS: tuple[Trigger, ...] = ("available_now", "continuous")
