@@ -43,6 +43,7 @@ from tidemq.protocol.acl_messages import (
     AclListRequest,
     AclListResponse,
     AclsChangedResponse,
+    acl_message,
 )
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import GetRoutesResponse, ListGroupsResponse, ListTopicsResponse
@@ -54,7 +55,6 @@ __all__ = [
     "Authorization",
     "Rule",
     "entry_of",
-    "message_of",
 ]
 
 log = logging.getLogger("tidemq.audit")
@@ -208,18 +208,6 @@ def entry_of(msg: AclEntryMsg) -> AclEntry:
         raise InvalidRequest(f"bad ACL entry ({_describe(msg)}): {exc}") from None
 
 
-def message_of(entry: AclEntry) -> AclEntryMsg:
-    return AclEntryMsg(
-        principal=entry.principal,
-        resource_type=entry.resource_type.value,
-        resource_name=entry.resource_name,
-        pattern_type=entry.pattern_type.value,
-        operation=entry.operation.value,
-        permission=entry.permission.value,
-        host=entry.host,
-    )
-
-
 def _describe(msg: AclEntryMsg) -> str:
     return (
         f"{msg.permission} {msg.principal} from {msg.host} {msg.operation} "
@@ -228,7 +216,7 @@ def _describe(msg: AclEntryMsg) -> str:
 
 
 def _row(entry: AclEntry) -> tuple[str, str, str, str, str, str, str]:
-    m = message_of(entry)
+    m = acl_message(entry)
     return (
         m.principal,
         m.resource_type,
@@ -379,7 +367,7 @@ class Authorization:
             ),
             key=_row,
         )
-        return AclListResponse(entries=[message_of(e) for e in entries])
+        return AclListResponse(entries=[acl_message(e) for e in entries])
 
     @staticmethod
     def _entries_of(messages: list[AclEntryMsg]) -> list[AclEntry]:

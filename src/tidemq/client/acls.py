@@ -19,6 +19,7 @@ from tidemq.protocol.acl_messages import (
     AclListRequest,
     AclListResponse,
     AclsChangedResponse,
+    acl_message,
 )
 
 __all__ = ["Acl", "create_acls", "delete_acls", "list_acls"]
@@ -76,16 +77,7 @@ def _checked(entry: Acl) -> acl.AclEntry:
 
 
 def _wire(entry: Acl) -> AclEntryMsg:
-    e = _checked(entry)
-    return AclEntryMsg(
-        principal=e.principal,
-        resource_type=e.resource_type.value,
-        resource_name=e.resource_name,
-        operation=e.operation.value,
-        permission=e.permission.value,
-        pattern_type=e.pattern_type.value,
-        host=e.host,
-    )
+    return acl_message(_checked(entry))
 
 
 def _public(msg: AclEntryMsg) -> Acl:

@@ -10,6 +10,7 @@ from typing import Final
 
 import msgspec
 
+from tidemq.core.acl import AclEntry
 from tidemq.protocol.codes import RequestCode
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "AclListRequest",
     "AclListResponse",
     "AclsChangedResponse",
+    "acl_message",
 ]
 
 
@@ -39,6 +41,19 @@ class AclEntryMsg(_Msg):
     permission: str
     pattern_type: str = "literal"
     host: str = "*"
+
+
+def acl_message(entry: AclEntry) -> AclEntryMsg:
+    """An entry as it travels (its enums as their values)."""
+    return AclEntryMsg(
+        principal=entry.principal,
+        resource_type=entry.resource_type.value,
+        resource_name=entry.resource_name,
+        operation=entry.operation.value,
+        permission=entry.permission.value,
+        pattern_type=entry.pattern_type.value,
+        host=entry.host,
+    )
 
 
 class AclCreateRequest(_Msg):
