@@ -64,6 +64,6 @@ class RequestCode(IntEnum):
     ACL_CREATE = 80
     ACL_DELETE = 81
     ACL_LIST = 82
-    # Reserved ranges for work in progress (append codes in your range only):
+    # Planned ranges, so that work on several features at once does not collide:
     # 80-89 authorization (ACLs, issue 16); 90-99 static topics (issue 17);
     # 100-109 compact topics and key-value access (issue 18); 110-119 operations (issue 22).
