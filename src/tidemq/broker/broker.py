@@ -45,6 +45,7 @@ from tidemq.broker.system_topics import (
 from tidemq.broker.timer_service import TimerService
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction_service import TransactionService
+from tidemq.cluster.membership import check_secret
 from tidemq.cluster.nameserver import NameServer
 from tidemq.cluster.registration import Registration
 from tidemq.cluster.service import NAMESERVER_CODES, NameServerHandlers
@@ -126,12 +127,15 @@ class Broker:
         fs: FileSystem | None = None,
         embedded_nameserver: bool = False,
         bootstrap_password: str | None = None,
+        cluster_secret: str | None = None,
     ) -> None:
         """`bootstrap_password`: the password of `config.bootstrap_user`, created when
         authentication is on and the broker has no user yet (the CLI reads it from
-        TIDEMQ_BOOTSTRAP_PASSWORD)."""
+        TIDEMQ_BOOTSTRAP_PASSWORD). `cluster_secret`: sign the registrations with the
+        name servers with it (TIDEMQ_CLUSTER_SECRET; tidemq.cluster.membership)."""
         self.config = config
         self._bootstrap_password = bootstrap_password
+        self._cluster_key = None if cluster_secret is None else check_secret(cluster_secret)
         self._clock = clock or SystemClock()
         self._fs = fs
         self._embedded = embedded_nameserver
@@ -282,6 +286,7 @@ class Broker:
                 cfg.broker_heartbeat_interval_ms,
                 created_ms=self._created_ms,
                 ssl_context=name_server_tls,
+                cluster_key=self._cluster_key,
             )
             self._topics.on_change = self._registration.changed
             self._registration.start()

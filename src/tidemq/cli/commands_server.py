@@ -13,7 +13,9 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.cli.common import CliUsageError, command
 from tidemq.cli.config import load_broker_config
 from tidemq.cli.server import Service, configure_logging, serve
+from tidemq.cluster.membership import CLUSTER_SECRET_ENV, check_secret
 from tidemq.cluster.service import NameServerService
+from tidemq.core.errors import ConfigError
 from tidemq.store.config import FlushMode
 
 __all__ = ["register"]
@@ -74,6 +76,17 @@ BOOTSTRAP_PASSWORD_ENV = "TIDEMQ_BOOTSTRAP_PASSWORD"
 
 def _bootstrap_password() -> str | None:
     return os.environ.get(BOOTSTRAP_PASSWORD_ENV) or None
+
+
+def _cluster_secret() -> str | None:
+    """TIDEMQ_CLUSTER_SECRET (environment only: a flag would show in `ps`), checked."""
+    secret = os.environ.get(CLUSTER_SECRET_ENV) or None
+    if secret is not None:
+        try:
+            check_secret(secret)
+        except ConfigError as exc:
+            raise CliUsageError(str(exc)) from None
+    return secret
 
 
 def _logging(level: str) -> None:
@@ -151,7 +164,9 @@ def namesrv(
     """Run a name server alone; brokers register with it (`tidemq broker --namesrv`).
 
     TLS: --set broker.tls_cert_file=FILE --set broker.tls_key_file=FILE (and
-    broker.tls_ca_file to require client certificates); see docs/guide/security.md.
+    broker.tls_ca_file to require client certificates). With TIDEMQ_CLUSTER_SECRET set,
+    only brokers that sign their registrations with the same secret may register; see
+    docs/guide/security.md.
     """
     _logging(log_level)
     cfg = _load(
@@ -160,6 +175,7 @@ def namesrv(
         sets=sets,
         flags={"broker": {"port": port, "host": host}},
     )
+    secret = _cluster_secret()
 
     def make() -> Service:
         return NameServerService(
@@ -168,6 +184,7 @@ def namesrv(
             broker_ttl_ms=cfg.broker_ttl_ms,
             heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
             ssl_context=listener_ssl_context(cfg),
+            cluster_secret=secret,
         )
 
     serve(make)
@@ -210,7 +227,8 @@ def broker(
     TLS: --set broker.tls_cert_file=FILE --set broker.tls_key_file=FILE (and
     broker.tls_ca_file to require client certificates). Passwords: --set
     broker.auth_enabled=true --set broker.bootstrap_user=NAME with the password in
-    TIDEMQ_BOOTSTRAP_PASSWORD; see docs/guide/security.md.
+    TIDEMQ_BOOTSTRAP_PASSWORD. With TIDEMQ_CLUSTER_SECRET set, registrations are signed
+    with it (name servers that know it refuse unsigned ones); see docs/guide/security.md.
     """
     _logging(log_level)
     cfg = _load(
@@ -232,8 +250,12 @@ def broker(
             "broker.name_servers is empty: pass --namesrv HOST:PORT "
             "(or run `tidemq server` for a broker with its own name server)"
         )
-    password = _bootstrap_password()
-    serve(lambda: Broker(cfg, embedded_nameserver=False, bootstrap_password=password))
+    password, secret = _bootstrap_password(), _cluster_secret()
+    serve(
+        lambda: Broker(
+            cfg, embedded_nameserver=False, bootstrap_password=password, cluster_secret=secret
+        )
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -18,6 +18,8 @@ import logging
 import ssl
 from collections.abc import Callable
 
+from tidemq.cluster.membership import registration_fields, sign
+from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import BrokerNotAvailable, TidemqError
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.commands import (
@@ -50,10 +52,14 @@ class Registration:
         *,
         created_ms: int = 0,
         ssl_context: ssl.SSLContext | None = None,
+        cluster_key: bytes | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """`ssl_context`: TLS to the name servers (tidemq.net.tls.client_context), None
-        for plaintext."""
+        for plaintext. `cluster_key`: sign the registrations with it (membership.py)."""
         self._name = broker_name
+        self._cluster_key = cluster_key
+        self._clock = clock or SystemClock()
         self._ssl_context = ssl_context
         self._created_ms = created_ms
         self._address = address
@@ -89,6 +95,13 @@ class Registration:
             topics=self._topics(),
             created_ms=self._created_ms,
         )
+        if self._cluster_key is not None:
+            request.signed_ms, request.signature = sign(
+                self._cluster_key,
+                "REGISTER_BROKER",
+                registration_fields(request),
+                now_ms=self._clock.now_ms(),
+            )
         for server in self._servers:
             try:
                 conn = await self._conn(server)
@@ -145,13 +158,17 @@ class Registration:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for server in self._servers:
+            request = UnregisterBrokerRequest(broker_name=self._name)
+            if self._cluster_key is not None:
+                request.signed_ms, request.signature = sign(
+                    self._cluster_key,
+                    "UNREGISTER_BROKER",
+                    [self._name],
+                    now_ms=self._clock.now_ms(),
+                )
             try:
                 conn = await self._conn(server)
-                await conn.request(
-                    UnregisterBrokerRequest(broker_name=self._name),
-                    Empty,
-                    timeout_s=_REQUEST_TIMEOUT_S,
-                )
+                await conn.request(request, Empty, timeout_s=_REQUEST_TIMEOUT_S)
             except TidemqError as exc:
                 log.info("unregistering from %s failed: %s", server, exc)
         for conn in self._conns.values():

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import ssl
 from collections.abc import Callable
 from typing import Any
 
+from tidemq.cluster.membership import CLUSTER_SECRET_ENV, check_secret, registration_fields, verify
 from tidemq.cluster.nameserver import (
     DEFAULT_BROKER_TTL_MS,
     DEFAULT_HEARTBEAT_INTERVAL_MS,
@@ -57,8 +59,18 @@ _ROUTE_TOPICS_MAX = 10_000
 
 
 class NameServerHandlers:
-    def __init__(self, nameserver: NameServer) -> None:
+    def __init__(
+        self,
+        nameserver: NameServer,
+        *,
+        cluster_key: bytes | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        """`cluster_key`: registrations must be signed with it (membership.py); None:
+        anyone who reaches the listener may register (protect it with mutual TLS)."""
         self.nameserver = nameserver
+        self._cluster_key = cluster_key
+        self._clock = clock or SystemClock()
         #: Called before each request is handled (the standalone service's pause check).
         self.before_request: Callable[[], None] | None = None
 
@@ -75,6 +87,7 @@ class NameServerHandlers:
             )
         if code is RequestCode.REGISTER_BROKER:
             assert isinstance(header, RegisterBrokerRequest)
+            self._verify(code.name, registration_fields(header), header)
             interval, ttl = ns.register(
                 header.broker_name,
                 header.address,
@@ -84,10 +97,27 @@ class NameServerHandlers:
             return RegisterBrokerResponse(heartbeat_interval_ms=interval, broker_ttl_ms=ttl)
         if code is RequestCode.UNREGISTER_BROKER:
             assert isinstance(header, UnregisterBrokerRequest)
+            self._verify(code.name, [header.broker_name], header)
             ns.unregister(header.broker_name)
             return Empty()
         assert isinstance(header, ClusterStatusRequest)
         return ClusterStatusResponse(brokers=ns.status())
+
+    def _verify(
+        self,
+        kind: str,
+        fields: list[object],
+        header: RegisterBrokerRequest | UnregisterBrokerRequest,
+    ) -> None:
+        if self._cluster_key is not None:
+            verify(
+                self._cluster_key,
+                kind,
+                fields,
+                signed_ms=header.signed_ms,
+                signature=header.signature,
+                now_ms=self._clock.now_ms(),
+            )
 
     async def dispatch(self, frame: Frame, conn: object) -> tuple[Any, bytes]:
         code, header = decode_request(frame)
@@ -117,8 +147,10 @@ class NameServerService:
         stale_topic_ms: int = DEFAULT_STALE_TOPIC_MS,
         clock: Clock | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        cluster_secret: str | None = None,
     ) -> None:
-        """`ssl_context`: the listener speaks TLS only (tidemq.net.tls.server_context)."""
+        """`ssl_context`: the listener speaks TLS only (tidemq.net.tls.server_context).
+        `cluster_secret`: brokers must sign their registrations with it."""
         self._host = host
         self._port = port
         self._clock = clock or SystemClock()
@@ -132,7 +164,10 @@ class NameServerService:
         #: Pauses of this process noticed so far, and their total length.
         self.pauses = 0
         self.paused_ms_total = 0.0
-        self._handlers = NameServerHandlers(self.nameserver)
+        self._cluster_key = None if cluster_secret is None else check_secret(cluster_secret)
+        self._handlers = NameServerHandlers(
+            self.nameserver, cluster_key=self._cluster_key, clock=self._clock
+        )
         self._handlers.before_request = self.check_pause
         self._server = TcpServer(
             self._handlers.dispatch,
@@ -147,7 +182,15 @@ class NameServerService:
         self.address = f"{host}:{port}"
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         tls = " (TLS)" if self._server.ssl_context is not None else ""
-        log.info("name server serving on %s%s", self.address, tls)
+        signed = ", registrations signed" if self._cluster_key is not None else ""
+        log.info("name server serving on %s%s%s", self.address, tls, signed)
+        if self._cluster_key is None and not _loopback(host):
+            log.warning(
+                "name server on %s without a cluster secret: anyone who reaches it may "
+                "register a broker (set %s, or require client certificates)",
+                self.address,
+                CLUSTER_SECRET_ENV,
+            )
         return self.address
 
     def check_pause(self) -> None:
@@ -180,3 +223,10 @@ class NameServerService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         await self._server.drain(5.0)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

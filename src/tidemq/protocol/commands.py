@@ -378,6 +378,10 @@ class RegisterBrokerRequest(_Msg):
     #: When the broker's data directory was created (epoch ms): the oldest live broker
     #: coordinates the groups.
     created_ms: int = 0
+    #: With a cluster secret (tidemq.cluster.membership): when the broker signed this
+    #: request (epoch ms), and the HMAC-SHA256 of what it claims.
+    signed_ms: int = 0
+    signature: bytes = b""
 
 
 class RegisterBrokerResponse(_Msg):
@@ -387,6 +391,9 @@ class RegisterBrokerResponse(_Msg):
 
 class UnregisterBrokerRequest(_Msg):
     broker_name: str
+    #: As for RegisterBrokerRequest.
+    signed_ms: int = 0
+    signature: bytes = b""
 
 
 class GetRoutesRequest(_Msg):
