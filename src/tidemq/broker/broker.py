@@ -33,6 +33,7 @@ from tidemq.broker.handlers.groups import GroupHandlers
 from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.pop_service import PopService
+from tidemq.broker.producer_owners import ProducerOwners
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import (
     HALF_TOPIC,
@@ -225,6 +226,7 @@ class Broker:
         self._rebuild_services(store)
         self._auth = Authenticator(cfg, self._gateway, self._clock)
         self._auth.bootstrap(cfg.bootstrap_user, self._bootstrap_password)
+        self._producer_owners = ProducerOwners()
         self._authz = Authorization(
             enabled=cfg.authorization_enabled,
             super_users=self._auth.super_users,
@@ -535,9 +537,14 @@ class Broker:
             return await auth.after_login(code, header, conn), b""
         if code in ACL_CODES:
             return await self._acl_request(code, header), b""
+        principal = conn.principal
+        if principal is not None and code is RequestCode.PRODUCE and header.producer_id >= 0:
+            self._producer_owners.check(header.producer_id, principal)
         answer, body = await self._serve(code, header, frame, conn)
+        if principal is not None and code is RequestCode.INIT_PRODUCER:
+            self._producer_owners.issued(answer.producer_id, principal)
         if authz.enabled and code in FILTERED_CODES:
-            answer = authz.filter(code, header, answer, conn.principal, conn.host)
+            answer = authz.filter(code, header, answer, principal, conn.host)
         return answer, body
 
     async def _acl_request(self, code: RequestCode, header: Any) -> Any:
