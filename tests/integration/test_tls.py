@@ -274,6 +274,7 @@ def test_plaintext_listener_off_loopback_is_warned_about(
         assert not caplog.records
         loop.run(listen("0.0.0.0"))
     assert "without TLS" in caplog.text
+    assert "without authentication" in caplog.text  # nor auth_required: both said
 
 
 async def _never_called(frame: Frame, conn: ServerConnection) -> Reply:

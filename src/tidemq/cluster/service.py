@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import ssl
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from tidemq.cluster.nameserver import (
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import InvalidRequest
 from tidemq.net.server import ServerLimits, TcpServer
+from tidemq.net.tls import is_loopback
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import (
@@ -184,7 +184,7 @@ class NameServerService:
         tls = " (TLS)" if self._server.ssl_context is not None else ""
         signed = ", registrations signed" if self._cluster_key is not None else ""
         log.info("name server serving on %s%s%s", self.address, tls, signed)
-        if self._cluster_key is None and not _loopback(host):
+        if self._cluster_key is None and not is_loopback(host):
             log.warning(
                 "name server on %s without a cluster secret: anyone who reaches it may "
                 "register a broker (set %s, or require client certificates)",
@@ -223,10 +223,3 @@ class NameServerService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         await self._server.drain(5.0)
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"

@@ -506,6 +506,13 @@ class TcpServer(ConnectionLedger["ServerConnection"]):
                 sockname[0],
                 sockname[1],
             )
+        if not self.auth_required and not is_loopback(host):
+            log.warning(
+                "listening on %s:%d without authentication: every client may do anything "
+                "(set broker.auth_enabled, see docs/guide/security.md)",
+                sockname[0],
+                sockname[1],
+            )
         return sockname[0], sockname[1]
 
     @property
