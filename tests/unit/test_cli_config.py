@@ -184,3 +184,12 @@ def test_alias_and_field_together_is_an_error() -> None:
 def test_cross_field_checks_still_apply() -> None:
     with pytest.raises(ConfigUsageError, match="max_batch_bytes"):
         load_broker_config(sets=["broker.max_message_bytes=8388608"])
+
+
+def test_stale_topic_ms_is_a_broker_key() -> None:
+    """The name server's stale-topic time (issue 16) is configurable like the TTL, for
+    `tidemq namesrv` and the embedded name server of `tidemq server`."""
+    assert load_broker_config().stale_topic_ms == 600_000
+    assert load_broker_config(sets=["broker.stale_topic_ms=5000"]).stale_topic_ms == 5000
+    with pytest.raises(ConfigUsageError, match="stale_topic_ms must be >= 0"):
+        load_broker_config(sets=["broker.stale_topic_ms=-1"])

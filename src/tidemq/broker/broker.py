@@ -274,6 +274,7 @@ class Broker:
                 SystemClock(),
                 broker_ttl_ms=cfg.broker_ttl_ms,
                 heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
+                stale_topic_ms=cfg.stale_topic_ms,
             )
             self._ns_handlers: NameServerHandlers | None = NameServerHandlers(self.nameserver)
             self._topics.on_change = self._register_local

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tidemq.cluster.nameserver import DEFAULT_STALE_TOPIC_MS
 from tidemq.core.errors import ConfigError
 from tidemq.core.limits import (
     NET_FRAME_READ_TIMEOUT_MS,
@@ -92,6 +93,9 @@ class BrokerConfig:
     #: within 5 s); brokers heartbeat this often (at least twice per TTL).
     broker_ttl_ms: int = 4_000
     broker_heartbeat_interval_ms: int = 1_000
+    #: Name server: how long a topic whose brokers all went away is answered as "no route
+    #: right now" (BrokerNotAvailable, retriable) before it is forgotten (TopicNotFound).
+    stale_topic_ms: int = DEFAULT_STALE_TOPIC_MS
     #: Delay/timer messages: delivery is late by at most this (plus recovery after a
     #: restart), never early. RocketMQ's timer uses 1000 ms.
     timer_precision_ms: int = 100
@@ -211,6 +215,8 @@ class BrokerConfig:
             )
         if self.broker_heartbeat_interval_ms * 2 > self.broker_ttl_ms:
             raise ConfigError("broker.broker_ttl_ms must be at least twice the heartbeat interval")
+        if self.stale_topic_ms < 0:
+            raise ConfigError(f"broker.stale_topic_ms must be >= 0, got {self.stale_topic_ms}")
         if self.authorization_enabled and not self.auth_enabled:
             raise ConfigError(
                 "broker.authorization_enabled needs broker.auth_enabled: ACL entries name "

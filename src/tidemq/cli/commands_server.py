@@ -183,6 +183,7 @@ def namesrv(
             port=cfg.port,
             broker_ttl_ms=cfg.broker_ttl_ms,
             heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
+            stale_topic_ms=cfg.stale_topic_ms,
             ssl_context=listener_ssl_context(cfg),
             cluster_secret=secret,
         )
