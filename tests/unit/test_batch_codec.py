@@ -333,7 +333,11 @@ def test_envelope_checks() -> None:
     good = encode_batch(MESSAGES)
     assert "shorter than its envelope" in rejected(good[:39])
     assert "magic/version" in rejected(seal(body_of(good), count=3, magic=0xB8))
-    assert "magic/version" in rejected(seal(body_of(good), count=3, version=2))
+    assert "magic/version" in rejected(seal(body_of(good), count=3, version=3))
+    # Version 2 (compacted) needs its offset-delta section.
+    env = parse_envelope(good)
+    span = {"base_ts": env.base_timestamp_ms, "max_ts": env.max_timestamp_ms}
+    assert "truncated in offset deltas" in rejected(seal(body_of(good), count=3, version=2, **span))
     assert "unknown batch codec 3" in rejected(seal(body_of(good), count=3, codec=3))  # type: ignore[arg-type]
     assert "count 0 outside" in rejected(seal(body_of(good), count=0))
     assert "count 65537 outside" in rejected(seal(body_of(good), count=65537))
@@ -478,3 +482,44 @@ def test_compressed_body_size_must_match() -> None:
     ):
         payload = seal(body, count=4, codec=codec, stored=frame, body_size=len(body) + 8)
         assert "inflates to" in rejected(payload)
+
+
+def test_version_2_batches_carry_offsets_that_may_skip() -> None:
+    from tidemq.core.batch import first_index_at, message_offsets  # noqa: PLC0415
+
+    payload = encode_batch(MESSAGES, offset_deltas=[0, 5, 9])
+    assert parse_envelope(payload).sparse
+    assert not parse_envelope(encode_batch(MESSAGES)).sparse
+    assert decode_messages(payload) == list(MESSAGES)
+    cols = decode_columns(payload)
+    assert message_offsets(cols, 100).tolist() == [100, 105, 109]
+    assert [first_index_at(cols, 100, o) for o in (0, 100, 101, 105, 106, 109, 110)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+        3,
+    ]
+    dense = decode_columns(encode_batch(MESSAGES))
+    assert message_offsets(dense, 7).tolist() == [7, 8, 9]
+    assert [first_index_at(dense, 7, o) for o in (0, 8, 10, 99)] == [0, 1, 3, 3]
+    for bad in ([0, 5, 5], [1, 2, 3], [0, 2]):
+        with pytest.raises(InvalidBatch, match="offset deltas"):
+            encode_batch(MESSAGES, offset_deltas=bad)
+
+
+def test_version_2_offset_deltas_are_checked_on_decode() -> None:
+    good = encode_batch(MESSAGES, offset_deltas=[0, 1, 2])
+    body = bytearray(body_of(good))
+    body[-12:] = (0).to_bytes(4, "little") + (3).to_bytes(4, "little") + (3).to_bytes(4, "little")
+    env = parse_envelope(good)
+    sealed = seal(
+        bytes(body),
+        count=3,
+        version=2,
+        base_ts=env.base_timestamp_ms,
+        max_ts=env.max_timestamp_ms,
+    )
+    assert "strictly increase" in rejected(sealed)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import heapq
 import logging
 import time
@@ -61,7 +62,7 @@ from tidemq.core.batch import MessageRecord, decode_messages, encode_batch
 from tidemq.core.clock import Clock
 from tidemq.core.errors import InvalidRequest, TidemqError, TopicNotFound
 from tidemq.core.filters import Sql92Filter, TagExpression
-from tidemq.core.message import message_id, parse_message_id, topic_hash
+from tidemq.core.message import message_id, parse_message_id, record_offsets, topic_hash
 from tidemq.core.properties import (
     POP_TOPIC,
     SystemProperties,
@@ -584,7 +585,7 @@ class PopService:
         )
         self._apply(op)
         for offset, _ in chosen:
-            if not any(b <= offset < b + _count(r) for b, r in records.items()):
+            if not any(offset in _offsets(r) for r in records.values()):
                 found = store.read(topic, queue, offset, max_bytes=1)
                 if found.batches:
                     b = found.batches[0]
@@ -1069,10 +1070,11 @@ def _take_new(
                 decoded = decode_messages(memoryview(batch.record)[header.payload_start :])
                 matches = matches_messages(decoded, flt)
                 keys = [m.key.hex() if m.key else "" for m in decoded]
-            for i in range(max(0, next_offset - batch.base_offset), batch.count):
+            offsets = record_offsets(batch.record)  # a compacted batch may skip offsets
+            for i in range(bisect.bisect_left(offsets, next_offset), batch.count):
                 if len(chosen) >= want:
                     return records, next_offset
-                offset = batch.base_offset + i
+                offset = offsets[i]
                 next_offset = offset + 1
                 if matches is not None and not matches[i]:
                     continue
@@ -1122,12 +1124,13 @@ def _read_message(
     if not found.batches:
         return None
     b = found.batches[0]
-    if not b.base_offset <= offset < b.base_offset + b.count:
-        return None
+    offsets = record_offsets(b.record)
+    i = bisect.bisect_left(offsets, offset)
+    if i == len(offsets) or offsets[i] != offset:
+        return None  # no longer stored (retention, or compaction removed it)
     header = parse_header(b.record)
     props = decode_properties(memoryview(b.record)[HEADER.size : header.payload_start])
     messages = decode_messages(memoryview(b.record)[header.payload_start :])
-    i = offset - b.base_offset
     origin = props.origin
     return messages[i], None if origin is None else (origin[0], origin[1], origin[2] + i)
 
@@ -1187,5 +1190,9 @@ def _header(message: MessageRecord, name: str) -> str | None:
     return None
 
 
-def _count(record: bytes) -> int:
-    return parse_header(record).count
+def _offsets(record: bytes) -> range | set[int]:
+    """The offsets a record holds, for membership tests."""
+    header = parse_header(record)
+    if not header.flags & RecordFlags.COMPACTED:
+        return range(header.base_offset, header.base_offset + header.count)
+    return set(record_offsets(record))

@@ -34,6 +34,15 @@ Body (after decompression); every section starts on an 8-byte boundary (zero pad
                    key offsets u32 x (n+1), key data,                      value: binary>>
                    value offsets u32 x (n+1), value data
 
+Version 2 (written only by compaction, never accepted from a producer) appends one more
+section, so that a batch may skip offsets::
+
+    offset_delta   u32 x count                 message offset - the record's base offset:
+                                               0 first, strictly increasing
+
+A version-1 batch holds consecutive offsets (message i is at base + i); a version-2
+batch's messages are at base + offset_delta[i]. Everything else is the same.
+
 Bitmaps are Arrow's: one bit per message, least significant bit first, 1 = present.
 Every section is preceded by the padding that aligns it, even an empty one, so a body
 whose last section is empty ends with padding.
@@ -81,6 +90,8 @@ __all__ = [
     "decode_messages",
     "encode_batch",
     "encode_values",
+    "first_index_at",
+    "message_offsets",
     "parse_envelope",
     "tag_bit",
     "tag_summary_for",
@@ -88,6 +99,8 @@ __all__ = [
 
 MAGIC: Final = 0xB7
 VERSION: Final = 1
+#: Batches with an offset-delta section (compacted data): see the module docstring.
+VERSION_SPARSE: Final = 2
 
 ENVELOPE: Final = struct.Struct("<BBBBIIIQqq")
 assert ENVELOPE.size == 40
@@ -124,6 +137,8 @@ class Envelope:
     tag_summary: int
     base_timestamp_ms: int
     max_timestamp_ms: int
+    #: A version-2 batch: its messages may skip offsets (only compaction writes these).
+    sparse: bool = False
 
 
 class MessageRecord(NamedTuple):
@@ -191,6 +206,24 @@ class BatchColumns:
     tag: BinaryColumn
     keys: ListColumn
     headers: ListColumn
+    #: Version 2 only: each message's offset minus the record's base offset (strictly
+    #: increasing from 0); None when message i is at base + i.
+    offset_deltas: npt.NDArray[np.int64] | None = None
+
+
+def message_offsets(cols: BatchColumns, base_offset: int) -> npt.NDArray[np.int64]:
+    """The offset of each message of a batch whose record starts at `base_offset`."""
+    if cols.offset_deltas is None:
+        return np.arange(base_offset, base_offset + cols.count, dtype=np.int64)
+    return cols.offset_deltas + base_offset
+
+
+def first_index_at(cols: BatchColumns, base_offset: int, offset: int) -> int:
+    """The position in the batch of its first message at or after `offset` (`count` when
+    none is): where a read that starts at `offset` begins in this batch."""
+    if cols.offset_deltas is None:
+        return min(max(0, offset - base_offset), cols.count)
+    return int(np.searchsorted(cols.offset_deltas, offset - base_offset, side="left"))
 
 
 def tag_bit(tag: str) -> int:
@@ -378,6 +411,7 @@ def _assemble(
     tag_summary: int,
     base_ts: int,
     max_ts: int,
+    version: int = VERSION,
 ) -> bytes:
     """Lay out the body (each section after the padding that aligns it), compress, seal."""
     parts = [_FLAGS.pack(flags, 0)]
@@ -401,7 +435,7 @@ def _assemble(
     total = ENVELOPE.size + sum(map(len, parts))
     if total > max_batch_bytes:
         raise BatchTooLarge(f"batch of {total} bytes exceeds the limit of {max_batch_bytes}")
-    head = ENVELOPE.pack(MAGIC, VERSION, codec, 0, 0, count, size, tag_summary, base_ts, max_ts)
+    head = ENVELOPE.pack(MAGIC, version, codec, 0, 0, count, size, tag_summary, base_ts, max_ts)
     # The CRC runs over the sections in place and the payload is joined once: one copy of
     # the values (their column), not two (the body, then the payload around it).
     crc = crc32c.crc32c(head[_CRC_START:], crc32c.crc32c(head[:4]))
@@ -415,8 +449,12 @@ def encode_batch(
     *,
     codec: Codec = Codec.NONE,
     max_batch_bytes: int = limits.MAX_BATCH_BYTES,
+    offset_deltas: Sequence[int] | None = None,
 ) -> bytes:
     """Encode messages into one batch payload; `decode_messages` gives them back equal.
+
+    With `offset_deltas` (compaction only: strictly increasing from 0, one per message)
+    the batch is version 2 and its messages may skip offsets.
 
     Raises InvalidBatch naming the message or field that breaks a limit: 1 to
     MAX_BATCH_MESSAGES messages; timestamps in 64 bits spanning at most 2**31 - 1 ms; the
@@ -445,6 +483,7 @@ def encode_batch(
             *tag_sections,
             *_keys_sections(keys_lists),
             *_header_sections(headers),
+            *_offset_sections(offset_deltas, count),
         ],
         count=count,
         flags=key_flag << _COL_KEY | value_flag << _COL_VALUE | tag_flag << _COL_TAG,
@@ -453,7 +492,19 @@ def encode_batch(
         tag_summary=summary,
         base_ts=base_ts,
         max_ts=max_ts,
+        version=VERSION if offset_deltas is None else VERSION_SPARSE,
     )
+
+
+def _offset_sections(offset_deltas: Sequence[int] | None, count: int) -> list[bytes]:
+    if offset_deltas is None:
+        return []
+    deltas = np.asarray(offset_deltas, dtype=np.int64)
+    if len(deltas) != count:
+        raise InvalidBatch(f"{len(deltas)} offset deltas given for {count} messages")
+    if deltas[0] != 0 or np.count_nonzero(np.diff(deltas) <= 0) or deltas[-1] > _I32_MAX:
+        raise InvalidBatch("offset deltas must start at 0 and strictly increase")
+    return [deltas.astype(_U4).tobytes()]
 
 
 def encode_values(
@@ -604,15 +655,18 @@ def _decompress(codec: Codec, stored: memoryview, body_size: int) -> memoryview:
 # --------------------------------------------------------------------------- decoding
 
 
-def _read_envelope(view: memoryview, verify_crc: bool) -> tuple[int, int, int, int, int, int, int]:
-    """(codec, crc, count, body_size, tag_summary, base_ts, max_ts) of a payload, checked.
+def _read_envelope(
+    view: memoryview, verify_crc: bool
+) -> tuple[int, int, int, int, int, int, int, int]:
+    """(codec, crc, count, body_size, tag_summary, base_ts, max_ts, version) of a payload,
+    checked.
     (Parsed to a tuple: decode_columns has no use for an Envelope object.)"""
     if len(view) < ENVELOPE.size:
         raise InvalidBatch(f"batch of {len(view)} bytes is shorter than its envelope")
     magic, version, codec, _flags, crc, count, body_size, summary, base_ts, max_ts = (
         ENVELOPE.unpack_from(view)
     )
-    if magic != MAGIC or version != VERSION:
+    if magic != MAGIC or version not in (VERSION, VERSION_SPARSE):
         raise InvalidBatch(f"bad batch magic/version {magic:#x}/{version}")
     if codec >= len(_CODECS):
         raise InvalidBatch(f"unknown batch codec {codec}")
@@ -626,7 +680,7 @@ def _read_envelope(view: memoryview, verify_crc: bool) -> tuple[int, int, int, i
         actual = crc32c.crc32c(view[_CRC_START:], crc32c.crc32c(view[:4]))
         if actual != crc:
             raise InvalidBatch(f"batch CRC mismatch: stored {crc:#010x}, computed {actual:#010x}")
-    return codec, crc, count, body_size, summary, base_ts, max_ts
+    return codec, crc, count, body_size, summary, base_ts, max_ts, version
 
 
 def parse_envelope(payload: bytes | memoryview, *, verify_crc: bool = True) -> Envelope:
@@ -636,8 +690,19 @@ def parse_envelope(payload: bytes | memoryview, *, verify_crc: bool = True) -> E
     1..MAX_BATCH_MESSAGES, an inverted or too wide timestamp range or a CRC mismatch;
     BatchTooLarge for a body_size over the format limit.
     """
-    codec, *rest = _read_envelope(memoryview(payload).cast("B"), verify_crc)
-    return Envelope(_CODECS[codec], *rest)
+    codec, crc, count, body_size, summary, base_ts, max_ts, version = _read_envelope(
+        memoryview(payload).cast("B"), verify_crc
+    )
+    return Envelope(
+        _CODECS[codec],
+        crc,
+        count,
+        body_size,
+        summary,
+        base_ts,
+        max_ts,
+        sparse=version == VERSION_SPARSE,
+    )
 
 
 _ZEROS: Final = bytes(4 * 1025)
@@ -755,7 +820,7 @@ def decode_columns(payload: bytes | memoryview, *, verify_crc: bool = True) -> B
     docstring says what a returned BatchColumns is guaranteed to satisfy.
     """
     view = memoryview(payload).cast("B")  # sizes and slices in bytes, whatever the format
-    codec, _, n, body_size, _, base_ts, max_ts = _read_envelope(view, verify_crc)
+    codec, _, n, body_size, _, base_ts, max_ts, version = _read_envelope(view, verify_crc)
     body = _decompress(_CODECS[codec], view[ENVELOPE.size :], body_size)
     rd = _Reader(body)
     flags = _FLAGS.unpack(rd.take(8, "flags"))[0]
@@ -789,9 +854,15 @@ def decode_columns(payload: bytes | memoryview, *, verify_crc: bool = True) -> B
         headers = ListColumn(
             header_lists, header_keys, rd.binary(n_headers, "header values", False)
         )
+    offset_deltas = None
+    if version == VERSION_SPARSE:
+        raw = np.frombuffer(rd.take(4 * n, "offset deltas"), dtype=_U4)
+        if raw[0] != 0 or np.count_nonzero(raw[1:] <= raw[:-1]):
+            raise InvalidBatch("batch offset deltas do not start at 0 and strictly increase")
+        offset_deltas = raw.astype(np.int64)
     if rd.pos != len(body):
         raise InvalidBatch(f"{len(body) - rd.pos} unexpected bytes after the batch body")
-    return BatchColumns(n, timestamps, key, value, tag, keys, headers)
+    return BatchColumns(n, timestamps, key, value, tag, keys, headers, offset_deltas)
 
 
 #: A byte that no tag a subscription can match holds, in ASCII: controls, space, "|".

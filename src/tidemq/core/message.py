@@ -19,7 +19,8 @@ from tidemq.core.batch import (
     BinaryColumn,
     columns_to_records,
     decode_columns,
-    decode_messages,
+    first_index_at,
+    message_offsets,
 )
 from tidemq.core.errors import CorruptRecordError
 from tidemq.core.properties import decode_properties
@@ -199,7 +200,8 @@ class MessageBatch:
     over the received bytes: numpy offsets and memoryview data, no copy); `indices` are
     the positions in it that this poll delivers (those at or after the read position
     that passed the subscription's filter), in order. Message `indices[j]` is at offset
-    `base_offset + indices[j]`."""
+    `base_offset + indices[j]` (for a compacted batch, which may skip offsets,
+    `base_offset + columns.offset_deltas[indices[j]]`)."""
 
     topic: str
     queue: int
@@ -216,7 +218,8 @@ class MessageBatch:
 
     @property
     def offsets(self) -> npt.NDArray[np.int64]:
-        return self.indices + self.base_offset
+        deltas = self.columns.offset_deltas
+        return (self.indices if deltas is None else deltas[self.indices]) + self.base_offset
 
     def values(self) -> list[bytes | None]:
         """The delivered values as bytes (None for a tombstone): one slice each."""
@@ -238,7 +241,7 @@ class MessageBatch:
             Message(
                 self.topic,
                 self.queue,
-                self.base_offset + i,
+                offset,
                 decoded[i].value,
                 decoded[i].key,
                 decoded[i].tag,
@@ -248,7 +251,7 @@ class MessageBatch:
                 None if origin is None else (origin[0], origin[1], origin[2] + i),
                 self.deliver_at_ms,
             )
-            for i in self.indices.tolist()
+            for i, offset in zip(self.indices.tolist(), self.offsets.tolist(), strict=True)
         ]
 
 
@@ -261,6 +264,17 @@ def _slices(column: BinaryColumn, indices: npt.NDArray[np.int64]) -> list[bytes 
     return [
         bytes(data[bounds[i] : bounds[i + 1]]) if present[i] else None for i in indices.tolist()
     ]
+
+
+def record_offsets(record: bytes | memoryview) -> list[int]:
+    """The offset of each message of a stored record (a compacted record, flag COMPACTED,
+    may skip offsets: its payload says which; any other holds consecutive ones)."""
+    header = parse_header(record)
+    if not header.flags & RecordFlags.COMPACTED:
+        return list(range(header.base_offset, header.base_offset + header.count))
+    columns = decode_columns(memoryview(record)[header.payload_start :], verify_crc=False)
+    offsets: list[int] = message_offsets(columns, header.base_offset).tolist()
+    return offsets
 
 
 def with_append_time(header: RecordHeader, columns: BatchColumns) -> BatchColumns:
@@ -291,7 +305,8 @@ def batches_from_records(
             raise CorruptRecordError("record size does not match its header")
         columns = with_append_time(header, decode_columns(record[header.payload_start :]))
         base = header.base_offset
-        indices = np.arange(max(0, from_offset - base), columns.count, dtype=np.int64)
+        first = first_index_at(columns, base, from_offset)
+        indices = np.arange(first, columns.count, dtype=np.int64)
         mask = masks[n] if masks else b""
         if mask:  # a filtered fetch: bit i set when message i matched on the broker
             bits = np.unpackbits(np.frombuffer(mask, dtype=np.uint8), bitorder="little")
@@ -324,11 +339,13 @@ def messages_from_records(
         header = parse_header(record)
         if header.size != len(record):
             raise CorruptRecordError("record size does not match its header")
-        records = decode_messages(record[header.payload_start :])
+        columns = decode_columns(record[header.payload_start :])
+        records = columns_to_records(columns)
         if header.flags & RecordFlags.LOG_APPEND_TIME:
             records = [m._replace(timestamp_ms=header.store_time_ms) for m in records]
         base = header.base_offset
-        skip = max(0, from_offset - base)
+        skip = first_index_at(columns, base, from_offset)
+        offsets = message_offsets(columns, base).tolist()
         origin = None
         due = 0
         if header.flags & _MOVED:
@@ -342,7 +359,7 @@ def messages_from_records(
                 Message(
                     topic,
                     queue,
-                    base + i,
+                    offsets[i],
                     m.value,
                     m.key,
                     m.tag,

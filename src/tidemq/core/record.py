@@ -71,6 +71,9 @@ class RecordFlags:
     #: takes the record's `store_time_ms` as its timestamp (readers substitute it; the
     #: producer's own timestamps stay in the payload, which is never rewritten).
     LOG_APPEND_TIME = 1 << 6
+    #: Written by compaction to a queue's compacted log: a version-2 batch whose messages
+    #: may skip offsets (`count` is how many it holds, not how many offsets it spans).
+    COMPACTED = 1 << 7
 
 
 @dataclass(frozen=True, slots=True)

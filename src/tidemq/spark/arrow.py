@@ -27,14 +27,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from itertools import pairwise
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from tidemq.core.batch import BatchColumns, BinaryColumn, ListColumn, decode_columns
+from tidemq.core.batch import (
+    BatchColumns,
+    BinaryColumn,
+    ListColumn,
+    decode_columns,
+    first_index_at,
+    message_offsets,
+)
 from tidemq.core.errors import CorruptRecordError, InvalidBatch
 from tidemq.core.message import iter_records, with_append_time
 from tidemq.core.record import RecordFlags, parse_header
@@ -301,12 +307,8 @@ def source_schema(include_headers: bool) -> Any:
     )
 
 
-def _offsets_column(runs: Sequence[tuple[int, int]]) -> Any:
-    if len(runs) == 1 or all(a[1] == b[0] for a, b in pairwise(runs)):
-        values = np.arange(runs[0][0], runs[-1][1], dtype=np.int64)
-    else:
-        values = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in runs])
-    return pa.array(values, type=pa.int64())
+def _offsets_column(runs: Sequence[npt.NDArray[np.int64]]) -> Any:
+    return pa.array(runs[0] if len(runs) == 1 else np.concatenate(runs), type=pa.int64())
 
 
 def records_to_arrow(
@@ -333,33 +335,38 @@ def records_to_arrow(
     decoded: list[BatchColumns] = []
     #: Per decoded record: Kafka's timestampType of its messages.
     kinds: list[int] = []
-    runs: list[tuple[int, int]] = []
+    #: Per decoded record: the offsets of its messages in the range (a compacted record
+    #: may skip offsets), and how many of its first messages fall before the range.
+    runs: list[npt.NDArray[np.int64]] = []
     skip = 0
     for record in iter_records(body, list(sizes)):
         header = parse_header(record)
         if header.size != len(record):
             raise CorruptRecordError("record size does not match its header")
         base = header.base_offset
-        lo, hi = max(start, base), min(end, base + header.count)
-        if lo >= hi:
-            continue
+        dense = not header.flags & RecordFlags.COMPACTED
+        if base >= end or (dense and base + header.count <= start):
+            continue  # wholly outside the range (known without decoding when dense)
         cols = decode_columns(record[header.payload_start :], verify_crc=verify_crc)
         if cols.count != header.count:
             raise CorruptRecordError(
                 f"record at offset {base} holds {cols.count} messages, its header says "
                 f"{header.count}"
             )
+        first, stop = first_index_at(cols, base, start), first_index_at(cols, base, end)
+        if first >= stop:
+            continue
         if not decoded:
-            skip = lo - base
+            skip = first
         appended = bool(header.flags & RecordFlags.LOG_APPEND_TIME)
         decoded.append(with_append_time(header, cols))
         kinds.append(TIMESTAMP_TYPE_LOG_APPEND_TIME if appended else TIMESTAMP_TYPE_CREATE_TIME)
-        runs.append((lo, hi))
+        runs.append(message_offsets(cols, base)[first:stop])
     if not decoded:
         return None
     messages = _columns_to_arrow(_merge(decoded))
     # Only the first record can start before the range and only the last end after it.
-    wanted = sum(hi - lo for lo, hi in runs)
+    wanted = sum(len(run) for run in runs)
     if skip or wanted != messages.num_rows:
         messages = messages.slice(skip, wanted)
     if any(kinds):

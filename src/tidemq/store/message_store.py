@@ -19,6 +19,7 @@ Durability contract:
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -28,7 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from tidemq.core import limits
-from tidemq.core.batch import check_tags, decode_columns, parse_envelope
+from tidemq.core.batch import (
+    check_tags,
+    decode_columns,
+    first_index_at,
+    message_offsets,
+    parse_envelope,
+)
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import (
     BatchTooLarge,
@@ -43,8 +50,13 @@ from tidemq.core.errors import (
 )
 from tidemq.core.message import with_append_time
 from tidemq.core.record import RecordFlags, parse_header
+from tidemq.store import compactor
 from tidemq.store.checkpoint import write_checkpoint
 from tidemq.store.commit_log import CommitLog
+from tidemq.store.compacted_log import CompactedLog
+from tidemq.store.compacted_queues import CompactedQueues, FoundMessage
+from tidemq.store.compaction import CompactionJob, CompactionResult
+from tidemq.store.compactor import CompactionDue
 from tidemq.store.config import FlushMode, StoreConfig
 from tidemq.store.files import FileSystem, OsFileSystem
 from tidemq.store.format.checkpoint import Checkpoint
@@ -209,6 +221,7 @@ class MessageStore:
         producers: ProducerStates,
         index_cache: IndexFileCache,
         indexed_position: int,
+        compacted: dict[tuple[int, int], CompactedLog] | None = None,
     ) -> None:
         """Use `MessageStore.open`; this only assembles recovered parts."""
         self.config = config
@@ -223,6 +236,11 @@ class MessageStore:
         self._index_cache = index_cache
         self._indexed_position = indexed_position
         self._topics: dict[str, TopicInfo] = {t.name: t for t in metadata.live_topics()}
+        #: Compact queues' compacted logs (see compacted_queues.py).
+        self.compacted = CompactedQueues(fs, metadata, compacted or {})
+        #: Per compact queue, built on its first key lookup: the latest offset of each key
+        #: written past its compacted log (kept current by `append`).
+        self.dirty_keys: dict[tuple[int, int], dict[bytes, int]] = {}
         self._dirty_queues: set[tuple[int, int]] = set()
         #: Log positions that broker services will scan again on restart (name -> position):
         #: retention keeps the segments from the smallest one on.
@@ -338,6 +356,8 @@ class MessageStore:
         del self._topics[name]
         self._producers.drop_topic(info.id)
         for q in range(info.queues):
+            self.compacted.drop((info.id, q))
+            self.dirty_keys.pop((info.id, q), None)
             index = self._queues.pop((info.id, q))
             self._dirty_queues.discard((info.id, q))
             index.delete()
@@ -390,9 +410,14 @@ class MessageStore:
         if len(properties) > limits.MAX_PROPERTIES_BYTES:
             raise InvalidBatch(f"record properties exceed {limits.MAX_PROPERTIES_BYTES} bytes")
         env = parse_envelope(payload)
+        if env.sparse:
+            raise InvalidBatch("version-2 (compacted) batches are written by compaction only")
         # A tag no subscription can match is refused, also for producers that skip the
         # client's encoder (a batch without tags, the common case, costs nothing more).
         check_tags(payload, env)
+        keys = None
+        if info.cleanup_policy is not CleanupPolicy.DELETE:
+            keys = message_keys(payload, topic)
         key = (info.id, queue_id, producer.producer_id if producer else NO_PRODUCER)
         if producer is not None:
             if not 1 <= producer.producer_id <= self._last_producer_id:
@@ -427,6 +452,10 @@ class MessageStore:
             payload_crc=env.crc,
         )
         index.append(rec.position, rec.size, env.count, rec.store_time_ms, env.tag_summary)
+        if keys is not None:
+            dirty = self.dirty_keys.get((info.id, queue_id))
+            if dirty is not None:
+                dirty.update(zip(keys, range(base, base + env.count), strict=True))
         self._dirty_queues.add((info.id, queue_id))
         self._unindexed_entries += 1
         end = rec.position + rec.size
@@ -567,9 +596,14 @@ class MessageStore:
         return self._log.end_position
 
     def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
-        """(min offset, next offset) of a queue: the readable range is [min, next)."""
-        _, index = self._index(topic, queue_id)
-        return index.min_offset, index.next_offset
+        """(min offset, next offset) of a queue: the readable range is [min, next) (a
+        compact queue's may have holes)."""
+        info, index = self._index(topic, queue_id)
+        return self._min_offset(info, queue_id, index), index.next_offset
+
+    def _min_offset(self, info: TopicInfo, queue_id: int, index: QueueIndex) -> int:
+        compacted = self.compacted.get((info.id, queue_id))
+        return index.min_offset if compacted is None else min(compacted.start, index.min_offset)
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first offset whose message's timestamp is at or after `timestamp_ms` (the
@@ -578,8 +612,12 @@ class MessageStore:
         message timestamps (the producer's, or the store time for LogAppendTime) pick the
         message in it; a batch whose messages are all older (timestamps set by the
         producer) is stepped over, up to `_TIME_SCAN_BATCHES` batches."""
-        _, index = self._index(topic, queue_id)
+        info, index = self._index(topic, queue_id)
         offset = index.offset_for_time(timestamp_ms)
+        compacted = self.compacted.get((info.id, queue_id))
+        in_compacted = None if compacted is None else compacted.offset_for_time(timestamp_ms)
+        if in_compacted is not None:
+            offset = min(offset, in_compacted)
         for _ in range(_TIME_SCAN_BATCHES):
             if offset >= index.next_offset:
                 break
@@ -588,14 +626,14 @@ class MessageStore:
                 break
             batch = found[0]
             header = parse_header(batch.record)
-            stamps = with_append_time(
-                header, decode_columns(batch.record[header.payload_start :])
-            ).timestamps_ms
-            first = max(0, offset - batch.base_offset)
+            columns = with_append_time(header, decode_columns(batch.record[header.payload_start :]))
+            stamps = columns.timestamps_ms
+            offsets = message_offsets(columns, batch.base_offset)
+            first = first_index_at(columns, batch.base_offset, offset)
             later = np.flatnonzero(stamps[first:] >= timestamp_ms)
             if len(later):
-                return batch.base_offset + first + int(later[0])
-            offset = batch.base_offset + batch.count
+                return int(offsets[first + int(later[0])])
+            offset = int(offsets[-1]) + 1
         return offset
 
     def read(
@@ -611,15 +649,21 @@ class MessageStore:
         batch when any is readable). With `tag_mask`, batches whose tag summary shares no
         bit with it are skipped without reading the log."""
         self._check_open()
-        _, index = self._index(topic, queue_id)
+        info, index = self._index(topic, queue_id)
         visible = self.visible_position
-        lo, hi = index.min_offset, index.next_offset
+        lo, hi = self._min_offset(info, queue_id, index), index.next_offset
         if offset < lo or offset > hi:
             return ReadResult(ReadStatus.OFFSET_OUT_OF_RANGE, [], offset, lo, hi)
-        entries = index.iter_entries(offset, _READ_SCAN_ENTRIES_MAX)
         batches: list[StoredBatch] = []
         budget = max_bytes
         next_offset = offset
+        compacted = self.compacted.get((info.id, queue_id))
+        if compacted is not None and offset < compacted.end:
+            next_offset, budget = read_compacted(compacted, offset, batches, budget, tag_mask)
+            if budget <= 0 or next_offset < compacted.end:
+                status = ReadStatus.FOUND if batches else ReadStatus.NO_NEW_MESSAGE
+                return ReadResult(status, batches, next_offset, lo, hi)
+        entries = index.iter_entries(next_offset, _READ_SCAN_ENTRIES_MAX)
         for e in entries:
             if e.log_position + e.size > visible or (batches and e.size > budget):
                 break
@@ -659,6 +703,9 @@ class MessageStore:
         """Keep the commit log from `position` on: service `name` rescans it on restart."""
         self._log_pins[name] = position
 
+    def unpin_log(self, name: str) -> None:
+        self._log_pins.pop(name, None)
+
     @property
     def log_pin(self) -> int | None:
         return min(self._log_pins.values(), default=None)
@@ -680,12 +727,57 @@ class MessageStore:
         self._check_open()
         return apply_retention(self)
 
+    # ------------------------------------------------------------------ compaction
+
+    def compaction_due(self) -> list[CompactionDue]:
+        """Compact queues due for a run (see `compactor.compaction_due`)."""
+        self._check_open()
+        return compactor.compaction_due(self)
+
+    def plan_compaction(self, topic: str, queue_id: int) -> CompactionJob:
+        """Step 1 of a run, here; step 2 is `compaction.run_compaction(job)` on any
+        thread; step 3 `install_compaction` (or `abandon_compaction`) here again."""
+        self._check_open()
+        return compactor.plan_compaction(self, topic, queue_id)
+
+    def install_compaction(self, result: CompactionResult) -> bool:
+        self._check_open()
+        return compactor.install_compaction(self, result)
+
+    def abandon_compaction(self, job: CompactionJob) -> None:
+        compactor.abandon_compaction(self, job)
+
+    def compact(
+        self, topic: str, queue_id: int, *, max_keys: int | None = None
+    ) -> CompactionResult:
+        """One whole compaction run of a queue on the calling thread."""
+        self._check_open()
+        return compactor.compact(
+            self, topic, queue_id, max_keys=max_keys or compactor.DEFAULT_MAX_KEYS
+        )
+
+    def lookup_key(self, topic: str, queue_id: int, key: bytes) -> FoundMessage | None:
+        """The latest readable message of `key` in a compact queue (value None: a
+        tombstone; None: no such key)."""
+        self._check_open()
+        return compactor.lookup_key(self, topic, queue_id, key)
+
     # ------------------------------------------------------------------ internals for
     # recovery and retention (same package)
 
     @property
     def log(self) -> CommitLog:
         return self._log
+
+    @property
+    def fs(self) -> FileSystem:
+        return self._fs
+
+    def topics_by_id(self) -> dict[int, TopicInfo]:
+        return {t.id: t for t in self._topics.values()}
+
+    def queue_dir(self, info: TopicInfo, queue_id: int) -> Path:
+        return queue_dir(self.config.data_dir, info, queue_id)
 
     @property
     def metadata(self) -> Metadata:
@@ -716,8 +808,44 @@ class MessageStore:
             pass  # a fenced log cannot checkpoint; recovery will replay instead
         finally:
             self._closed = True
+            self.compacted.close()
             self._log.close()
             self._meta.close()
+
+
+def message_keys(payload: bytes | memoryview, topic: str) -> list[bytes]:
+    """The keys of a batch for a compact topic, where every message needs one."""
+    key = decode_columns(payload, verify_crc=False).key
+    if key.validity is not None and not key.validity.all():
+        missing = int(np.flatnonzero(~key.validity)[0])
+        raise InvalidBatch(
+            f"topic {topic!r} is a compact topic (cleanup.policy compact): every message "
+            f"needs a key, message {missing} of the batch has none"
+        )
+    data, bounds = key.data.tobytes(), key.offsets.tolist()
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def read_compacted(
+    compacted: CompactedLog, offset: int, out: list[StoredBatch], budget: int, tag_mask: int
+) -> tuple[int, int]:
+    """Append to `out` the compacted records from the one holding `offset`, within `budget`
+    bytes (at least one record). Returns (next offset to read, budget left); the next
+    offset is the log's end once every record was read."""
+    for e in compacted.entries_from(offset):
+        size = int(e["size"])
+        if out and size > budget:
+            return int(e["base_offset"]), budget
+        if tag_mask and not int(e["tag_summary"]) & tag_mask:
+            continue
+        record = compacted.read(int(e["position"]), size)
+        out.append(
+            StoredBatch(int(e["base_offset"]), int(e["count"]), int(e["store_time_ms"]), record)
+        )
+        budget -= size
+        if budget <= 0:
+            return int(e["end_offset"]), budget
+    return compacted.end, budget
 
 
 def topic_dir(data_dir: Path, info: TopicInfo) -> Path:

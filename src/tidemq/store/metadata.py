@@ -18,6 +18,9 @@ Tables::
                                                                    checkpoint (recovery's
                                                                    check for lost entries)
     consumer_offsets(group_name, topic, queue_id, next_offset, updated_ms)
+    compacted_logs(topic_id, queue_id, generation, start_offset,   each compact queue's
+                   end_offset)                                     compacted log (switched
+                                                                   with queue_state's min)
     producer_state(topic_id, queue_id, producer_id, epoch, window JSON, position)
     counters(name, value)                                          producer id allocation
     users(name, salt, iterations, stored_key, server_key)          SCRAM credentials
@@ -72,6 +75,11 @@ CREATE TABLE IF NOT EXISTS queue_state (
 );
 CREATE TABLE IF NOT EXISTS queue_index_end (
     topic_id INTEGER NOT NULL, queue_id INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+    PRIMARY KEY (topic_id, queue_id)
+);
+CREATE TABLE IF NOT EXISTS compacted_logs (
+    topic_id INTEGER NOT NULL, queue_id INTEGER NOT NULL, generation INTEGER NOT NULL,
+    start_offset INTEGER NOT NULL, end_offset INTEGER NOT NULL,
     PRIMARY KEY (topic_id, queue_id)
 );
 CREATE TABLE IF NOT EXISTS consumer_offsets (
@@ -307,6 +315,7 @@ class Metadata:
             )
             self._db.execute("DELETE FROM queue_state WHERE topic_id = ?", (topic_id,))
             self._db.execute("DELETE FROM queue_index_end WHERE topic_id = ?", (topic_id,))
+            self._db.execute("DELETE FROM compacted_logs WHERE topic_id = ?", (topic_id,))
             self._db.execute("DELETE FROM producer_state WHERE topic_id = ?", (topic_id,))
 
     # ------------------------------------------------------------------ queue state
@@ -335,6 +344,30 @@ class Metadata:
             self._db.executemany(
                 "INSERT OR REPLACE INTO queue_index_end VALUES (?, ?, ?)",
                 [(t, q, n) for (t, q), n in values.items()],
+            )
+
+    def compacted_logs(self) -> dict[tuple[int, int], tuple[int, int, int]]:
+        """(generation, start offset, end offset) of each queue's current compacted log."""
+        rows = self._db.execute(
+            "SELECT topic_id, queue_id, generation, start_offset, end_offset FROM compacted_logs"
+        )
+        return {(t, q): (g, s, e) for t, q, g, s, e in rows}
+
+    @_writes
+    def set_compacted_log(
+        self, topic_id: int, queue_id: int, generation: int, start: int, end: int
+    ) -> None:
+        """Switch a queue to a compacted-log generation: with the commit-log index's min
+        offset, in one transaction (the switch compaction's crash safety rests on)."""
+        with self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO compacted_logs VALUES (?, ?, ?, ?, ?)",
+                (topic_id, queue_id, generation, start, end),
+            )
+            self._db.execute(
+                "INSERT INTO queue_state VALUES (?, ?, ?) ON CONFLICT (topic_id, queue_id)"
+                " DO UPDATE SET min_offset = MAX(min_offset, excluded.min_offset)",
+                (topic_id, queue_id, end),
             )
 
     # ------------------------------------------------------------------ consumer offsets

@@ -23,6 +23,7 @@ from tidemq.core.clock import Clock
 from tidemq.core.errors import CorruptRecordError
 from tidemq.store.checkpoint import read_checkpoint
 from tidemq.store.commit_log import CommitLog, ScannedRecord
+from tidemq.store.compacted_queues import open_compacted_logs
 from tidemq.store.config import StoreConfig
 from tidemq.store.files import FileSystem, ensure_dir
 from tidemq.store.message_store import MessageStore, queue_dir
@@ -91,7 +92,17 @@ def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) 
     for key, index in queues.items():
         saved_min = min_offsets.get(key, 0)
         index.min_offset = min(max(index.min_offset, saved_min), index.next_offset)
+    compacted = open_compacted_logs(
+        fs,
+        meta,
+        {
+            (t.id, q): queue_dir(config.data_dir, t, q)
+            for t in meta.live_topics()
+            for q in range(t.queues)
+        },
+    )
     store = MessageStore(
+        compacted=compacted,
         config=config,
         fs=fs,
         clock=clock,

@@ -36,6 +36,11 @@ def apply_retention(store: MessageStore) -> int:
         )
         for q in range(info.queues):
             index = indexes[(info.id, q)]
+            compacted = store.compacted.get((info.id, q))
+            if compacted is not None and retention_ms >= 0:
+                # compact,delete: compacted messages older than retention.ms go too.
+                kept = compacted.offset_for_time(now - retention_ms)
+                store.compacted.advance_start((info.id, q), compacted.end if kept is None else kept)
             new_min = index.min_offset
             if retention_ms >= 0:
                 new_min = max(new_min, index.offset_for_time(now - retention_ms))
