@@ -6,6 +6,7 @@ The synchronous client API; `tidemq.aio` has the asyncio twins with the same nam
 from __future__ import annotations
 
 from tidemq.client.acls import Acl
+from tidemq.client.kv import CompactionReport, KeyLookup
 from tidemq.client.push_consumer import HandlerTimeout, RetryPolicy
 from tidemq.client.results import (
     BrokerInfo,
@@ -37,6 +38,7 @@ from tidemq.client.sync import (
     ReceivedMessage,
     SimpleConsumer,
     StreamConsumer,
+    TableView,
     Transaction,
     TransactionProducer,
 )
@@ -80,6 +82,7 @@ __all__ = [
     "BrokerStatus",
     "CancelResult",
     "CommittedOffset",
+    "CompactionReport",
     "DelayTooLong",
     "DiscardedTransaction",
     "DiskFull",
@@ -87,6 +90,7 @@ __all__ = [
     "GroupDescription",
     "HandlerTimeout",
     "InvalidTopicName",
+    "KeyLookup",
     "MemberInfo",
     "Message",
     "MessageBatch",
@@ -108,6 +112,7 @@ __all__ = [
     "Sql92",
     "StreamConsumer",
     "SuspendedMessage",
+    "TableView",
     "TidemqError",
     "TimerStatus",
     "TimerTopicStatus",

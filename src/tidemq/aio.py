@@ -6,6 +6,7 @@ from tidemq.client.acls import Acl
 from tidemq.client.admin import AsyncAdmin as Admin
 from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer as BroadcastConsumer
 from tidemq.client.group_consumer import AsyncGroupConsumer as GroupConsumer
+from tidemq.client.kv import CompactionReport, KeyLookup
 from tidemq.client.producer import AsyncProducer as Producer
 from tidemq.client.push_consumer import AsyncPushConsumer as PushConsumer
 from tidemq.client.push_consumer import HandlerTimeout, RetryPolicy
@@ -33,6 +34,7 @@ from tidemq.client.simple_consumer import AsyncReceivedMessage as ReceivedMessag
 from tidemq.client.simple_consumer import AsyncSimpleConsumer as SimpleConsumer
 from tidemq.client.simple_consumer import Sql92
 from tidemq.client.stream_consumer import AsyncStreamConsumer as StreamConsumer
+from tidemq.client.table_view import AsyncTableView as TableView
 from tidemq.client.transaction import AsyncTransaction as Transaction
 from tidemq.client.transaction import AsyncTransactionProducer as TransactionProducer
 from tidemq.client.transaction import TransactionCheck
@@ -47,10 +49,12 @@ __all__ = [
     "BrokerStatus",
     "CancelResult",
     "CommittedOffset",
+    "CompactionReport",
     "DiscardedTransaction",
     "GroupConsumer",
     "GroupDescription",
     "HandlerTimeout",
+    "KeyLookup",
     "MemberInfo",
     "Message",
     "MessageBatch",
@@ -68,6 +72,7 @@ __all__ = [
     "Sql92",
     "StreamConsumer",
     "SuspendedMessage",
+    "TableView",
     "TimerStatus",
     "TimerTopicStatus",
     "TopicInfo",

@@ -240,6 +240,28 @@ def test_topic_create_list_describe_alter_delete(server: Server) -> None:
     assert "t-admin-fifo" in names
 
 
+def test_compact_topic_kv_get_and_compact(server: Server) -> None:
+    b = server.address
+    ok("topic", "create", "t-kv", "--queues", "2", "--config", "cleanup.policy=compact", "-n", b)
+    lines = "AAPL:101\nMSFT:300\nAAPL:102\nMSFT:\u00e9t\u00e9\n"
+    ok("produce", "t-kv", "--key-separator", ":", "-n", b, input=lines)
+    assert ok("kv", "get", "t-kv", "AAPL", "-n", b).stdout == "102\n"
+    found = ok("kv", "get", "t-kv", "MSFT", "-n", b, "-o", "json").json()
+    assert found["value"] == "\u00e9t\u00e9"
+    assert found["offset"] == 1
+    missing = cli("kv", "get", "t-kv", "IBM", "-n", b)
+    assert missing.code == 1
+    assert "has no value" in missing.stderr
+    runs = ok("topic", "compact", "t-kv", "-n", b, "-o", "json").json()
+    assert sum(r["messages_in"] for r in runs) == 4
+    assert sum(r["messages_out"] for r in runs) == 2
+    assert ok("kv", "get", "t-kv", "AAPL", "-n", b).stdout == "102\n"
+    ok("topic", "create", "t-kv-plain", "-n", b)
+    plain = cli("topic", "compact", "t-kv-plain", "-n", b)
+    assert plain.code == 2
+    assert "only compact topics" in plain.stderr
+
+
 def test_topic_errors(server: Server) -> None:
     b = server.address
     ok("topic", "create", "t-dup", "-n", b)

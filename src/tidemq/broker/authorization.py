@@ -188,6 +188,8 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         RequestCode.ACL_CREATE: _CLUSTER_ALTER,
         RequestCode.ACL_DELETE: _CLUSTER_ALTER,
         RequestCode.ACL_LIST: _CLUSTER_DESCRIBE,
+        RequestCode.KV_GET: (_rule(_READ, _T, _topic),),
+        RequestCode.COMPACT: (_rule(_ALTER, _T, _topic),),
     }
 )
 

@@ -25,6 +25,7 @@ import msgspec
 
 from tidemq.broker.auth import AUTH_CODES, Authenticator
 from tidemq.broker.authorization import ACL_CODES, FILTERED_CODES, Authorization
+from tidemq.broker.compaction_service import CompactionService
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.groups import GroupCoordinator
 from tidemq.broker.handlers.admin import AdminHandlers
@@ -300,10 +301,14 @@ class Broker:
             self._cluster_queue_counts,
             pop_groups=self._pop.groups,
         )
+        self._compaction = CompactionService(
+            self._gateway, self._topics, cfg.compaction_check_interval_ms
+        )
         self._handlers = self._handler_table()
         self._tasks.append(loop.create_task(self._sweep()))
         self._tasks.append(loop.create_task(self._retention()))
         self._tasks.append(loop.create_task(self._save_services_periodically()))
+        self._tasks.append(loop.create_task(self._compaction.run_forever()))
         tls = " (TLS)" if listener_tls is not None else ""
         auth = " (SCRAM-SHA-256 authentication)" if cfg.auth_enabled else ""
         log.info("broker %s serving on %s%s%s", cfg.broker_name, self.address, tls, auth)
@@ -502,6 +507,8 @@ class Broker:
             RequestCode.POP_RESUME: plain(
                 lambda r: self._pop.resume(r.group, r.message_id, r.action)
             ),
+            RequestCode.KV_GET: plain(self._compaction.kv_get),
+            RequestCode.COMPACT: plain(self._compaction.compact),
         }
 
     async def _status(self) -> StatusResponse:

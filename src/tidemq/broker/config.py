@@ -119,6 +119,9 @@ class BrokerConfig:
     #: How often the timer and transaction services save their state (their restart
     #: rescans the commit log written since).
     service_checkpoint_interval_ms: int = 5_000
+    #: How often compact topics' queues are checked for a compaction run (each topic's
+    #: min.cleanable.dirty.ratio, max.compaction.lag.ms and delete.retention.ms decide).
+    compaction_check_interval_ms: int = 15_000
     #: Pop consumption: bounds of a lease (invisible duration), messages per receive, and
     #: deliveries before a message goes to its group's dead-letter topic.
     pop_min_invisible_ms: int = 1_000
@@ -192,6 +195,7 @@ class BrokerConfig:
             "max_open_transactions",
             "max_batches_per_transaction",
             "service_checkpoint_interval_ms",
+            "compaction_check_interval_ms",
             "pop_min_invisible_ms",
             "pop_max_invisible_ms",
             "pop_max_messages",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from tidemq.core.errors import ConfigError
+from tidemq.store.compaction_settings import COMPACTION_KEYS, compaction_settings
 from tidemq.store.metadata import CleanupPolicy, MessageType
 
 __all__ = [
@@ -32,10 +33,10 @@ KNOWN: Final[dict[str, str]] = {
     "max.message.bytes": "largest batch accepted for this topic",
     "message.timestamp.type": "CreateTime | LogAppendTime",
     "compression.type": "producer | none | zstd | lz4 (what producers should use)",
-    "segment.bytes": "accepted for Kafka compatibility; the commit log is shared",
+    "segment.bytes": "accepted for Kafka compatibility; the commit log is shared (a compact "
+    "topic's dirty range is bounded by min.cleanable.dirty.ratio and max.compaction.lag.ms)",
     "segment.ms": "accepted for Kafka compatibility; the commit log is shared",
-    "min.compaction.lag.ms": "compact topics: not yet implemented",
-    "delete.retention.ms": "compact topics: not yet implemented",
+    **{key: meaning for key, (_, meaning) in COMPACTION_KEYS.items()},
     "remote.storage.enable": "tiered storage: not yet implemented",
     "local.retention.ms": "tiered storage: not yet implemented",
     "local.retention.bytes": "tiered storage: not yet implemented",
@@ -85,6 +86,7 @@ def parse_topic_config(config: Mapping[str, str]) -> TopicSettings:
     )
     if "max.message.bytes" in config:
         _int("max.message.bytes", config["max.message.bytes"], 1)
+    compaction_settings(config)  # ConfigError naming a bad compaction key
     if config.get("message.timestamp.type", "CreateTime") not in ("CreateTime", "LogAppendTime"):
         raise ConfigError("message.timestamp.type must be CreateTime or LogAppendTime")
     extra = {

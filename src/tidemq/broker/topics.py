@@ -26,6 +26,7 @@ from tidemq.core.errors import (
     TopicAlreadyExists,
     TopicNotFound,
 )
+from tidemq.store.compaction_settings import compaction_settings
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import TopicInfo
 
@@ -152,6 +153,7 @@ class TopicTable:
     ) -> TopicInfo:
         current = self.get(name)
         settings = parse_topic_config(config)
+        compaction_settings({**current.config, **config})  # min/max lag checked together
         total = current.queues if queues is None else queues
         extra = {**settings.extra, **_hosted_value(hosted, total)}
 

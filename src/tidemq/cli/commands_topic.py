@@ -1,4 +1,4 @@
-"""`tidemq topic create / list / describe / alter / delete`."""
+"""`tidemq topic create / list / describe / alter / compact / delete`."""
 
 from __future__ import annotations
 
@@ -212,6 +212,31 @@ def alter(
         emit_json(altered)
     else:
         say(f"Altered topic {name!r}: {altered.queues} queues, {_config_text(altered.config)}.")
+
+
+@command(app)
+def compact(
+    *,
+    topic: TopicArg = None,
+    topic_opt: TopicOpt = None,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Compact a compact topic's queues now (brokers also do it in the background)."""
+    name = topic_name(topic, topic_opt)
+    with _admin(bootstrap) as admin:
+        reports = admin.compact(name)
+    if output is Output.JSON:
+        emit_json(reports)
+        return
+    emit_table(
+        ["QUEUE", "MESSAGES IN", "MESSAGES KEPT", "BYTES IN", "BYTES KEPT", "COMPACTED BELOW"],
+        [
+            (r.queue, r.messages_in, r.messages_out, r.bytes_in, r.bytes_out, r.compacted_end)
+            for r in reports
+        ],
+        title=f"Compacted topic {name!r}:",
+    )
 
 
 @command(app)

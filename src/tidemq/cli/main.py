@@ -16,6 +16,7 @@ from tidemq.cli import (
     commands_data,
     commands_dlq,
     commands_group,
+    commands_kv,
     commands_pipeline,
     commands_pipeline_analytics,
     commands_pipeline_dbsync,
@@ -76,6 +77,7 @@ app.add_typer(commands_dlq.app, name="dlq")
 app.add_typer(commands_pop.app, name="pop")
 app.add_typer(commands_user.app, name="user")
 app.add_typer(commands_acl.app, name="acl")
+app.add_typer(commands_kv.app, name="kv")
 # the pipeline commands register on pipeline_common.app when their modules are imported
 _ = (commands_pipeline, commands_pipeline_analytics, commands_pipeline_dbsync)
 app.add_typer(pipeline_common.app, name="pipeline")

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from tidemq.client import acls as acls_api
-from tidemq.client import checks
+from tidemq.client import checks, kv
 from tidemq.client.acls import Acl
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer import AsyncProducer
@@ -599,6 +599,23 @@ class AsyncAdmin:
         return await acls_api.list_acls(
             self._cluster, await self._brokers(), principal=principal, resource_type=resource_type
         )
+
+    async def get(self, topic: str, key: bytes) -> bytes | None:
+        """The latest value of `key` in compact topic `topic`, from the key index of the
+        broker serving its queue (a few reads, not a scan); None for a deleted (tombstone)
+        or unknown key. ConfigError for a topic whose cleanup.policy is delete."""
+        found = await kv.lookup(self._cluster, topic, key)
+        return None if found is None else found.value
+
+    async def lookup(self, topic: str, key: bytes) -> kv.KeyLookup | None:
+        """`get` with where the value is: queue, offset, timestamp (value None: a
+        tombstone not yet compacted away)."""
+        return await kv.lookup(self._cluster, topic, key)
+
+    async def compact(self, topic: str) -> list[kv.CompactionReport]:
+        """Compact every queue of compact topic `topic` now (the brokers also compact in
+        the background, by the topic's min.cleanable.dirty.ratio and lag settings)."""
+        return await kv.compact(self._cluster, topic, await self._hosting(topic))
 
     async def close(self) -> None:
         await self._cluster.close()

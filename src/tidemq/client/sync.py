@@ -18,6 +18,7 @@ from tidemq.client.admin import AsyncAdmin
 from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer
 from tidemq.client.cluster import ClientConfig
 from tidemq.client.group_consumer import AssignmentCallback, AsyncGroupConsumer
+from tidemq.client.kv import CompactionReport, KeyLookup
 from tidemq.client.producer import AsyncProducer, Delay, DeliverAt
 from tidemq.client.push_consumer import DEFAULT_RETRY_POLICY, AsyncPushConsumer, RetryPolicy
 from tidemq.client.records import check_send, due_ms_of
@@ -36,6 +37,7 @@ from tidemq.client.results import (
 )
 from tidemq.client.simple_consumer import AsyncReceivedMessage, AsyncSimpleConsumer, Filter
 from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
+from tidemq.client.table_view import AsyncTableView, TableListener
 from tidemq.client.transaction import (
     AsyncTransaction,
     AsyncTransactionProducer,
@@ -456,6 +458,53 @@ class StreamConsumer:
         self.close()
 
 
+class TableView:
+    """The latest value of every key of a compact topic, kept current; see
+    `tidemq.aio.TableView`. Filled when the constructor returns; listeners run on the
+    client's background thread."""
+
+    def __init__(
+        self,
+        topic: str,
+        bootstrap: str = "127.0.0.1:9876",
+        *,
+        client_config: ClientConfig | None = None,
+    ) -> None:
+        view: AsyncTableView = run(
+            _make(AsyncTableView, topic, bootstrap, client_config=client_config)
+        )
+        self._v = run(view.start())
+        self.topic = self._v.topic
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._v.get(key)
+
+    def refresh(self) -> None:
+        """Apply every message stored before this call (read-your-writes)."""
+        run(self._v.refresh())
+
+    def listen(self, listener: TableListener) -> None:
+        self._v.listen(listener)
+
+    def snapshot(self) -> dict[bytes, bytes]:
+        return run(_call(self._v.snapshot))
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._v
+
+    def __len__(self) -> int:
+        return len(self._v)
+
+    def close(self) -> None:
+        run(self._v.close())
+
+    def __enter__(self) -> TableView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class GroupConsumer:
     """A member of a consumer group; see `tidemq.aio.GroupConsumer`."""
 
@@ -556,6 +605,18 @@ class Admin:
 
     def describe_topic(self, name: str) -> TopicInfo:
         return run(self._a.describe_topic(name))
+
+    def get(self, topic: str, key: bytes) -> bytes | None:
+        """The latest value of `key` in compact topic `topic` (None: deleted or unknown)."""
+        return run(self._a.get(topic, key))
+
+    def lookup(self, topic: str, key: bytes) -> KeyLookup | None:
+        """`get` with the queue, offset and timestamp of the key's latest message."""
+        return run(self._a.lookup(topic, key))
+
+    def compact(self, topic: str) -> list[CompactionReport]:
+        """Compact every queue of compact topic `topic` now."""
+        return run(self._a.compact(topic))
 
     def list_groups(self) -> list[str]:
         return run(self._a.list_groups())

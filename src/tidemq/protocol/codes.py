@@ -64,6 +64,9 @@ class RequestCode(IntEnum):
     ACL_CREATE = 80
     ACL_DELETE = 81
     ACL_LIST = 82
+    # compact topics (docs/guide/compact-topics.md): a key's latest value, a run on demand
+    KV_GET = 100
+    COMPACT = 101
     # Planned ranges, so that work on several features at once does not collide:
     # 80-89 authorization (ACLs, issue 16); 90-99 static topics (issue 17);
     # 100-109 compact topics and key-value access (issue 18); 110-119 operations (issue 22).

@@ -795,5 +795,7 @@ REQUESTS: Final[dict[RequestCode, tuple[type[_Msg], type[_Msg]]]] = {
 # Requests defined in their own modules (imported here, after REQUESTS, so that they may
 # import from this module without a cycle).
 from tidemq.protocol.acl_messages import ACL_REQUESTS  # noqa: E402
+from tidemq.protocol.kv_messages import KV_REQUESTS  # noqa: E402
 
 REQUESTS.update(ACL_REQUESTS)  # type: ignore[arg-type]
+REQUESTS.update(KV_REQUESTS)  # type: ignore[arg-type]

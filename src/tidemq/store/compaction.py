@@ -44,11 +44,11 @@ from tidemq.core.errors import StorageFailure
 from tidemq.core.message import with_append_time
 from tidemq.core.record import RecordFlags, encode_header, parse_header
 from tidemq.store.compacted_log import CompactedLog, CompactedLogWriter, CompactedRecord
-from tidemq.store.files import FileSystem
+from tidemq.store.files import FileHandle, FileSystem
 from tidemq.store.format.compacted import KEY_DTYPE, key_hash
 from tidemq.store.queue_index import IndexEntry
 
-__all__ = ["CompactionJob", "CompactionResult", "run_compaction"]
+__all__ = ["CompactionJob", "CompactionResult", "SegmentReader", "run_compaction"]
 
 #: Messages and payload bytes per batch compaction writes.
 _OUT_MESSAGES: Final = 4096
@@ -59,6 +59,36 @@ _TS_SPAN_MAX: Final = (1 << 31) - 1
 #: newest of its messages'), so time retention (compact,delete) and offsets-for-time on
 #: compacted data are exact to this much.
 STORE_TIME_SPAN_MS: Final = 60_000
+
+
+class SegmentReader:
+    """Reads commit-log records with file handles of its own: the log's handle cache may
+    close a handle at any time on the owner thread, and a descriptor closed (and reused)
+    under a read on another thread would read another file. Segments under a job are
+    pinned, so they are not deleted while it runs."""
+
+    def __init__(
+        self, fs: FileSystem, locate: Callable[[int], int], path_of: Callable[[int], Path]
+    ) -> None:
+        self._fs = fs
+        self._locate = locate
+        self._path_of = path_of
+        self._handles: dict[int, FileHandle] = {}
+
+    def read(self, position: int, size: int) -> bytes:
+        start = self._locate(position)
+        handle = self._handles.get(start)
+        if handle is None:
+            handle = self._handles[start] = self._fs.open(self._path_of(start))
+        data = handle.pread(position - start, size)
+        if len(data) != size:
+            raise StorageFailure(f"short read at log position {position} during compaction")
+        return data
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +107,7 @@ class CompactionJob:
     generation: int
     max_keys: int
     fs: FileSystem
-    read_log: Callable[[int, int], bytes]
+    log: SegmentReader
 
 
 @dataclass(slots=True)
@@ -133,16 +163,26 @@ def _sources(job: CompactionJob, end: int) -> Iterator[_Source]:
     """Every record to compact, in offset order: the old compacted log, then the dirty
     range up to `end`."""
     if job.old is not None:
-        for e in job.old.entries_from(job.start):
-            record = job.old.read(int(e["position"]), int(e["size"]))
-            offsets, messages = _decode(record, f"{job.topic}/{job.queue_id} compacted log")
-            yield _Source(
-                offsets, messages, int(e["store_time_ms"]), int(e["cleaned_ms"]), False, len(record)
-            )
+        # A handle of its own, for the reason SegmentReader has.
+        handle = job.fs.open(job.old.path)
+        try:
+            for e in job.old.entries_from(job.start):
+                record = handle.pread(int(e["position"]), int(e["size"]))
+                offsets, messages = _decode(record, f"{job.topic}/{job.queue_id} compacted log")
+                yield _Source(
+                    offsets,
+                    messages,
+                    int(e["store_time_ms"]),
+                    int(e["cleaned_ms"]),
+                    False,
+                    len(record),
+                )
+        finally:
+            handle.close()
     for entry in job.dirty:
         if entry.base_offset >= end:
             break
-        record = job.read_log(entry.log_position, entry.size)
+        record = job.log.read(entry.log_position, entry.size)
         offsets, messages = _decode(record, f"{job.topic}/{job.queue_id} commit log")
         yield _Source(offsets, messages, entry.store_time_ms, job.now_ms, True, len(record))
 
@@ -156,7 +196,7 @@ def _key_map(job: CompactionJob) -> tuple[dict[bytes, int], int]:
         if len(latest) >= job.max_keys:
             end = entry.base_offset
             break
-        record = job.read_log(entry.log_position, entry.size)
+        record = job.log.read(entry.log_position, entry.size)
         header = parse_header(record)
         key = decode_columns(memoryview(record)[header.payload_start :]).key
         data, bounds = key.data.tobytes(), key.offsets.tolist()
@@ -197,6 +237,8 @@ def run_compaction(job: CompactionJob) -> CompactionResult:
     except BaseException:
         writer.abort()
         raise
+    finally:
+        job.log.close()
     return result
 
 

@@ -17,7 +17,12 @@ from tidemq.core.errors import ConfigError
 from tidemq.core.record import parse_header
 from tidemq.store.compacted_log import CompactedLog, compacted_dir
 from tidemq.store.compacted_queues import CompactedQueues, FoundMessage
-from tidemq.store.compaction import CompactionJob, CompactionResult, run_compaction
+from tidemq.store.compaction import (
+    CompactionJob,
+    CompactionResult,
+    SegmentReader,
+    run_compaction,
+)
 from tidemq.store.compaction_settings import compaction_settings
 from tidemq.store.metadata import CleanupPolicy, TopicInfo
 from tidemq.store.queue_index import IndexEntry, QueueIndex
@@ -129,7 +134,7 @@ def plan_compaction(
         generation=1 if compacted is None else compacted.generation + 1,
         max_keys=max_keys,
         fs=store.fs,
-        read_log=store.log.read,
+        log=SegmentReader(store.fs, store.log.segments.locate, store.log.segments.path_of),
     )
 
 
@@ -142,6 +147,7 @@ def _pin_name(key: tuple[int, int]) -> str:
 
 
 def abandon_compaction(store: MessageStore, job: CompactionJob) -> None:
+    job.log.close()
     store.unpin_log(_pin_name((job.topic_id, job.queue_id)))
 
 

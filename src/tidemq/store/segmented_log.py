@@ -53,6 +53,10 @@ class SegmentedLog:
     def _path(self, start: int) -> Path:
         return self._dir / segment_name(start)
 
+    def path_of(self, start: int) -> Path:
+        """The file of the segment that starts at `start`."""
+        return self._path(start)
+
     # ------------------------------------------------------------------ positions
 
     @property

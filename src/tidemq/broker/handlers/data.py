@@ -24,8 +24,8 @@ from tidemq.protocol.commands import (
     ProduceRequest,
     ProduceResponse,
 )
-from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus
-from tidemq.store.metadata import MessageType
+from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus, message_keys
+from tidemq.store.metadata import CleanupPolicy, MessageType
 from tidemq.store.producer_state import ProducerStamp
 
 __all__ = ["DataHandlers"]
@@ -61,6 +61,10 @@ class DataHandlers:
             )
         kind = _message_kind(req)
         _check_type(req.topic, info.message_type, kind)
+        if kind is not MessageType.NORMAL and info.cleanup_policy is not CleanupPolicy.DELETE:
+            # At the send, not when the timer or the commit appends it much later: every
+            # message of a compact topic needs a key (the store checks its own appends).
+            message_keys(body, req.topic)
         if kind is MessageType.DELAY:
             # The timer and transaction services take bytes: rare paths, one copy is fine.
             result = await self._timers.schedule(
