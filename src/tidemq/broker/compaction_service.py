@@ -23,6 +23,7 @@ from tidemq.protocol.kv_messages import (
     KvGetResponse,
 )
 from tidemq.store.compaction import CompactionResult, run_compaction
+from tidemq.store.config import FlushMode
 from tidemq.store.metadata import CleanupPolicy
 
 __all__ = ["CompactionService"]
@@ -99,6 +100,10 @@ class CompactionService:
             queues = [req.queue]
         else:
             queues = self._topics.hosted(req.topic)
+        if self._gateway.store.config.flush_mode is FlushMode.ASYNC:
+            # Compaction takes only flushed data (a power loss could take the rest back
+            # and hand its offsets out again); on demand, it means what was sent so far.
+            await self._gateway.call(lambda s: s.flush())
         runs = []
         for q in queues:
             r = await self.compact_queue(req.topic, q)
