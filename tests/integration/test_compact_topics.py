@@ -65,7 +65,8 @@ def test_a_consumer_from_the_start_sees_the_latest_value_of_every_key(
         for key, value in model.items():
             assert admin.get("prices", key) == value
             found = admin.lookup("prices", key)
-            assert found is not None and found.value == value
+            assert found is not None
+            assert found.value == value
         assert admin.get("prices", b"no-such-key") is None
         # Batches carry the offsets of compacted messages, holes included.
         with tidemq.StreamConsumer(address, start="earliest") as consumer:
@@ -93,10 +94,8 @@ def test_keyless_messages_are_refused_at_the_send(sync_broker: ThreadedBroker) -
 def test_compaction_settings_are_checked_and_alterable(sync_broker: ThreadedBroker) -> None:
     address = sync_broker.address
     with tidemq.Admin(address) as admin:
-        with pytest.raises(ConfigError, match="dirty.ratio"):
-            admin.create_topic(
-                "bad", 1, config={**COMPACT, "min.cleanable.dirty.ratio": "1.5"}
-            )
+        with pytest.raises(ConfigError, match=r"dirty\.ratio"):
+            admin.create_topic("bad", 1, config={**COMPACT, "min.cleanable.dirty.ratio": "1.5"})
         admin.create_topic("plain", 1)
         with pytest.raises(ConfigError, match="only compact topics"):
             admin.compact("plain")
@@ -139,7 +138,8 @@ def test_table_view_follows_the_topic(sync_broker: ThreadedBroker) -> None:
             assert b"k3" not in view
             assert len(view) == 9
             assert seen.wait(10)
-            assert (b"k1", b"new") in changes and (b"k3", None) in changes
+            assert (b"k1", b"new") in changes
+            assert (b"k3", None) in changes
 
 
 def test_async_table_view_and_admin(sync_broker: ThreadedBroker) -> None:

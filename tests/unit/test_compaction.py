@@ -238,3 +238,23 @@ def test_compact_delete_applies_retention_to_the_compacted_part(
     store.enforce_retention()
     assert _read_all(store, "state") == [(1, b"b", b"1")]
     assert store.queue_bounds("state", 0)[0] == 1
+
+
+def test_spark_rows_of_a_compacted_queue_carry_their_own_offsets(store: MessageStore) -> None:
+    from tidemq.spark.arrow import records_to_arrow  # noqa: PLC0415 - pyarrow
+
+    _compact_topic(store)
+    for i in range(4):
+        _put(store, *((f"k{j}".encode(), f"{i}".encode()) for j in range(5)))
+    store.compact("prices", 0)
+    _put(store, (b"k9", b"x"))
+    result = store.read("prices", 0, 0, max_bytes=1 << 20)
+    body = b"".join(b.record for b in result.batches)
+    sizes = [len(b.record) for b in result.batches]
+    whole = records_to_arrow("prices", 0, body, sizes, start=0, end=100)
+    # The compacted record (offsets 15-19 of 0-19), then the commit log's (20).
+    assert whole.column("offset").to_pylist() == [15, 16, 17, 18, 19, 20]
+    assert whole.column("key").to_pylist() == [b"k0", b"k1", b"k2", b"k3", b"k4", b"k9"]
+    part = records_to_arrow("prices", 0, body, sizes, start=16, end=19)
+    assert part.column("offset").to_pylist() == [16, 17, 18]
+    assert records_to_arrow("prices", 0, body, sizes, start=0, end=15) is None
