@@ -198,3 +198,23 @@ def test_compaction_while_producers_and_a_consumer_run_loses_nothing(
     offsets = [m.offset for m in consumed]
     assert offsets == sorted(set(offsets))
     assert {m.key: m.value for m in _read_all(address, "live", 1)} == latest
+
+
+def test_pop_consumption_of_a_compacted_topic(sync_broker: ThreadedBroker) -> None:
+    address = sync_broker.address
+    with tidemq.Admin(address) as admin, tidemq.Producer(address) as producer:
+        admin.create_topic("popkv", 1, config=COMPACT)
+        for i in range(12):
+            producer.send("popkv", f"v{i}".encode(), key=f"k{i % 4}".encode())
+        producer.flush()
+        admin.compact("popkv")
+    got: list[tidemq.ReceivedMessage] = []
+    with tidemq.SimpleConsumer(address, "popkv-g", {"popkv": "*"}, await_duration=1.0) as c:
+        deadline = time.monotonic() + 20
+        while len(got) < 4 and time.monotonic() < deadline:
+            batch = c.receive(16)
+            c.ack_many(batch)
+            got += batch
+    assert sorted((m.offset, m.key, m.value) for m in got) == [
+        (8 + i, f"k{i}".encode(), f"v{8 + i}".encode()) for i in range(4)
+    ]

@@ -258,3 +258,31 @@ def test_spark_rows_of_a_compacted_queue_carry_their_own_offsets(store: MessageS
     part = records_to_arrow("prices", 0, body, sizes, start=16, end=19)
     assert part.column("offset").to_pylist() == [16, 17, 18]
     assert records_to_arrow("prices", 0, body, sizes, start=0, end=15) is None
+
+
+def test_commit_log_segments_are_released_once_compacted(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    config = StoreConfig(data_dir=tmp_path, segment_size_bytes=64 * 1024)
+    store = MessageStore.open(config, clock=clock)
+    try:
+        _compact_topic(store)
+        for i in range(200):
+            _put(store, *((f"k{j}".encode(), bytes(100) + bytes([i])) for j in range(10)))
+        store.checkpoint()
+        segments = len(list((tmp_path / "commitlog").iterdir()))
+        assert segments > 3
+        store.compact("prices", 0)
+        store.checkpoint()
+        store.enforce_retention()
+        assert len(list((tmp_path / "commitlog").iterdir())) == 1  # only the active one
+        assert {k: v for _, k, v in _read_all(store)} == {
+            f"k{j}".encode(): bytes(100) + bytes([199]) for j in range(10)
+        }
+    finally:
+        store.close()
+    store = MessageStore.open(config, clock=clock)  # and it reopens without them
+    try:
+        assert len(_read_all(store)) == 10
+    finally:
+        store.close()
