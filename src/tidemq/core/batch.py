@@ -84,6 +84,7 @@ __all__ = [
     "Envelope",
     "ListColumn",
     "MessageRecord",
+    "binary_values",
     "check_tags",
     "columns_to_records",
     "decode_columns",
@@ -919,6 +920,11 @@ def _to_bytes(col: BinaryColumn) -> list[bytes | None]:
     for i in nulls:
         out[i] = None
     return out
+
+
+def binary_values(col: BinaryColumn) -> list[bytes | None]:
+    """A binary column's entries as bytes (None for a null one)."""
+    return _to_bytes(col)
 
 
 def _to_str(col: BinaryColumn) -> list[str | None]:

@@ -13,10 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidemq.core.batch import decode_columns, message_offsets
+from tidemq.core.batch import binary_values, decode_columns, message_offsets
 from tidemq.core.errors import CorruptRecordError, StorageFailure
 from tidemq.core.record import parse_header
 from tidemq.store.compacted_log import CompactedLog, compacted_dir, file_name
+from tidemq.store.compaction import value_at
 from tidemq.store.files import FileSystem
 from tidemq.store.format.compacted import key_hash
 from tidemq.store.metadata import Metadata
@@ -137,10 +138,7 @@ def _message_at(log_: CompactedLog, offset: int, key: bytes) -> FoundMessage | N
     if offset not in offsets:
         return None
     i = offsets.index(offset)
-    bounds = columns.key.offsets
-    if columns.key.data[int(bounds[i]) : int(bounds[i + 1])].tobytes() != key:
+    if binary_values(columns.key)[i] != key:
         return None  # another key with the same hash
-    value = columns.value
-    present = value.validity is None or bool(value.validity[i])
-    data = value.data[int(value.offsets[i]) : int(value.offsets[i + 1])].tobytes()
-    return FoundMessage(offset, data if present else None, int(columns.timestamps_ms[i]))
+    value, timestamp_ms = value_at(record, i)
+    return FoundMessage(offset, value, timestamp_ms)

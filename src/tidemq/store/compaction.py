@@ -33,6 +33,7 @@ import numpy as np
 
 from tidemq.core.batch import (
     MessageRecord,
+    binary_values,
     columns_to_records,
     decode_columns,
     encode_batch,
@@ -48,7 +49,14 @@ from tidemq.store.files import FileHandle, FileSystem
 from tidemq.store.format.compacted import KEY_DTYPE, key_hash
 from tidemq.store.queue_index import IndexEntry
 
-__all__ = ["CompactionJob", "CompactionResult", "SegmentReader", "run_compaction"]
+__all__ = [
+    "CompactionJob",
+    "CompactionResult",
+    "SegmentReader",
+    "record_keys",
+    "run_compaction",
+    "value_at",
+]
 
 #: Messages and payload bytes per batch compaction writes.
 _OUT_MESSAGES: Final = 4096
@@ -196,15 +204,26 @@ def _key_map(job: CompactionJob) -> tuple[dict[bytes, int], int]:
         if len(latest) >= job.max_keys:
             end = entry.base_offset
             break
-        record = job.log.read(entry.log_position, entry.size)
-        header = parse_header(record)
-        key = decode_columns(memoryview(record)[header.payload_start :]).key
-        data, bounds = key.data.tobytes(), key.offsets.tolist()
-        present = None if key.validity is None else key.validity.tolist()
-        for i in range(entry.count):
-            if present is None or present[i]:
-                latest[data[bounds[i] : bounds[i + 1]]] = entry.base_offset + i
+        for i, key in enumerate(record_keys(job.log.read(entry.log_position, entry.size))):
+            if key is not None:
+                latest[key] = entry.base_offset + i
     return latest, end
+
+
+def record_keys(record: bytes) -> list[bytes | None]:
+    """The key of each message of a stored record (None: no key)."""
+    header = parse_header(record)
+    return binary_values(decode_columns(memoryview(record)[header.payload_start :]).key)
+
+
+def value_at(record: bytes, i: int) -> tuple[bytes | None, int]:
+    """(value, timestamp) of message `i` of a stored record (value None: a tombstone)."""
+    header = parse_header(record)
+    columns = decode_columns(memoryview(record)[header.payload_start :])
+    value = columns.value
+    present = value.validity is None or bool(value.validity[i])
+    data = value.data[int(value.offsets[i]) : int(value.offsets[i + 1])].tobytes()
+    return (data if present else None), int(columns.timestamps_ms[i])
 
 
 def _old_end(job: CompactionJob) -> int:

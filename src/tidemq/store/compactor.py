@@ -12,16 +12,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from tidemq.core.batch import decode_columns
 from tidemq.core.errors import ConfigError
-from tidemq.core.record import parse_header
 from tidemq.store.compacted_log import CompactedLog, compacted_dir
 from tidemq.store.compacted_queues import CompactedQueues, FoundMessage
 from tidemq.store.compaction import (
     CompactionJob,
     CompactionResult,
     SegmentReader,
+    record_keys,
     run_compaction,
+    value_at,
 )
 from tidemq.store.compaction_settings import compaction_settings
 from tidemq.store.metadata import CleanupPolicy, TopicInfo
@@ -227,14 +227,10 @@ def _dirty_keys(
     for entry in index.iter_entries(offset, index.next_offset - offset + 1):
         if visible and entry.log_position + entry.size > limit:
             return
-        record = store.log.read(entry.log_position, entry.size)
-        header = parse_header(record)
-        column = decode_columns(memoryview(record)[header.payload_start :]).key
-        data, bounds = column.data.tobytes(), column.offsets.tolist()
-        present = None if column.validity is None else column.validity.tolist()
-        for i in range(entry.count):
-            if present is None or present[i]:
-                yield data[bounds[i] : bounds[i + 1]], entry.base_offset + i
+        keys = record_keys(store.log.read(entry.log_position, entry.size))
+        for i, key in enumerate(keys):
+            if key is not None:
+                yield key, entry.base_offset + i
 
 
 def _message_in_log(
@@ -245,10 +241,5 @@ def _message_in_log(
     if not found or not found[0].base_offset <= offset < found[0].base_offset + found[0].count:
         return None
     batch = found[0]
-    header = parse_header(batch.record)
-    columns = decode_columns(memoryview(batch.record)[header.payload_start :])
-    i = offset - batch.base_offset
-    value = columns.value
-    present = value.validity is None or bool(value.validity[i])
-    data = value.data[int(value.offsets[i]) : int(value.offsets[i + 1])].tobytes()
-    return FoundMessage(offset, data if present else None, int(columns.timestamps_ms[i]))
+    value, timestamp_ms = value_at(batch.record, offset - batch.base_offset)
+    return FoundMessage(offset, value, timestamp_ms)
