@@ -107,7 +107,12 @@ def server_runs(args: argparse.Namespace) -> dict[str, Any]:
     value = bytes(args.size)
     out: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(peers.start_tidemq("sync"))
+        # No background compaction: the runs are the benchmark's own.
+        server = stack.enter_context(
+            peers.start_tidemq(
+                "sync", extra=["--set", "broker.compaction_check_interval_ms=3600000"]
+            )
+        )
         admin = stack.enter_context(tidemq.Admin(server.address))
         producer = stack.enter_context(tidemq.Producer(server.address))
         admin.create_topic("bench-kv", 1, config={"cleanup.policy": "compact"})

@@ -218,3 +218,29 @@ def test_pop_consumption_of_a_compacted_topic(sync_broker: ThreadedBroker) -> No
     assert sorted((m.offset, m.key, m.value) for m in got) == [
         (8 + i, f"k{i}".encode(), f"v{8 + i}".encode()) for i in range(4)
     ]
+
+
+def test_transactions_on_a_compact_topic(sync_broker: ThreadedBroker) -> None:
+    """A committed transaction's value is the latest; a rolled-back or undecided one is
+    never a key's value, before or after compaction."""
+    address = sync_broker.address
+
+    async def scenario() -> None:
+        async with tidemq.aio.Admin(address) as admin:
+            await admin.create_topic("txkv", 1, config=COMPACT)
+            async with tidemq.aio.TransactionProducer(address, "txkv-g") as producer:
+                async with producer.transaction() as tx:
+                    await tx.send("txkv", b"committed", key=b"k")
+                tx = await producer.begin()
+                await tx.send("txkv", b"rolled-back", key=b"k")
+                await tx.rollback()
+                open_tx = await producer.begin()
+                await open_tx.send("txkv", b"undecided", key=b"k")
+                assert await admin.get("txkv", b"k") == b"committed"
+                await admin.compact("txkv")
+                assert await admin.get("txkv", b"k") == b"committed"
+                with pytest.raises(InvalidBatch, match="compact topic"):
+                    await open_tx.send("txkv", b"no key")
+                await open_tx.rollback()
+
+    asyncio.run(scenario())

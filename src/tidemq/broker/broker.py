@@ -326,6 +326,12 @@ class Broker:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # A run in the worker process finishes its file (which nothing names: the next
+        # start removes it) or is cut short by the timeout; then the worker exits.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.to_thread(self._compaction.close), self.config.shutdown_timeout_ms / 1000
+            )
         if not self._embedded:
             await self._registration.stop()
         await self._timers.stop()

@@ -27,7 +27,14 @@ from tidemq.store.format.compacted import (
     VERSION,
 )
 
-__all__ = ["CompactedLog", "CompactedLogWriter", "CompactedRecord", "compacted_dir", "file_name"]
+__all__ = [
+    "CompactedLog",
+    "CompactedLogWriter",
+    "CompactedRecord",
+    "CompactedSnapshot",
+    "compacted_dir",
+    "file_name",
+]
 
 #: Records buffered before one append (pwritev takes at most IOV_MAX = 1024 buffers).
 _WRITE_BUFFERS = 512
@@ -54,6 +61,24 @@ class CompactedRecord:
     tag_summary: int
     cleaned_ms: int
     tombstones: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompactedSnapshot:
+    """What a compaction run needs of the current generation (picklable, no handle)."""
+
+    path: Path
+    generation: int
+    start: int
+    end: int
+    entries: npt.NDArray[np.void]
+
+    def entries_from(self, offset: int) -> Iterator[npt.NDArray[np.void]]:
+        """Entries holding offsets at or after `offset` (and at or after `start`)."""
+        ends = self.entries["end_offset"].astype(np.int64)
+        i = int(np.searchsorted(ends, max(offset, self.start), side="right"))
+        for j in range(i, len(self.entries)):
+            yield self.entries[j]
 
 
 class CompactedLog:
@@ -120,6 +145,9 @@ class CompactedLog:
             entries=entries,
             keys=keys,
         )
+
+    def snapshot(self) -> CompactedSnapshot:
+        return CompactedSnapshot(self.path, self.generation, self.start, self.end, self.entries)
 
     def entries_from(self, offset: int) -> Iterator[npt.NDArray[np.void]]:
         """Entries holding offsets at or after `offset` (and at or after `start`)."""

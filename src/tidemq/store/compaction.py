@@ -24,7 +24,8 @@ metadata transaction. Nothing is ever served from a file that is not whole (see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -44,23 +45,26 @@ from tidemq.core.batch import (
 from tidemq.core.errors import StorageFailure
 from tidemq.core.message import with_append_time
 from tidemq.core.record import RecordFlags, encode_header, parse_header
-from tidemq.store.compacted_log import CompactedLog, CompactedLogWriter, CompactedRecord
+from tidemq.store.compacted_log import CompactedLogWriter, CompactedRecord, CompactedSnapshot
 from tidemq.store.files import FileHandle, FileSystem
 from tidemq.store.format.compacted import KEY_DTYPE, key_hash
-from tidemq.store.queue_index import IndexEntry
+from tidemq.store.segmented_log import segment_name
 
 __all__ = [
     "CompactionJob",
     "CompactionResult",
+    "DirtyEntry",
     "SegmentReader",
     "record_keys",
     "run_compaction",
     "value_at",
 ]
 
-#: Messages and payload bytes per batch compaction writes.
-_OUT_MESSAGES: Final = 4096
-_OUT_BYTES: Final = 1 << 20
+#: Messages and payload bytes per batch compaction writes: small enough that a key
+#: lookup, which reads and decodes the record holding the key, stays cheap (a 1 MiB
+#: record made `get` about twice as slow), large enough for reads to stream.
+_OUT_MESSAGES: Final = 1024
+_OUT_BYTES: Final = 64 << 10
 #: Widest span of message timestamps one batch can hold (the batch format's limit).
 _TS_SPAN_MAX: Final = (1 << 31) - 1
 #: Widest span of store times in one compacted record: a record has one store time (the
@@ -72,22 +76,28 @@ STORE_TIME_SPAN_MS: Final = 60_000
 class SegmentReader:
     """Reads commit-log records with file handles of its own: the log's handle cache may
     close a handle at any time on the owner thread, and a descriptor closed (and reused)
-    under a read on another thread would read another file. Segments under a job are
-    pinned, so they are not deleted while it runs."""
+    under a read on another thread would read another file. It knows the segments from
+    a snapshot of their starts (picklable: a run may go to another process); segments
+    under a job are pinned, so none of them is deleted while it runs."""
 
-    def __init__(
-        self, fs: FileSystem, locate: Callable[[int], int], path_of: Callable[[int], Path]
-    ) -> None:
+    def __init__(self, fs: FileSystem, directory: Path, starts: list[int]) -> None:
         self._fs = fs
-        self._locate = locate
-        self._path_of = path_of
+        self._dir = directory
+        self._starts = starts
         self._handles: dict[int, FileHandle] = {}
 
+    def __getstate__(self) -> tuple[FileSystem, Path, list[int]]:
+        return self._fs, self._dir, self._starts
+
+    def __setstate__(self, state: tuple[FileSystem, Path, list[int]]) -> None:
+        self._fs, self._dir, self._starts = state
+        self._handles = {}
+
     def read(self, position: int, size: int) -> bytes:
-        start = self._locate(position)
+        start = self._starts[bisect.bisect_right(self._starts, position) - 1]
         handle = self._handles.get(start)
         if handle is None:
-            handle = self._handles[start] = self._fs.open(self._path_of(start))
+            handle = self._handles[start] = self._fs.open(self._dir / segment_name(start))
         data = handle.pread(position - start, size)
         if len(data) != size:
             raise StorageFailure(f"short read at log position {position} during compaction")
@@ -100,15 +110,26 @@ class SegmentReader:
 
 
 @dataclass(frozen=True, slots=True)
+class DirtyEntry:
+    """A commit-log index entry of the range to compact."""
+
+    log_position: int
+    size: int
+    count: int
+    base_offset: int
+    store_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class CompactionJob:
     topic: str
     topic_id: int
     queue_id: int
     #: The queue's first offset (retention of a compact,delete topic may have raised it).
     start: int
-    old: CompactedLog | None
+    old: CompactedSnapshot | None
     #: Commit-log index entries of the dirty range, in offset order.
-    dirty: list[IndexEntry]
+    dirty: list[DirtyEntry]
     now_ms: int
     delete_retention_ms: int
     directory: Path

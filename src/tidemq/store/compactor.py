@@ -18,6 +18,7 @@ from tidemq.store.compacted_queues import CompactedQueues, FoundMessage
 from tidemq.store.compaction import (
     CompactionJob,
     CompactionResult,
+    DirtyEntry,
     SegmentReader,
     record_keys,
     run_compaction,
@@ -118,15 +119,19 @@ def plan_compaction(
     if index is None:
         raise ConfigError(f"topic {topic!r} has no queue {queue_id}")
     compacted = store.compacted.get(key)
-    dirty = list(_cleanable(store, info, queue_id))
+    dirty = [
+        DirtyEntry(e.log_position, e.size, e.count, e.base_offset, e.store_time_ms)
+        for e in _cleanable(store, info, queue_id)
+    ]
     if dirty:
         store.pin_log(_pin_name(key), dirty[0].log_position)
+    segments = store.log.segments
     return CompactionJob(
         topic=topic,
         topic_id=info.id,
         queue_id=queue_id,
         start=_start(index, compacted),
-        old=compacted,
+        old=None if compacted is None else compacted.snapshot(),
         dirty=dirty,
         now_ms=store.clock.now_ms(),
         delete_retention_ms=compaction_settings(info.config).delete_retention_ms,
@@ -134,7 +139,7 @@ def plan_compaction(
         generation=1 if compacted is None else compacted.generation + 1,
         max_keys=max_keys,
         fs=store.fs,
-        log=SegmentReader(store.fs, store.log.segments.locate, store.log.segments.path_of),
+        log=SegmentReader(store.fs, segments.directory, segments.segment_starts()),
     )
 
 
@@ -159,7 +164,9 @@ def install_compaction(store: MessageStore, result: CompactionResult) -> bool:
     abandon_compaction(store, job)
     info = store.topics_by_id().get(job.topic_id)
     current = store.compacted.get(key)
-    if info is None or current is not job.old:
+    current_generation = 0 if current is None else current.generation
+    job_generation = 0 if job.old is None else job.old.generation
+    if info is None or info.id != job.topic_id or current_generation != job_generation:
         if store.fs.exists(result.path):
             store.fs.remove(result.path)
         return False

@@ -53,9 +53,9 @@ class SegmentedLog:
     def _path(self, start: int) -> Path:
         return self._dir / segment_name(start)
 
-    def path_of(self, start: int) -> Path:
-        """The file of the segment that starts at `start`."""
-        return self._path(start)
+    @property
+    def directory(self) -> Path:
+        return self._dir
 
     # ------------------------------------------------------------------ positions
 
