@@ -336,8 +336,14 @@ def test_envelope_checks() -> None:
     assert "magic/version" in rejected(seal(body_of(good), count=3, version=3))
     # Version 2 (compacted) needs its offset-delta section.
     env = parse_envelope(good)
-    span = {"base_ts": env.base_timestamp_ms, "max_ts": env.max_timestamp_ms}
-    assert "truncated in offset deltas" in rejected(seal(body_of(good), count=3, version=2, **span))
+    v2 = seal(
+        body_of(good),
+        count=3,
+        version=2,
+        base_ts=env.base_timestamp_ms,
+        max_ts=env.max_timestamp_ms,
+    )
+    assert "truncated in offset deltas" in rejected(v2)
     assert "unknown batch codec 3" in rejected(seal(body_of(good), count=3, codec=3))  # type: ignore[arg-type]
     assert "count 0 outside" in rejected(seal(body_of(good), count=0))
     assert "count 65537 outside" in rejected(seal(body_of(good), count=65537))
