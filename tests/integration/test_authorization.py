@@ -32,6 +32,7 @@ from tidemq.protocol.acl_messages import (
     AclListRequest,
 )
 from tidemq.protocol.codes import RequestCode
+from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
 from tidemq.protocol.commands import REQUESTS
 from tidemq.store.config import StoreConfig
 
@@ -112,6 +113,8 @@ SAMPLES: dict[RequestCode, msgspec.Struct] = {
     RequestCode.ACL_CREATE: AclCreateRequest(entries=[_ENTRY]),
     RequestCode.ACL_DELETE: AclDeleteRequest(entries=[_ENTRY]),
     RequestCode.ACL_LIST: AclListRequest(),
+    RequestCode.KV_GET: KvGetRequest(topic=T, queue=0, key=b"k"),
+    RequestCode.COMPACT: CompactRequest(topic=T),
 }
 #: Codes that stay refused to a user with every ACL entry: user management is for the
 #: super users only (the Authenticator's own check).
