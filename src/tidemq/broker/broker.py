@@ -209,6 +209,9 @@ class Broker:
         self._gateway = StoreGateway(store, loop, self._polling.notify)
         self._created_ms = _created_ms(store)
         self._topics = TopicTable(cfg, self._gateway)
+        self._compaction = CompactionService(
+            self._gateway, self._topics, cfg.compaction_check_interval_ms
+        )
         await self._topics.refresh()
         self._timers = TimerService(cfg, self._gateway, self._clock, self._topic_has_queue)
         self._transactions = TransactionService(cfg, self._gateway, self._clock)
@@ -300,9 +303,6 @@ class Broker:
             self._topics,
             self._cluster_queue_counts,
             pop_groups=self._pop.groups,
-        )
-        self._compaction = CompactionService(
-            self._gateway, self._topics, cfg.compaction_check_interval_ms
         )
         self._handlers = self._handler_table()
         self._tasks.append(loop.create_task(self._sweep()))
