@@ -32,8 +32,8 @@ from tidemq.protocol.acl_messages import (
     AclListRequest,
 )
 from tidemq.protocol.codes import RequestCode
-from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
 from tidemq.protocol.commands import REQUESTS
+from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
 from tidemq.store.config import StoreConfig
 
 if TYPE_CHECKING:
