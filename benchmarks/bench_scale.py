@@ -620,6 +620,8 @@ class P7Node:
             str(self.port),
             "--flush",
             FLUSH,
+            "--http-port",
+            "-1",
             "--log-level",
             LOG_LEVEL,
             "--set",

@@ -248,6 +248,8 @@ def start_tidemq(
     argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "tidemq.cli.main"]
     argv += [
         "server",
+        "--http-port",
+        "-1",  # no HTTP listener: the benchmarks measure the broker
         "--data-dir",
         str(directory / "data"),
         "--host",

@@ -6,6 +6,11 @@ import os
 
 import pytest
 
+# Servers that the tests start as processes (`tidemq server`, `tidemq broker`) inherit
+# this: their HTTP listener takes any free port, not 8085, so that parallel tests never
+# collide on it. A test that wants a fixed one passes --http-port.
+os.environ.setdefault("TIDEMQ_HTTP__PORT", "0")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

@@ -21,6 +21,8 @@ import pytest
 __all__ = ["ServerProcess", "server_process"]
 
 _SERVING = re.compile(rb"^serving on (\S+:\d+)$")
+#: Printed before "serving on" by a broker with an HTTP listener.
+_HTTP = re.compile(rb"^http on (\S+:\d+)$")
 #: The longest a server may take to print that it is serving, on a loaded machine.
 START_TIMEOUT_S = 30.0
 #: The longest a stopped server may take to exit before it is killed.
@@ -34,6 +36,8 @@ class ServerProcess:
         self.proc = proc
         self.log = log
         self.address = ""
+        #: The HTTP listener's host:port ("" without one).
+        self.http_address = ""
         self._serving = threading.Event()
         self._copier = threading.Thread(target=self._copy, daemon=True)
         self._copier.start()
@@ -44,6 +48,9 @@ class ServerProcess:
             for line in self.proc.stderr:
                 out.write(line)
                 out.flush()
+                http = _HTTP.match(line.strip())
+                if http:
+                    self.http_address = http.group(1).decode()
                 found = _SERVING.match(line.strip())
                 if found and not self._serving.is_set():
                     self.address = found.group(1).decode()

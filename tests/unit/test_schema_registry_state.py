@@ -134,7 +134,7 @@ def test_an_incompatible_avro_change_names_the_field() -> None:
         Compatibility.BACKWARD, parse_schema(AVRO, V2_NO_DEFAULT), [parse_schema(AVRO, V1)]
     )
     assert problems == [
-        "reader field missing default value: note (at /fields/1) "
+        "reader field missing default value at field 'note' (/fields/1) "
         "(new schema reading data of the latest version)"
     ]
 

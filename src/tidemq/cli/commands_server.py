@@ -11,11 +11,13 @@ import typer
 from tidemq.broker.broker import Broker, listener_ssl_context
 from tidemq.broker.config import BrokerConfig
 from tidemq.cli.common import CliUsageError, command
-from tidemq.cli.config import load_broker_config
+from tidemq.cli.config import load_configs
+from tidemq.cli.node import Node
 from tidemq.cli.server import Service, configure_logging, serve
 from tidemq.cluster.membership import CLUSTER_SECRET_ENV, check_secret
 from tidemq.cluster.service import NameServerService
 from tidemq.core.errors import ConfigError
+from tidemq.http.config import HttpConfig
 from tidemq.store.config import FlushMode
 
 __all__ = ["register"]
@@ -44,6 +46,14 @@ Sets = Annotated[
 Host = Annotated[
     str | None,
     typer.Option("--host", help="Address to listen on.", show_default="127.0.0.1"),
+]
+HttpPort = Annotated[
+    int | None,
+    typer.Option(
+        "--http-port",
+        help="Port of the HTTP listener (schema registry REST); 0: any free port; -1: none.",
+        show_default="8085",
+    ),
 ]
 DataDir = Annotated[
     Path | None,
@@ -101,8 +111,8 @@ def _load(
     config: Path | None,
     sets: list[str] | None,
     flags: dict[str, dict[str, Any]],
-) -> BrokerConfig:
-    return load_broker_config(
+) -> tuple[BrokerConfig, HttpConfig]:
+    return load_configs(
         defaults=defaults,
         config_file=config,
         environ=os.environ,
@@ -124,12 +134,14 @@ def server(
         ),
     ] = None,
     host: Host = None,
+    http_port: HttpPort = None,
     config: ConfigFile = None,
     sets: Sets = None,
     flush: Flush = None,
     log_level: LogLevel = "info",
 ) -> None:
-    """Run a name server and a broker in one process, on one port.
+    """Run a name server and a broker in one process, on one port (and the schema
+    registry's REST API on --http-port, 8085).
 
     TLS: --set broker.tls_cert_file=FILE --set broker.tls_key_file=FILE (and
     broker.tls_ca_file to require client certificates). Passwords: --set
@@ -137,17 +149,18 @@ def server(
     TIDEMQ_BOOTSTRAP_PASSWORD; see docs/guide/security.md.
     """
     _logging(log_level)
-    cfg = _load(
+    cfg, http = _load(
         defaults={"broker": {"port": NAMESRV_PORT}, "store": {"data_dir": "data"}},
         config=config,
         sets=sets,
         flags={
             "broker": {"port": port, "host": host},
             "store": {"data_dir": data_dir, "flush_mode": flush},
+            "http": {"port": http_port},
         },
     )
     password = _bootstrap_password()
-    serve(lambda: Broker(cfg, embedded_nameserver=True, bootstrap_password=password))
+    serve(lambda: Node(Broker(cfg, embedded_nameserver=True, bootstrap_password=password), http))
 
 
 def namesrv(
@@ -169,7 +182,7 @@ def namesrv(
     docs/guide/security.md.
     """
     _logging(log_level)
-    cfg = _load(
+    cfg, _ = _load(
         defaults={"broker": {"port": NAMESRV_PORT}},
         config=config,
         sets=sets,
@@ -218,12 +231,14 @@ def broker(
     ] = None,
     data_dir: DataDir = None,
     host: Host = None,
+    http_port: HttpPort = None,
     config: ConfigFile = None,
     sets: Sets = None,
     flush: Flush = None,
     log_level: LogLevel = "info",
 ) -> None:
-    """Run a broker that registers with separate name servers.
+    """Run a broker that registers with separate name servers (and serves the schema
+    registry's REST API on --http-port, 8085).
 
     TLS: --set broker.tls_cert_file=FILE --set broker.tls_key_file=FILE (and
     broker.tls_ca_file to require client certificates). Passwords: --set
@@ -232,7 +247,7 @@ def broker(
     with it (name servers that know it refuse unsigned ones); see docs/guide/security.md.
     """
     _logging(log_level)
-    cfg = _load(
+    cfg, http = _load(
         defaults={"broker": {"name_servers": "127.0.0.1:9876"}, "store": {"data_dir": "data"}},
         config=config,
         sets=sets,
@@ -244,6 +259,7 @@ def broker(
                 "name_servers": namesrv,
             },
             "store": {"data_dir": data_dir, "flush_mode": flush},
+            "http": {"port": http_port},
         },
     )
     if not cfg.name_servers:
@@ -253,8 +269,13 @@ def broker(
         )
     password, secret = _bootstrap_password(), _cluster_secret()
     serve(
-        lambda: Broker(
-            cfg, embedded_nameserver=False, bootstrap_password=password, cluster_secret=secret
+        lambda: Node(
+            Broker(
+                cfg, embedded_nameserver=False, bootstrap_password=password, cluster_secret=secret
+            ),
+            http,
+            # The client bootstraps from one name server (it learns the cluster there).
+            bootstrap=cfg.name_servers[0],
         )
     )
 

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.core.errors import ConfigError
+from tidemq.http.config import HttpConfig
 from tidemq.store.config import StoreConfig
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "file_layer",
     "known_keys",
     "load_broker_config",
+    "load_configs",
     "merge_layers",
     "set_layer",
     "values_layer",
@@ -48,7 +50,11 @@ __all__ = [
 ENV_PREFIX: Final = "TIDEMQ_"
 
 #: Section name -> the dataclass it builds.
-SECTIONS: Final[dict[str, type[Any]]] = {"broker": BrokerConfig, "store": StoreConfig}
+SECTIONS: Final[dict[str, type[Any]]] = {
+    "broker": BrokerConfig,
+    "store": StoreConfig,
+    "http": HttpConfig,
+}
 
 #: Fields that are not settable keys (the nested store config is its own section).
 _NOT_KEYS: Final = {("broker", "store")}
@@ -386,6 +392,20 @@ def load_broker_config(
 ) -> BrokerConfig:
     """Defaults < file < environment < --set < flags. `flags` holds only the flags the user
     gave (None values are dropped), as typed values."""
+    return load_configs(
+        defaults=defaults, config_file=config_file, environ=environ, sets=sets, flags=flags
+    )[0]
+
+
+def load_configs(
+    *,
+    defaults: Mapping[str, Mapping[str, Any]] | None = None,
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    sets: Iterable[str] = (),
+    flags: Mapping[str, Mapping[str, Any]] | None = None,
+) -> tuple[BrokerConfig, HttpConfig]:
+    """`load_broker_config`, and the `[http]` section's settings."""
     layers = []
     if defaults:
         layers.append(values_layer(defaults, "defaults"))
@@ -397,4 +417,10 @@ def load_broker_config(
     if flags:
         given = {s: {k: v for k, v in kv.items() if v is not None} for s, kv in flags.items()}
         layers.append(values_layer(given, "command-line flags"))
-    return build_config(merge_layers(layers), _origins(layers))
+    merged, origins = merge_layers(layers), _origins(layers)
+    broker = build_config(merged, origins)
+    try:
+        http = HttpConfig(**dict(merged.get("http", {})))
+    except ConfigError as exc:
+        raise ConfigUsageError(str(exc)) from None
+    return broker, http

@@ -84,8 +84,27 @@ def _avro_problems(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
     # The checker reports sets of names and locations for all its findings together.
     kinds = sorted({k.value.replace("_", " ") for k in result.incompatibilities})
     names = ", ".join(sorted(str(m) for m in result.messages))
-    where = ", ".join(sorted(str(loc) for loc in result.locations))
-    return [f"{'; '.join(kinds)}: {names} (at {where})"]
+    where = ", ".join(
+        _field_at(reader.document, str(loc)) for loc in sorted(result.locations, key=str)
+    )
+    text = f"{'; '.join(kinds)} at {where}"
+    return [text if "field '" in where or not names else f"{text}: {names}"]
+
+
+def _field_at(document: Any, location: str) -> str:
+    """A checker location (/fields/0/type) with the field it points at: "field 'id'
+    (/fields/0/type)"."""
+    node, names = document, []
+    for part in location.strip("/").split("/"):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+            if isinstance(node, dict) and "name" in node:
+                names.append(str(node["name"]))
+        elif isinstance(node, dict):
+            node = node.get(part)
+        else:
+            break
+    return f"field '{'.'.join(names)}' ({location})" if names else location
 
 
 # --------------------------------------------------------------------------- JSON Schema

@@ -336,7 +336,8 @@ class RegistryState:
                 ErrorCode.SUBJECT_NOT_SOFT_DELETED,
                 f"Subject '{subject}' was not deleted first before being permanently deleted",
             )
-        numbers = sorted(versions)
+        # A soft delete answers the versions it deletes now; a permanent one, all.
+        numbers = sorted(versions) if permanent else sorted(live)
         records = []
         for number in numbers:
             self._check_not_referenced(subject, number)

@@ -1,0 +1,46 @@
+"""A broker process with its HTTP listener (the schema registry's REST API): what
+`tidemq server` and `tidemq broker` run. The listener starts once the broker serves (the
+registry reads its log through the broker) and stops first."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from tidemq.broker.broker import Broker
+from tidemq.http.config import HttpConfig
+from tidemq.http.listener import HttpListener
+
+__all__ = ["Node"]
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    def __init__(self, broker: Broker, http: HttpConfig, *, bootstrap: str = "") -> None:
+        """`bootstrap`: where the registry's client finds the cluster (the name servers);
+        empty: this broker (which then serves its own name server)."""
+        self.broker = broker
+        self._http = http
+        self._bootstrap = bootstrap
+        self.listener: HttpListener | None = None
+
+    async def start(self) -> str:
+        address = await self.broker.start()
+        if self._http.enabled:
+            host = self._http.host or self.broker.config.host
+            self.listener = HttpListener(
+                self._bootstrap or address, host=host, port=self._http.port
+            )
+            http_address = await self.listener.start()
+            # A line of its own, like "serving on": scripts and tests read the port.
+            sys.stderr.write(f"http on {http_address}\n")
+            sys.stderr.flush()
+        return address
+
+    async def stop(self) -> None:
+        try:
+            if self.listener is not None:
+                await self.listener.stop()
+        finally:
+            await self.broker.stop()

@@ -1,0 +1,76 @@
+"""The HTTP listener of a tidemq process: uvicorn serving a Starlette app in the
+process's own event loop, beside the broker (its requests are small, and the registry's
+work is a few client calls: no thread or process of its own).
+
+uvicorn's `Server.serve` would install its own SIGINT/SIGTERM handlers; the CLI owns
+those, so the listener drives uvicorn's startup, main loop and shutdown itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import uvicorn
+from starlette.applications import Starlette
+
+from tidemq.client.cluster import ClientConfig
+from tidemq.http.registry_api import registry_routes
+from tidemq.http.registry_service import RegistryService
+
+__all__ = ["HttpListener"]
+
+log = logging.getLogger(__name__)
+
+
+class HttpListener:
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8085,
+        client_config: ClientConfig | None = None,
+    ) -> None:
+        self.registry = RegistryService(bootstrap, client_config=client_config)
+        self.app = Starlette(routes=registry_routes(self.registry))
+        self._config = uvicorn.Config(
+            self.app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            loop="none",
+            timeout_graceful_shutdown=5,
+        )
+        self._server = uvicorn.Server(self._config)
+        self._task: asyncio.Task[None] | None = None
+        self.address = ""
+
+    async def start(self) -> str:
+        """Read the registry, then listen; returns host:port."""
+        await self.registry.start()
+        self._config.load()
+        self._server.lifespan = self._config.lifespan_class(self._config)
+        await self._server.startup()
+        if self._server.should_exit:  # startup failed (the port is taken): uvicorn logged it
+            await self.registry.close()
+            raise OSError(
+                f"the HTTP listener could not bind {self._config.host}:{self._config.port}"
+            )
+        socket = self._server.servers[0].sockets[0]
+        host, port = socket.getsockname()[:2]
+        self.address = f"{host}:{port}"
+        self._task = asyncio.get_running_loop().create_task(self._server.main_loop())
+        log.info("HTTP (schema registry) on %s", self.address)
+        return self.address
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            await self._server.shutdown()
+        await self.registry.close()

@@ -1,0 +1,175 @@
+"""tidemq's schema registry with a client nobody here wrote: confluent-kafka's
+SchemaRegistryClient and its Avro and JSON serializers, unchanged, against the HTTP
+listener of a real broker (register, look up, evolve, reject an incompatible change,
+delete); and the registry's state surviving a restart (it lives on `_schemas`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from tests.integration.conftest import ThreadedBroker, broker_config
+from tests.support.server_process import server_process
+
+import tidemq
+from tidemq.http.listener import HttpListener
+from tidemq.schema.wire import unframe
+
+pytestmark = pytest.mark.timeout(120)
+
+ORDER_V1 = {
+    "type": "record",
+    "name": "Order",
+    "fields": [{"name": "id", "type": "long"}, {"name": "amount", "type": "double"}],
+}
+ORDER_V2 = {
+    **ORDER_V1,
+    "fields": [*ORDER_V1["fields"], {"name": "note", "type": "string", "default": ""}],
+}
+ORDER_BAD = {**ORDER_V1, "fields": [{"name": "id", "type": "string"}]}
+
+
+class Node:
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.broker = ThreadedBroker(broker_config(data))
+        self.broker.start()
+        self.http = HttpListener(self.broker.address, port=0)
+        self.url = "http://" + self.broker.call(self.http.start())
+
+    def stop(self) -> None:
+        try:
+            self.broker.call(self.http.stop())
+        finally:
+            self.broker.stop()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path / "broker")
+    try:
+        yield n
+    finally:
+        n.stop()
+
+
+def _avro(schema: dict[str, Any]) -> Schema:
+    return Schema(json.dumps(schema), "AVRO")
+
+
+@pytest.fixture
+def client(node: Node) -> Iterator[SchemaRegistryClient]:
+    with SchemaRegistryClient({"url": node.url}) as c:
+        yield c
+
+
+def test_confluents_client_registers_evolves_and_deletes(
+    node: Node, client: SchemaRegistryClient
+) -> None:
+    first = client.register_schema("orders-value", _avro(ORDER_V1))
+    assert client.register_schema("orders-value", _avro(ORDER_V1)) == first
+    assert json.loads(client.get_schema(first).schema_str or "") == ORDER_V1
+    second = client.register_schema("orders-value", _avro(ORDER_V2))
+    assert second != first
+    assert client.get_versions("orders-value") == [1, 2]
+    latest = client.get_latest_version("orders-value")
+    assert (latest.version, latest.schema_id) == (2, second)
+    found = client.lookup_schema("orders-value", _avro(ORDER_V1))
+    assert (found.version, found.schema_id) == (1, first)
+    assert client.get_subjects() == ["orders-value"]
+    assert client.test_compatibility("orders-value", _avro(ORDER_BAD)) is False
+    with pytest.raises(SchemaRegistryError) as info:
+        client.register_schema("orders-value", _avro(ORDER_BAD))
+    assert info.value.http_status_code == 409
+    assert "id" in info.value.error_message
+    client.set_compatibility("orders-value", "NONE")
+    assert client.get_compatibility("orders-value") == "NONE"
+    client.register_schema("orders-value", _avro(ORDER_BAD))  # NONE: anything goes
+    with pytest.raises(SchemaRegistryError) as info:
+        client.get_version("orders-value", 9)
+    assert info.value.error_code == 40402
+    assert client.delete_version("orders-value", 3) == 3
+    assert client.delete_subject("orders-value") == [1, 2]
+    assert client.get_subjects() == []
+    assert client.delete_subject("orders-value", permanent=True) == [1, 2, 3]
+    with (
+        SchemaRegistryClient({"url": node.url}) as fresh,  # no cache
+        pytest.raises(SchemaRegistryError) as info,
+    ):
+        fresh.get_schema(first)
+    assert info.value.error_code == 40403
+
+
+def test_confluents_serializers_write_what_tidemq_carries_and_reads_back(
+    node: Node, client: SchemaRegistryClient
+) -> None:
+    ctx = SerializationContext("payments", MessageField.VALUE)
+    serialize = AvroSerializer(client, json.dumps(ORDER_V1))
+    deserialize = AvroDeserializer(client)
+    value = serialize({"id": 7, "amount": 9.5}, ctx)
+    assert value is not None
+    assert unframe(value).schema_id == client.get_latest_version("payments-value").schema_id
+    with tidemq.Admin(node.broker.address) as admin, tidemq.Producer(node.broker.address) as p:
+        admin.create_topic("payments", 1)
+        p.send("payments", value)
+    with tidemq.StreamConsumer(node.broker.address, start="earliest") as consumer:
+        consumer.assign([("payments", 0)])
+        got = []
+        for _ in range(50):
+            got += consumer.poll(timeout_ms=100)
+            if got:
+                break
+    assert deserialize(got[0].value, ctx) == {"id": 7, "amount": 9.5}
+    json_schema = {"type": "object", "properties": {"sku": {"type": "string"}}}
+    to_json = JSONSerializer(json.dumps(json_schema), client)
+    from_json = JSONDeserializer(json.dumps(json_schema))
+    jctx = SerializationContext("skus", MessageField.VALUE)
+    assert from_json(to_json({"sku": "A-1"}, jctx), jctx) == {"sku": "A-1"}
+    assert client.get_latest_version("skus-value").schema.schema_type == "JSON"
+
+
+def test_the_registry_survives_a_restart(tmp_path: Path) -> None:
+    node = Node(tmp_path / "broker")
+    try:
+        with SchemaRegistryClient({"url": node.url}) as client:
+            schema_id = client.register_schema("s-value", _avro(ORDER_V1))
+            client.set_compatibility(level="FULL")
+    finally:
+        node.stop()
+    node = Node(tmp_path / "broker")
+    try:
+        client = SchemaRegistryClient({"url": node.url})
+        assert json.loads(client.get_schema(schema_id).schema_str or "") == ORDER_V1
+        assert client.get_compatibility() == "FULL"
+        # Ids continue after the restart, never reused.
+        assert client.register_schema("t-value", _avro(ORDER_V2)) == schema_id + 1
+        client.close()
+    finally:
+        node.stop()
+
+
+def test_tidemq_server_serves_the_registry_and_keeps_it_across_kill_9(tmp_path: Path) -> None:
+    """`tidemq server` (what `make run` starts) with its HTTP listener: a registration
+    acknowledged before kill -9 is there after the restart."""
+    with server_process(tmp_path) as server:
+        assert server.http_address
+        with SchemaRegistryClient({"url": f"http://{server.http_address}"}) as client:
+            schema_id = client.register_schema("k-value", _avro(ORDER_V1))
+        os.kill(server.pid, signal.SIGKILL)
+        server.proc.wait(30)
+    with (
+        server_process(tmp_path) as server,
+        SchemaRegistryClient({"url": f"http://{server.http_address}"}) as client,
+    ):
+        assert client.get_latest_version("k-value").schema_id == schema_id
+        assert client.get_schema_types() == ["AVRO", "JSON"]
