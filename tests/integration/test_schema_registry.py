@@ -5,15 +5,20 @@ delete); and the registry's state surviving a restart (it lives on `_schemas`)."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry import (
+    AsyncSchemaRegistryClient,
+    Schema,
+    SchemaRegistryClient,
+)
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
@@ -24,6 +29,9 @@ from tests.support.server_process import server_process
 import tidemq
 from tidemq.http.listener import HttpListener
 from tidemq.schema.wire import unframe
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import ClusterEnv, Loop
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -173,3 +181,46 @@ def test_tidemq_server_serves_the_registry_and_keeps_it_across_kill_9(tmp_path: 
     ):
         assert client.get_latest_version("k-value").schema_id == schema_id
         assert client.get_schema_types() == ["AVRO", "JSON"]
+
+
+def test_every_node_of_a_cluster_serves_one_registry(loop: Loop, cluster: ClusterEnv) -> None:
+    """Two nodes (each with its listener, reading the one `_schemas` of the cluster):
+    what one registers the other serves; registrations racing on both nodes get one id per
+    schema and one version per registration, never two schemas under one id."""
+
+    async def scenario() -> None:
+        nodes = [HttpListener(cluster.bootstrap, port=0) for _ in range(2)]
+        urls = [f"http://{await n.start()}" for n in nodes]
+        try:
+            async with (
+                AsyncSchemaRegistryClient({"url": urls[0]}) as a,
+                AsyncSchemaRegistryClient({"url": urls[1]}) as b,
+            ):
+                await a.set_compatibility(level="NONE")
+                first = await a.register_schema("x-value", _avro(ORDER_V1))
+                assert (await b.get_latest_version("x-value")).schema_id == first
+                schemas = [
+                    {**ORDER_V1, "fields": [{"name": f"f{i}", "type": "int"}]} for i in range(8)
+                ]
+                ids = await asyncio.gather(
+                    *(
+                        (a if i % 2 else b).register_schema(f"race-{i % 3}", _avro(s))
+                        for i, s in enumerate(schemas)
+                    ),
+                    # The same schema on both nodes at once: one id, under any subject.
+                    a.register_schema("same", _avro(ORDER_V2)),
+                    b.register_schema("same", _avro(ORDER_V2)),
+                    b.register_schema("same-too", _avro(ORDER_V2)),
+                )
+                assert len(set(ids[:8])) == 8
+                assert ids[8] == ids[9] == ids[10]
+                for client in (a, b):
+                    for i, s in enumerate(schemas):
+                        got = await client.get_schema(ids[i])
+                        assert json.loads(got.schema_str or "") == s
+                    assert await client.get_versions("same") == [1]
+        finally:
+            for n in nodes:
+                await n.stop()
+
+    loop.run(scenario())

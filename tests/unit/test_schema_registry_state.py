@@ -324,3 +324,22 @@ def test_a_replayed_log_in_any_interleaving_of_two_writers_is_consistent() -> No
             for v in replayed[0].versions(subject):
                 info = replayed[0].version(subject, v)
                 assert seen.setdefault(info.schema_id, info.schema.identity) == info.schema.identity
+
+
+def test_one_schema_never_gets_two_ids() -> None:
+    """Two nodes register the same schema under different subjects, each with a new id:
+    the later record loses (its writer then registers it again and gets the first id)."""
+    a, b = RegistryState(), RegistryState()
+    info_a, rec_a = a.plan_register("x", a.parse(AVRO, V1, ()))
+    b.apply(*b.config_record(None, Compatibility.NONE))
+    b.max_id = 5  # b had seen other schemas
+    info_b, rec_b = b.plan_register("y", b.parse(AVRO, V1, ()))
+    assert rec_a is not None
+    assert rec_b is not None
+    assert info_a.schema_id != info_b.schema_id
+    node = _replay([rec_a, rec_b])
+    assert node.subjects() == ["x"]
+    info, again = node.plan_register("y", node.parse(AVRO, V1, ()))
+    assert info.schema_id == info_a.schema_id
+    assert again is not None
+    assert node.apply(*again)

@@ -53,6 +53,8 @@ class RegistryService:
         self._outcomes: dict[int, bool] = {}
         self._lock = asyncio.Lock()
         self._started = False
+        #: Writes that lost a race to another node's (then undone and planned again).
+        self.lost_races = 0
 
     async def start(self) -> None:
         """Create `_schemas` (a compact topic of one queue) when missing, and read it."""
@@ -111,6 +113,8 @@ class RegistryService:
                 lost = [o for o in offsets if not self._outcomes.pop(o, True)]
                 if not lost:
                     return answer
+                self.lost_races += 1
+                log.info("a registry write lost a race to another node's; writing it again")
                 # Our records lost: remove them, so that compaction never revives them.
                 await self._guarded(self._append([(r[0], None) for r in records]))
             raise RegistryError(

@@ -11,8 +11,8 @@ Records (key and value are JSON objects; a null value is a tombstone), after Con
     {"keytype": "MODE", "subject": S | null}    -> {"mode": MODE}
 
 The log is the order of truth. Several nodes may write at once, each with the state it
-had: a SCHEMA record whose id already names another schema, or whose subject and version
-already hold another id, lost the race and is ignored by every node alike (`apply`
+had: a SCHEMA record whose id already names another schema, whose schema already has
+another id, or whose subject and version already hold another id, lost the race and is ignored by every node alike (`apply`
 returns False); its writer sees that when it reads its record back, removes it with a
 tombstone and tries again. Keys include the id and a hash of the schema (H: the first 16
 hex digits of SHA-256 over its type, identity and references), so two different
@@ -127,8 +127,11 @@ class RegistryState:
         identity = (parsed.schema_type.value, parsed.identity, refs)
         held = self._by_id.get(schema_id)
         taken = versions.get(version)
-        if (held is not None and self._identity(held.schema) != identity) or (
-            taken is not None and taken[0] != schema_id
+        other_id = self._ids.get(identity)
+        if (
+            (held is not None and self._identity(held.schema) != identity)
+            or (taken is not None and taken[0] != schema_id)
+            or (other_id is not None and other_id != schema_id)
         ):
             if not versions:
                 del self._subjects[subject]
