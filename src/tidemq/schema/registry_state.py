@@ -14,10 +14,10 @@ The log is the order of truth. Several nodes may write at once, each with the st
 had: a SCHEMA record whose id already names another schema, whose schema already has
 another id, or whose subject and version already hold another id, lost the race and is
 ignored by every node alike (`apply` returns False); its writer sees that when it reads
-its record back, removes it with a tombstone and tries again. Keys include the id and a hash of the schema (H: the first 16
-hex digits of SHA-256 over its type, identity and references), so two different
-registrations never share a key and compaction never lets a losing record replace a
-winning one.
+its record back, removes it with a tombstone and tries again. Keys include the id and a
+hash of the schema (H: the first 16 hex digits of SHA-256 over its type, identity and
+references), so two different registrations never share a key and compaction never lets
+a losing record replace a winning one.
 """
 
 from __future__ import annotations
