@@ -24,6 +24,7 @@ from tests.support.server_process import server_process as running_server
 
 from tidemq.broker.broker import Broker
 from tidemq.broker.config import BrokerConfig
+from tidemq.http.listener import HttpListener
 from tidemq.store.config import StoreConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,8 @@ GUIDE = ROOT / "docs" / "guide"
 README = ROOT / "README.md"
 BLOCK = re.compile(r"```python([ \t][^\n]*)?\n(.*?)```", re.DOTALL)
 DEFAULT_ADDRESS = "127.0.0.1:9876"
+#: The HTTP listener's address in the pages (the schema registry's URL).
+DEFAULT_HTTP = "127.0.0.1:8085"
 SERVER = [sys.executable, "-m", "tidemq.cli.main", "server"]
 _SERVING = re.compile(r"^serving on (\S+:\d+)$", re.MULTILINE)
 START_TIMEOUT_S = 30.0
@@ -52,18 +55,20 @@ def readme_order() -> list[Path]:
     return [GUIDE / name for name in dict.fromkeys(names)]
 
 
-def run_page(page: Path, address: str) -> str:
-    """Run the page's blocks in one fresh namespace, with `address` for 127.0.0.1:9876."""
+def run_page(page: Path, address: str, http: str = DEFAULT_HTTP) -> str:
+    """Run the page's blocks in one fresh namespace, with `address` for 127.0.0.1:9876
+    and `http` for 127.0.0.1:8085."""
     namespace: dict[str, object] = {"__name__": "__guide__"}
     for block in runnable_blocks(page):
-        code = block.replace(DEFAULT_ADDRESS, address)
+        code = block.replace(DEFAULT_ADDRESS, address).replace(DEFAULT_HTTP, http)
         exec(compile(code, str(page), "exec"), namespace)
     return page.name
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    """A broker with its name server, on its own loop thread."""
+def server(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A broker with its name server and HTTP listener, on its own loop thread:
+    (broker address, HTTP address)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -72,9 +77,11 @@ def server(tmp_path: Path) -> Iterator[str]:
         embedded_nameserver=True,
     )
     address = asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
+    http = HttpListener(address, port=0)
     try:
-        yield address
+        yield address, asyncio.run_coroutine_threadsafe(http.start(), loop).result(30)
     finally:
+        asyncio.run_coroutine_threadsafe(http.stop(), loop).result(30)
         asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
@@ -82,10 +89,11 @@ def server(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def server_process(tmp_path: Path) -> Iterator[str]:
-    """`tidemq server --data-dir DIR` as `make run` starts it, on a free port."""
+def server_process(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """`tidemq server --data-dir DIR` as `make run` starts it, on free ports:
+    (broker address, HTTP address)."""
     with running_server(tmp_path, start_timeout_s=START_TIMEOUT_S) as server:
-        yield server.address
+        yield server.address, server.http_address
 
 
 def test_readme_lists_every_page_with_examples() -> None:
@@ -103,21 +111,22 @@ def test_guide_page_examples_run(
     blocks = runnable_blocks(page)
     if not blocks:
         pytest.skip("no runnable python examples on this page")
-    address = DEFAULT_ADDRESS
-    if DEFAULT_ADDRESS in "".join(blocks):
-        address = request.getfixturevalue("server")
-    run_page(page, address)
+    address, http = DEFAULT_ADDRESS, DEFAULT_HTTP
+    joined = "".join(blocks)
+    if DEFAULT_ADDRESS in joined or DEFAULT_HTTP in joined:
+        address, http = request.getfixturevalue("server")
+    run_page(page, address, http)
     assert capsys.readouterr().out  # the examples print what they show
 
 
 @pytest.mark.timeout(300)
 def test_guide_pages_run_in_readme_order_on_one_server(
-    server_process: str, capsys: pytest.CaptureFixture[str]
+    server_process: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     done: list[str] = []
     for page in readme_order():
         try:
-            done.append(run_page(page, server_process))
+            done.append(run_page(page, *server_process))
         except Exception as exc:
             after = ", ".join(done) or "nothing"
             raise AssertionError(
