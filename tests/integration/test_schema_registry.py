@@ -25,8 +25,10 @@ from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSe
 from confluent_kafka.serialization import MessageField, SerializationContext
 from tests.integration.conftest import ThreadedBroker, broker_config
 from tests.support.server_process import server_process
+from typer.testing import CliRunner
 
 import tidemq
+from tidemq.cli.main import app
 from tidemq.http.listener import HttpListener
 from tidemq.schema.wire import unframe
 
@@ -224,3 +226,40 @@ def test_every_node_of_a_cluster_serves_one_registry(loop: Loop, cluster: Cluste
                 await n.stop()
 
     loop.run(scenario())
+
+
+def test_the_schema_cli(tmp_path: Path) -> None:
+    """`tidemq schema ...` against `tidemq server`, as a user would run it."""
+    v1, v2, bad = tmp_path / "v1.avsc", tmp_path / "v2.avsc", tmp_path / "bad.avsc"
+    v1.write_text(json.dumps(ORDER_V1))
+    v2.write_text(json.dumps(ORDER_V2))
+    bad.write_text(json.dumps(ORDER_BAD))
+    with server_process(tmp_path) as server:
+        url = f"http://{server.http_address}"
+
+        def cli(*args: str) -> Any:
+            return CliRunner().invoke(app, ["schema", *args, "--registry", url])
+
+        assert "id 1, version 1" in cli("register", "orders-value", "--file", str(v1)).stdout
+        assert cli("register", "orders-value", "-f", str(v2)).exit_code == 0
+        assert cli("list").stdout.split() == ["orders-value"]
+        rows = json.loads(cli("versions", "orders-value", "-o", "json").stdout)
+        assert [(r["version"], r["id"]) for r in rows] == [(1, 1), (2, 2)]
+        assert json.loads(cli("get", "--id", "1", "-o", "json").stdout)["schema"]
+        assert json.loads(cli("get", "orders-value").stdout) == ORDER_V2
+        refused = cli("check", "orders-value", "--file", str(bad))
+        assert refused.exit_code == 1
+        assert "field 'id'" in refused.stderr
+        assert cli("check", "orders-value", "--file", str(v2)).exit_code == 0
+        assert cli("config", "orders-value", "--set", "full").stdout.strip() == "FULL"
+        assert cli("config").stdout.strip() == "BACKWARD"
+        assert cli("delete", "orders-value").exit_code == 0
+        assert cli("delete", "orders-value", "--permanent").exit_code == 0
+        missing = cli("versions", "orders-value")
+        assert missing.exit_code == 1
+        assert "not found. (error 40401)" in missing.stderr
+        unreachable = CliRunner().invoke(
+            app, ["schema", "list", "--registry", "http://127.0.0.1:1"]
+        )
+        assert unreachable.exit_code == 1
+        assert "cannot reach the schema registry" in unreachable.stderr

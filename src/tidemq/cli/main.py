@@ -21,6 +21,7 @@ from tidemq.cli import (
     commands_pipeline_analytics,
     commands_pipeline_dbsync,
     commands_pop,
+    commands_schema,
     commands_server,
     commands_special,
     commands_topic,
@@ -78,6 +79,7 @@ app.add_typer(commands_pop.app, name="pop")
 app.add_typer(commands_user.app, name="user")
 app.add_typer(commands_acl.app, name="acl")
 app.add_typer(commands_kv.app, name="kv")
+app.add_typer(commands_schema.app, name="schema")
 # the pipeline commands register on pipeline_common.app when their modules are imported
 _ = (commands_pipeline, commands_pipeline_analytics, commands_pipeline_dbsync)
 app.add_typer(pipeline_common.app, name="pipeline")
