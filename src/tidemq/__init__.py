@@ -28,6 +28,7 @@ from tidemq.client.results import (
     TransactionStatus,
     UserInfo,
 )
+from tidemq.client.serde import AvroDeserializer, AvroSerializer, SchemaRegistry
 from tidemq.client.simple_consumer import Sql92
 from tidemq.client.sync import (
     Admin,
@@ -74,6 +75,8 @@ __all__ = [
     "AlreadyDelivered",
     "AuthenticationFailed",
     "AuthorizationFailed",
+    "AvroDeserializer",
+    "AvroSerializer",
     "BatchReceipts",
     "BatchTooLarge",
     "BroadcastConsumer",
@@ -108,6 +111,7 @@ __all__ = [
     "RequestTimeout",
     "ResumeResult",
     "RetryPolicy",
+    "SchemaRegistry",
     "SimpleConsumer",
     "Sql92",
     "StreamConsumer",

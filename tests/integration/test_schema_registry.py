@@ -6,6 +6,9 @@ delete); and the registry's state surviving a restart (it lives on `_schemas`)."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
+import enum
 import json
 import os
 import signal
@@ -13,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import pytest
 from confluent_kafka.schema_registry import (
     AsyncSchemaRegistryClient,
@@ -30,7 +34,7 @@ from typer.testing import CliRunner
 import tidemq
 from tidemq.cli.main import app
 from tidemq.http.listener import HttpListener
-from tidemq.schema.wire import unframe
+from tidemq.schema.wire import frame, unframe
 
 if TYPE_CHECKING:
     from tests.integration.conftest import ClusterEnv, Loop
@@ -263,3 +267,74 @@ def test_the_schema_cli(tmp_path: Path) -> None:
         )
         assert unreachable.exit_code == 1
         assert "cannot reach the schema registry" in unreachable.stderr
+
+
+class Tier(enum.Enum):
+    BASIC = "basic"
+    GOLD = "gold"
+
+
+@dataclasses.dataclass
+class Customer:
+    name: str
+    tier: Tier = Tier.BASIC
+
+
+@dataclasses.dataclass
+class Order:
+    id: int
+    amount: float
+    customer: Customer
+    tags: list[str] = dataclasses.field(default_factory=list)
+    note: str | None = None
+    placed: datetime.datetime | None = None
+
+
+class Point(msgspec.Struct):
+    x: float
+    y: float
+    label: str = ""
+
+
+def test_typed_values_cross_with_confluents_serializers(
+    node: Node, client: SchemaRegistryClient
+) -> None:
+    """tidemq's AvroSerializer (schema derived from a dataclass) writes what Confluent's
+    AvroDeserializer reads, and the other way round; a msgspec.Struct too."""
+    registry = tidemq.SchemaRegistry(node.url)
+    order = Order(
+        7,
+        9.5,
+        Customer("ada", Tier.GOLD),
+        ["a", "b"],
+        placed=datetime.datetime(2026, 1, 2, 3, 4, 5, 6000, tzinfo=datetime.UTC),
+    )
+    to_bytes = tidemq.AvroSerializer(registry, Order)
+    raw = to_bytes("typed", order)
+    ctx = SerializationContext("typed", MessageField.VALUE)
+    theirs = AvroDeserializer(client)(raw, ctx)
+    assert theirs["customer"] == {"name": "ada", "tier": "gold"}
+    assert theirs["placed"] == order.placed
+    assert tidemq.AvroDeserializer(registry, Order)(raw) == order
+    # Confluent's serializer, tidemq's deserializer (to the dataclass).
+    confluent_bytes = AvroSerializer(client, json.dumps(to_bytes.schema))(
+        {
+            "id": 8,
+            "amount": 1.0,
+            "customer": {"name": "bo", "tier": "basic"},
+            "tags": [],
+            "note": "hi",
+            "placed": None,
+        },
+        ctx,
+    )
+    assert tidemq.AvroDeserializer(registry, Order)(confluent_bytes) == Order(
+        8, 1.0, Customer("bo"), [], "hi", None
+    )
+    point = tidemq.AvroSerializer(registry, Point)("points", Point(1.5, 2.5))
+    assert tidemq.AvroDeserializer(registry, Point)(point) == Point(1.5, 2.5)
+    assert tidemq.AvroDeserializer(registry)(point) == {"x": 1.5, "y": 2.5, "label": ""}
+    with pytest.raises(TypeError, match="does not fit the Avro schema"):
+        to_bytes("typed", Point(1, 2))
+    with pytest.raises(tidemq.TidemqError, match="not found"):
+        tidemq.AvroDeserializer(registry)(frame(999, b""))

@@ -1,0 +1,183 @@
+"""Serializers that write Confluent's wire format and use a schema registry (tidemq's, or
+any that speaks Confluent's REST API): values that Confluent's deserializers read, and
+that read what Confluent's serializers wrote.
+
+    registry = tidemq.SchemaRegistry("http://127.0.0.1:8085")
+    to_bytes = tidemq.AvroSerializer(registry, Order)        # a dataclass or Struct
+    producer.send("orders", to_bytes("orders", Order(...)))
+    from_bytes = tidemq.AvroDeserializer(registry, Order)
+    order = from_bytes(message.value)                         # an Order again
+
+The schema is registered (or looked up) under the subject of the topic's name strategy
+on first use, and cached with its id; ids read are resolved once and cached. Registry
+calls are blocking HTTP (`urllib`): one per subject and one per id read, in a process's
+life. In asyncio code, call `serializer.prepare(topic)` at start (or in a thread) so that
+no send waits on one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any, Final
+
+import fastavro
+
+from tidemq.client.avro_types import avro_schema_of, from_avro_record, to_avro_record
+from tidemq.core.errors import ConfigError, InvalidRequest, TidemqError
+from tidemq.schema.wire import frame, unframe
+
+__all__ = [
+    "AvroDeserializer",
+    "AvroSerializer",
+    "SchemaRegistry",
+    "record_name_strategy",
+    "topic_name_strategy",
+    "topic_record_name_strategy",
+]
+
+_CONTENT_TYPE: Final = "application/vnd.schemaregistry.v1+json"
+_TIMEOUT_S: Final = 30.0
+
+#: (topic, record full name) -> subject
+SubjectStrategy = Callable[[str, str], str]
+
+
+def topic_name_strategy(topic: str, record: str) -> str:
+    """Confluent's default: `<topic>-value`."""
+    return f"{topic}-value"
+
+
+def record_name_strategy(topic: str, record: str) -> str:
+    return record
+
+
+def topic_record_name_strategy(topic: str, record: str) -> str:
+    return f"{topic}-{record}"
+
+
+class SchemaRegistry:
+    """A small client of the registry's REST API, with caches (thread-safe)."""
+
+    def __init__(self, url: str) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"the schema registry URL must be http(s)://..., got {url!r}")
+        self.url = url.rstrip("/")
+        self._by_id: dict[int, dict[str, Any]] = {}
+        self._ids: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": _CONTENT_TYPE, "Accept": _CONTENT_TYPE},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:
+                return json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = json.loads(exc.read())
+                message = f"{detail['message']} (error {detail['error_code']})"
+            except (ValueError, KeyError, TypeError):
+                message = f"HTTP {exc.code}"
+            raise InvalidRequest(f"schema registry {self.url}: {message}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise TidemqError(f"cannot reach the schema registry at {self.url}: {exc}") from None
+
+    def register(self, subject: str, schema: dict[str, Any], schema_type: str = "AVRO") -> int:
+        """The id of `schema` under `subject`, registering it if needed (cached)."""
+        text = json.dumps(schema, separators=(",", ":"))
+        with self._lock:
+            cached = self._ids.get((subject, text))
+        if cached is not None:
+            return cached
+        path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
+        answer = self._call("POST", path, {"schema": text, "schemaType": schema_type})
+        schema_id = int(answer["id"])
+        with self._lock:
+            self._ids[(subject, text)] = schema_id
+            self._by_id.setdefault(schema_id, schema)
+        return schema_id
+
+    def schema(self, schema_id: int) -> dict[str, Any]:
+        """The schema of an id (cached: ids never change meaning)."""
+        with self._lock:
+            cached = self._by_id.get(schema_id)
+        if cached is not None:
+            return cached
+        answer = self._call("GET", f"/schemas/ids/{schema_id}")
+        schema: dict[str, Any] = json.loads(answer["schema"])
+        with self._lock:
+            self._by_id[schema_id] = schema
+        return schema
+
+
+class AvroSerializer:
+    """`serializer(topic, value) -> bytes`: Avro binary in Confluent's framing. `schema`
+    is a dataclass or Struct type (its schema derived from its type hints), or an Avro
+    schema (dict or JSON text) for plain dict values."""
+
+    def __init__(
+        self,
+        registry: SchemaRegistry,
+        schema: type | dict[str, Any] | str,
+        *,
+        subject_strategy: SubjectStrategy = topic_name_strategy,
+    ) -> None:
+        self._registry = registry
+        if isinstance(schema, type):
+            self.schema: dict[str, Any] = avro_schema_of(schema)
+        elif isinstance(schema, str):
+            self.schema = json.loads(schema)
+        else:
+            self.schema = dict(schema)
+        self._parsed = fastavro.parse_schema(self.schema)
+        name = self.schema.get("name", "")
+        namespace = self.schema.get("namespace")
+        self._record_name = f"{namespace}.{name}" if namespace else name
+        self._strategy = subject_strategy
+
+    def prepare(self, topic: str) -> int:
+        """Register (or look up) the schema for `topic` now; its id."""
+        return self._registry.register(self._strategy(topic, self._record_name), self.schema)
+
+    def __call__(self, topic: str, value: Any) -> bytes:
+        schema_id = self.prepare(topic)
+        out = io.BytesIO()
+        try:
+            fastavro.schemaless_writer(out, self._parsed, to_avro_record(value))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise TypeError(
+                f"value does not fit the Avro schema {self._record_name}: {exc}"
+            ) from None
+        return frame(schema_id, out.getvalue())
+
+
+class AvroDeserializer:
+    """`deserializer(data) -> value`: reads Confluent-framed Avro with the writer's schema
+    (from the registry, by the id in the value); with `target` (a dataclass or Struct
+    type), resolved to that type's schema and returned as an instance of it, else a dict."""
+
+    def __init__(self, registry: SchemaRegistry, target: type | None = None) -> None:
+        self._registry = registry
+        self._target = target
+        self._reader = None if target is None else fastavro.parse_schema(avro_schema_of(target))
+        self._writers: dict[int, Any] = {}
+
+    def __call__(self, data: bytes | memoryview) -> Any:
+        framed = unframe(data)
+        writer = self._writers.get(framed.schema_id)
+        if writer is None:
+            writer = fastavro.parse_schema(self._registry.schema(framed.schema_id))
+            self._writers[framed.schema_id] = writer
+        record = fastavro.schemaless_reader(io.BytesIO(framed.payload), writer, self._reader)
+        return record if self._target is None else from_avro_record(self._target, record)
