@@ -16,6 +16,7 @@ import asyncio
 import re
 import sys
 import threading
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,10 +59,16 @@ def readme_order() -> list[Path]:
 def run_page(page: Path, address: str, http: str = DEFAULT_HTTP) -> str:
     """Run the page's blocks in one fresh namespace, with `address` for 127.0.0.1:9876
     and `http` for 127.0.0.1:8085."""
-    namespace: dict[str, object] = {"__name__": "__guide__"}
-    for block in runnable_blocks(page):
-        code = block.replace(DEFAULT_ADDRESS, address).replace(DEFAULT_HTTP, http)
-        exec(compile(code, str(page), "exec"), namespace)
+    # A real module, as a script's __main__ would be: dataclasses and typing look their
+    # class's module up in sys.modules.
+    module = types.ModuleType("__guide__")
+    sys.modules["__guide__"] = module
+    try:
+        for block in runnable_blocks(page):
+            code = block.replace(DEFAULT_ADDRESS, address).replace(DEFAULT_HTTP, http)
+            exec(compile(code, str(page), "exec"), module.__dict__)
+    finally:
+        del sys.modules["__guide__"]
     return page.name
 
 

@@ -27,7 +27,16 @@ class Node:
 
     async def start(self) -> str:
         address = await self.broker.start()
-        if self._http.enabled:
+        cfg = self.broker.config
+        if self._http.enabled and (cfg.tls_cert_file is not None or cfg.auth_enabled):
+            # The registry reads and writes `_schemas` as a client of the broker; giving
+            # that client TLS trust and a login is not built yet.
+            log.warning(
+                "no HTTP listener (schema registry): the broker requires TLS or a login, "
+                "and the registry's own client cannot use them yet (http.port=-1 silences "
+                "this)"
+            )
+        elif self._http.enabled:
             host = self._http.host or self.broker.config.host
             self.listener = HttpListener(
                 self._bootstrap or address, host=host, port=self._http.port
