@@ -296,3 +296,29 @@ def test_starting_and_ending_by_timestamp(
     assert offsets(endingOffsetsByTimestamp=by_queue) == [
         (q, o) for q, o in every if q == 0 or o < 4
     ]
+
+
+def test_batch_read_of_a_compacted_topic_steps_over_the_holes(
+    admin: Admin,
+    producer: Producer,
+    topic_name: str,
+    load: Load,
+    consume: Consume,
+    source_messages: SourceMessages,
+) -> None:
+    """After compaction a queue's offsets have holes: every split of the read (one task
+    per queue, or several per queue) gives the kept messages at their own offsets."""
+    admin.create_topic(topic_name, 2, config={"cleanup.policy": "compact"})
+    for round_ in range(4):
+        producer.send_batch(
+            topic_name,
+            [b"r%d-%d" % (round_, i) for i in range(30)],
+            keys=[b"k%d" % i for i in range(30)],
+        )
+    producer.flush()
+    admin.compact(topic_name)
+    expected = consume(bounds(admin, topic_name))
+    assert len(expected) == 30  # one message per key
+    assert {m.value for m in expected} == {b"r3-%d" % i for i in range(30)}
+    assert source_messages(load(subscribe=topic_name)) == expected
+    assert source_messages(load(subscribe=topic_name, minPartitions="9")) == expected
