@@ -28,7 +28,13 @@ from tidemq.client.results import (
     TransactionStatus,
     UserInfo,
 )
-from tidemq.client.serde import AvroDeserializer, AvroSerializer, SchemaRegistry
+from tidemq.client.serde import (
+    AvroDeserializer,
+    AvroSerializer,
+    JsonDeserializer,
+    JsonSerializer,
+    SchemaRegistry,
+)
 from tidemq.client.simple_consumer import Sql92
 from tidemq.client.sync import (
     Admin,
@@ -93,6 +99,8 @@ __all__ = [
     "GroupDescription",
     "HandlerTimeout",
     "InvalidTopicName",
+    "JsonDeserializer",
+    "JsonSerializer",
     "KeyLookup",
     "MemberInfo",
     "Message",

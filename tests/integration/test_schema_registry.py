@@ -338,3 +338,25 @@ def test_typed_values_cross_with_confluents_serializers(
         to_bytes("typed", Point(1, 2))
     with pytest.raises(tidemq.TidemqError, match="not found"):
         tidemq.AvroDeserializer(registry)(frame(999, b""))
+
+
+def test_json_values_cross_with_confluents_json_serde(
+    node: Node, client: SchemaRegistryClient
+) -> None:
+    schema = {
+        "title": "Sku",
+        "type": "object",
+        "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 0}},
+        "required": ["sku"],
+    }
+    registry = tidemq.SchemaRegistry(node.url)
+    to_bytes = tidemq.JsonSerializer(registry, schema)
+    raw = to_bytes("skus", {"sku": "A-1", "qty": 2})
+    ctx = SerializationContext("skus", MessageField.VALUE)
+    assert JSONDeserializer(json.dumps(schema))(raw, ctx) == {"sku": "A-1", "qty": 2}
+    theirs = JSONSerializer(json.dumps(schema), client)({"sku": "B-2"}, ctx)
+    assert tidemq.JsonDeserializer(registry)(theirs) == {"sku": "B-2"}
+    with pytest.raises(TypeError, match=r"at /qty: -1 is less than the minimum of 0"):
+        to_bytes("skus", {"sku": "A-1", "qty": -1})
+    with pytest.raises(TypeError, match="'sku' is a required property"):
+        tidemq.JsonDeserializer(registry)(frame(unframe(raw).schema_id, b'{"qty": 1}'))

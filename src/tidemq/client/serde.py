@@ -27,6 +27,9 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import fastavro
+import jsonschema
+import jsonschema.exceptions
+import jsonschema.validators
 
 from tidemq.client.avro_types import avro_schema_of, from_avro_record, to_avro_record
 from tidemq.core.errors import ConfigError, InvalidRequest, TidemqError
@@ -35,6 +38,8 @@ from tidemq.schema.wire import frame, unframe
 __all__ = [
     "AvroDeserializer",
     "AvroSerializer",
+    "JsonDeserializer",
+    "JsonSerializer",
     "SchemaRegistry",
     "record_name_strategy",
     "topic_name_strategy",
@@ -181,3 +186,63 @@ class AvroDeserializer:
             self._writers[framed.schema_id] = writer
         record = fastavro.schemaless_reader(io.BytesIO(framed.payload), writer, self._reader)
         return record if self._target is None else from_avro_record(self._target, record)
+
+
+class JsonSerializer:
+    """`serializer(topic, value) -> bytes`: a JSON value checked against a JSON Schema, in
+    Confluent's framing (what Confluent's JSONDeserializer reads)."""
+
+    def __init__(
+        self,
+        registry: SchemaRegistry,
+        schema: dict[str, Any] | str,
+        *,
+        subject_strategy: SubjectStrategy = topic_name_strategy,
+    ) -> None:
+        self._registry = registry
+        self.schema: dict[str, Any] = (
+            json.loads(schema) if isinstance(schema, str) else dict(schema)
+        )
+        validator_class = jsonschema.validators.validator_for(self.schema)
+        validator_class.check_schema(self.schema)
+        self._validator = validator_class(self.schema)
+        self._title = str(self.schema.get("title", ""))
+        self._strategy = subject_strategy
+
+    def prepare(self, topic: str) -> int:
+        return self._registry.register(self._strategy(topic, self._title), self.schema, "JSON")
+
+    def __call__(self, topic: str, value: Any) -> bytes:
+        schema_id = self.prepare(topic)
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
+        if error is not None:
+            where = "/" + "/".join(str(p) for p in error.absolute_path)
+            raise TypeError(f"value does not fit the JSON schema at {where}: {error.message}")
+        return frame(schema_id, json.dumps(value, separators=(",", ":")).encode())
+
+
+class JsonDeserializer:
+    """`deserializer(data) -> value`: Confluent-framed JSON, checked against the writer's
+    schema (from the registry) unless `validate=False`."""
+
+    def __init__(self, registry: SchemaRegistry, *, validate: bool = True) -> None:
+        self._registry = registry
+        self._validate = validate
+        self._validators: dict[int, Any] = {}
+
+    def __call__(self, data: bytes | memoryview) -> Any:
+        framed = unframe(data)
+        try:
+            value = json.loads(bytes(framed.payload))
+        except ValueError as exc:
+            raise TypeError(f"the value is not JSON: {exc}") from None
+        if self._validate:
+            validator = self._validators.get(framed.schema_id)
+            if validator is None:
+                schema = self._registry.schema(framed.schema_id)
+                validator = jsonschema.validators.validator_for(schema)(schema)
+                self._validators[framed.schema_id] = validator
+            error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+            if error is not None:
+                raise TypeError(f"the value does not fit its JSON schema: {error.message}")
+        return value
