@@ -360,3 +360,47 @@ def test_json_values_cross_with_confluents_json_serde(
         to_bytes("skus", {"sku": "A-1", "qty": -1})
     with pytest.raises(TypeError, match="'sku' is a required property"):
         tidemq.JsonDeserializer(registry)(frame(unframe(raw).schema_id, b'{"qty": 1}'))
+
+
+def test_produce_and_consume_with_a_value_format(tmp_path: Path) -> None:
+    """`tidemq produce --value-format avro` (JSON lines in) and `tidemq consume
+    --value-format avro` (JSON out), against `tidemq server`."""
+    schema = tmp_path / "order.avsc"
+    schema.write_text(json.dumps(ORDER_V1))
+    with server_process(tmp_path) as server:
+        url, b = f"http://{server.http_address}", server.address
+        runner = CliRunner()
+        assert runner.invoke(app, ["topic", "create", "typed-cli", "-n", b]).exit_code == 0
+        lines = '{"id": 1, "amount": 2.5}\n{"id": 2, "amount": 3.0}\n'
+        produced = runner.invoke(
+            app,
+            ["produce", "typed-cli", "-n", b, "--value-format", "avro", "--value-schema",
+             str(schema), "--registry", url],
+            input=lines,
+        )  # fmt: skip
+        assert produced.exit_code == 0, produced.output
+        # Without --value-schema: the latest registered for typed-cli-value.
+        again = runner.invoke(
+            app,
+            ["produce", "typed-cli", "-n", b, "--value-format", "avro", "--registry", url],
+            input='{"id": 3, "amount": 1}\n',
+        )
+        assert again.exit_code == 0, again.output
+        bad = runner.invoke(
+            app,
+            ["produce", "typed-cli", "-n", b, "--value-format", "avro", "--registry", url],
+            input='{"id": "x", "amount": 1}\n',
+        )
+        assert bad.exit_code == 2
+        assert "line 1" in bad.stderr
+        consumed = runner.invoke(
+            app,
+            ["consume", "typed-cli", "-n", b, "--from-beginning", "--max-messages", "3",
+             "--value-format", "avro", "--registry", url],
+        )  # fmt: skip
+        assert consumed.exit_code == 0, consumed.output
+        assert [json.loads(line) for line in consumed.stdout.splitlines()] == [
+            {"id": 1, "amount": 2.5},
+            {"id": 2, "amount": 3.0},
+            {"id": 3, "amount": 1.0},
+        ]

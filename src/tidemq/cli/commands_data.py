@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import sys
@@ -26,6 +27,15 @@ from tidemq.cli.common import (
     info,
 )
 from tidemq.cli.produce_lines import LineFormatError, ProduceFailed, Stats, read_lines, send_lines
+from tidemq.cli.value_formats import (
+    DEFAULT_REGISTRY,
+    Registry,
+    ValueFormat,
+    ValueFormatOpt,
+    ValueSchemaOpt,
+    decoder,
+    encoder,
+)
 from tidemq.client.sync import Admin, GroupConsumer, Producer, StreamConsumer
 from tidemq.cluster.route import queue_for_key
 from tidemq.core.errors import TopicNotFound
@@ -90,10 +100,15 @@ def produce(
         bool,
         typer.Option("--print-receipts", help="Print each message's queue, offset and id."),
     ] = False,
+    value_format: ValueFormatOpt = ValueFormat.RAW,
+    value_schema: ValueSchemaOpt = None,
+    registry: Registry = DEFAULT_REGISTRY,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     output: OutputOpt = Output.TABLE,
 ) -> None:
-    """Send each line of stdin as a message; print a summary on stderr."""
+    """Send each line of stdin as a message; print a summary on stderr. With
+    --value-format avro or json, each value is a JSON document, sent in Confluent's wire
+    format with its schema registered (docs/guide/schema-registry.md)."""
     name = topic_name(topic, topic_opt)
     if key_separator == "":
         raise CliUsageError("--key-separator must not be empty")
@@ -104,6 +119,7 @@ def produce(
         _emit_receipts(done, output)
 
     address = check_bootstrap(bootstrap)
+    encode = encoder(value_format, name, value_schema, registry)
     queue_of = _key_hashing(address, name) if key_separator and batch and queue is None else None
     with (
         Producer(address, client_config=client_config(), linger_ms=5 if batch else 0) as producer,
@@ -119,6 +135,7 @@ def produce(
                 tag=tag,
                 queue=queue,
                 queue_of=queue_of,
+                encode=encode,
                 one_by_one=not batch,
                 window=None if batch else 0,
                 on_receipts=receipts if print_receipts else None,
@@ -315,10 +332,13 @@ def consume(
             show_default=False,
         ),
     ] = None,
+    value_format: ValueFormatOpt = ValueFormat.RAW,
+    registry: Registry = DEFAULT_REGISTRY,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     output: OutputOpt = Output.TABLE,
 ) -> None:
-    """Print messages, one per line (values as UTF-8)."""
+    """Print messages, one per line (values as UTF-8; with --value-format avro or json,
+    decoded to JSON through the schema registry)."""
     name = topic_name(topic, topic_opt)
     if group is not None and queue is not None:
         raise CliUsageError("--queue reads one queue directly; it cannot be used with --group")
@@ -331,6 +351,7 @@ def consume(
             raise CliUsageError(f"topic {name!r} has queues 0..{described.queues - 1}, not {queue}")
         queues = [queue]
     start = "earliest" if from_beginning else "latest"
+    decode = decoder(value_format, registry)
     consumer: GroupConsumer | StreamConsumer
     if group is not None:
         consumer = GroupConsumer(
@@ -346,7 +367,10 @@ def consume(
             max_messages=max_messages,
             timeout_ms=timeout_ms,
             render=lambda m: _line(
-                m, print_key=print_key, print_offset=print_offset, output=output
+                dataclasses.replace(m, value=decode(m.value)),
+                print_key=print_key,
+                print_offset=print_offset,
+                output=output,
             ),
         )
     finally:

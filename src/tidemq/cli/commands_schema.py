@@ -35,6 +35,7 @@ from tidemq.cli.common import (
     emit_table,
     say,
 )
+from tidemq.cli.value_formats import DEFAULT_REGISTRY, Registry
 
 __all__ = ["app"]
 
@@ -44,17 +45,6 @@ _CONTENT_TYPE: Final = "application/vnd.schemaregistry.v1+json"
 #: The longest one request to the registry may take.
 _TIMEOUT_S: Final = 30.0
 
-Registry = Annotated[
-    str,
-    typer.Option(
-        "--registry",
-        "-r",
-        envvar="TIDEMQ_REGISTRY_URL",
-        metavar="URL",
-        help="The registry's URL (a tidemq server's or broker's HTTP listener).",
-    ),
-]
-DEFAULT_REGISTRY: Final = "http://127.0.0.1:8085"
 SchemaFile = Annotated[
     Path, typer.Option("--file", "-f", exists=True, dir_okay=False, help="The schema file.")
 ]

@@ -230,12 +230,17 @@ def _send_each(run: _Run, block: list[bytes], first_number: int, options: _Optio
         key, value = options.key, line
         if options.separator is not None:
             key, value = _split(line, options.separator, number)
+        if options.encode is not None:
+            value = options.encode(value, number)
         run.send_one(value, key, options.tag, options.queue)
         if run.failure is not None:
             return
 
 
-def _send_block(run: _Run, block: list[bytes], options: _Options) -> None:
+def _send_block(run: _Run, block: list[bytes], first_number: int, options: _Options) -> None:
+    if options.encode is not None:
+        encode = options.encode
+        block = [encode(value, number) for number, value in enumerate(block, first_number)]
     n = len(block)
     key = options.key
     future = run.send_batch(block, None if key is None else [key] * n, options.tag, options.queue)
@@ -258,6 +263,8 @@ def _send_by_queue(run: _Run, block: list[bytes], first_number: int, options: _O
                 f"line {first_number + index} has no key separator {separator.decode()!r}"
             )
             break
+        if options.encode is not None:
+            value = options.encode(value, first_number + index)
         queue = queue_of(key)
         group = groups.get(queue)
         if group is None:
@@ -284,6 +291,8 @@ class _Options:
     tag: str | None
     queue: int | None
     queue_of: Callable[[bytes], int] | None
+    #: (value, line number) -> the bytes to send (LineFormatError naming the line).
+    encode: Callable[[bytes, int], bytes] | None = None
 
 
 def send_lines(
@@ -296,6 +305,7 @@ def send_lines(
     tag: str | None = None,
     queue: int | None = None,
     queue_of: Callable[[bytes], int] | None = None,
+    encode: Callable[[bytes, int], bytes] | None = None,
     one_by_one: bool = False,
     window: int | None = None,
     on_receipts: Callable[[Sequence[Receipt]], None] | None = None,
@@ -307,13 +317,14 @@ def send_lines(
     Raises `LineFormatError` for a line without `separator` (after settling what was sent)
     and `ProduceFailed` when a send fails. `queue_of(key)`: the queue a key maps to (the
     producer's own hashing, `queue_for_key`); with it, keyed lines go as one batch per
-    queue per block instead of one send each. `one_by_one`: one `send_async` per line;
+    queue per block instead of one send each. `encode(value, line number)`: what to send
+    for a line's value (a schema'd encoding). `one_by_one`: one `send_async` per line;
     `window` 0 waits for each receipt before the next send. `on_receipts` gets the
     receipts in line order."""
     stats = Stats(started_s=clock())
     if queue is not None:
         queue_of = lambda _key: queue  # noqa: E731 - every key to the one queue asked for
-    options = _Options(key, separator, tag, queue, queue_of)
+    options = _Options(key, separator, tag, queue, queue_of, encode)
     by_queue = separator is not None and options.queue_of is not None and not one_by_one
     per_line = not by_queue and (separator is not None or one_by_one)
     if window is None:
@@ -327,7 +338,7 @@ def send_lines(
             elif per_line:
                 _send_each(run, block, number, options)
             else:
-                _send_block(run, block, options)
+                _send_block(run, block, number, options)
             number += len(block)
             if run.failure is not None:
                 break

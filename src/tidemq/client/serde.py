@@ -113,6 +113,12 @@ class SchemaRegistry:
             self._by_id.setdefault(schema_id, schema)
         return schema_id
 
+    def latest(self, subject: str) -> tuple[int, dict[str, Any], str]:
+        """(id, schema, schema type) of a subject's latest version."""
+        path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/latest"
+        answer = self._call("GET", path)
+        return int(answer["id"]), json.loads(answer["schema"]), answer.get("schemaType", "AVRO")
+
     def schema(self, schema_id: int) -> dict[str, Any]:
         """The schema of an id (cached: ids never change meaning)."""
         with self._lock:
