@@ -180,6 +180,16 @@ class Server:
     def output(self) -> str:
         return " | ".join(list(self._lines)[-10:])
 
+    @property
+    def http_address(self) -> str:
+        """A tidemq server's HTTP listener ("http on HOST:PORT"; "" without one)."""
+        with self._seen:
+            for line in self._lines:
+                m = re.search(r"http on (\S+)", line)
+                if m:
+                    return m.group(1)
+        return ""
+
     def stop(self) -> None:
         """SIGTERM to our PID (then SIGKILL after a timeout); remove the directory."""
         proc, self.proc = self.proc, None

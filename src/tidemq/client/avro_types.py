@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import functools
 import types
 import typing
 from typing import Any, Final, Union
@@ -38,8 +39,10 @@ _PRIMITIVES: Final[dict[type, str]] = {
 }
 
 
+@functools.lru_cache(maxsize=256)
 def _fields(cls: type) -> list[tuple[str, Any, Any]]:
-    """(name, type hint, default or dataclasses.MISSING) of a dataclass or Struct."""
+    """(name, type hint, default or dataclasses.MISSING) of a dataclass or Struct
+    (cached: type hints are resolved once per class)."""
     hints = typing.get_type_hints(cls)
     if dataclasses.is_dataclass(cls):
         out = []
@@ -155,12 +158,38 @@ def _avro_default(value: Any) -> Any:
     return value
 
 
+#: Values fastavro writes as they are (no conversion per value).
+_AS_IS: Final = (*_PRIMITIVES, datetime.datetime, datetime.date, type(None))
+
+
+def _plain(hint: Any) -> bool:
+    if hint in _AS_IS:
+        return True
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return all(a in _AS_IS for a in typing.get_args(hint))
+    return False
+
+
+_PLANS: dict[type, tuple[tuple[str, bool], ...]] = {}
+
+
+def _plan(cls: type) -> tuple[tuple[str, bool], ...]:
+    """Each field's name, and whether its values go to fastavro as they are (cached)."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = tuple((name, _plain(hint)) for name, hint, _ in _fields(cls))
+    return plan
+
+
 def to_avro_record(obj: Any) -> Any:
     """A dataclass or Struct (recursively) as the dict fastavro writes."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_avro_record(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, msgspec.Struct):
-        return {f: to_avro_record(getattr(obj, f)) for f in obj.__struct_fields__}
+    cls = type(obj)
+    if dataclasses.is_dataclass(cls) or isinstance(obj, msgspec.Struct):
+        return {
+            name: value if plain else to_avro_record(value)
+            for name, plain in _plan(cls)
+            for value in (getattr(obj, name),)
+        }
     if isinstance(obj, enum.Enum):
         return str(obj.value)
     if isinstance(obj, list | tuple):

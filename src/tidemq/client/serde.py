@@ -156,13 +156,18 @@ class AvroSerializer:
         namespace = self.schema.get("namespace")
         self._record_name = f"{namespace}.{name}" if namespace else name
         self._strategy = subject_strategy
+        self._ids: dict[str, int] = {}
 
     def prepare(self, topic: str) -> int:
         """Register (or look up) the schema for `topic` now; its id."""
-        return self._registry.register(self._strategy(topic, self._record_name), self.schema)
+        schema_id = self._ids.get(topic)
+        if schema_id is None:
+            subject = self._strategy(topic, self._record_name)
+            schema_id = self._ids[topic] = self._registry.register(subject, self.schema)
+        return schema_id
 
     def __call__(self, topic: str, value: Any) -> bytes:
-        schema_id = self.prepare(topic)
+        schema_id = self._ids.get(topic) or self.prepare(topic)
         out = io.BytesIO()
         try:
             fastavro.schemaless_writer(out, self._parsed, to_avro_record(value))
