@@ -286,3 +286,24 @@ def test_commit_log_segments_are_released_once_compacted(
         assert len(_read_all(store)) == 10
     finally:
         store.close()
+
+
+def test_entries_array_from_matches_iter_entries(tmp_path: Path, clock: ManualClock) -> None:
+    """Compaction scans dirty ranges as arrays; they hold exactly what iter_entries
+    gives, across index files and the in-memory tail."""
+    store = MessageStore.open(StoreConfig(data_dir=tmp_path, index_entries_per_file=4), clock=clock)
+    try:
+        _compact_topic(store)
+        for i in range(23):
+            _put(store, *((f"k{j}".encode(), b"v") for j in range(1 + i % 3)))
+        index = store.queue_indexes()[(store.topic("prices").id, 0)]
+        for offset in range(0, index.next_offset + 2, 3):
+            for limit in (1, 5, 100):
+                rows = index.entries_array_from(offset, limit).tolist()
+                expected = [
+                    (e.log_position, e.size, e.count, e.base_offset, e.store_time_ms, e.tag_summary)
+                    for e in index.entries_from(offset, limit)
+                ]
+                assert rows == expected, (offset, limit)
+    finally:
+        store.close()

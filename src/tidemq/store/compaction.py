@@ -28,9 +28,10 @@ import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from tidemq.core.batch import (
     MessageRecord,
@@ -109,15 +110,15 @@ class SegmentReader:
         self._handles.clear()
 
 
-@dataclass(frozen=True, slots=True)
-class DirtyEntry:
-    """A commit-log index entry of the range to compact."""
+class DirtyEntry(NamedTuple):
+    """A commit-log index entry of the range to compact (a row of `CompactionJob.dirty`)."""
 
     log_position: int
     size: int
-    count: int
+    messages: int
     base_offset: int
     store_time_ms: int
+    tag_summary: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +129,9 @@ class CompactionJob:
     #: The queue's first offset (retention of a compact,delete topic may have raised it).
     start: int
     old: CompactedSnapshot | None
-    #: Commit-log index entries of the dirty range, in offset order.
-    dirty: list[DirtyEntry]
+    #: Commit-log index entries of the dirty range, in offset order (`ENTRY_DTYPE` rows:
+    #: an array, not objects, so that planning costs the loop little).
+    dirty: npt.NDArray[np.void]
     now_ms: int
     delete_retention_ms: int
     directory: Path
@@ -208,7 +210,7 @@ def _sources(job: CompactionJob, end: int) -> Iterator[_Source]:
                 )
         finally:
             handle.close()
-    for entry in job.dirty:
+    for entry in _dirty(job):
         if entry.base_offset >= end:
             break
         record = job.log.read(entry.log_position, entry.size)
@@ -220,8 +222,9 @@ def _key_map(job: CompactionJob) -> tuple[dict[bytes, int], int]:
     """Pass 1: the latest offset of each key of the dirty range, and where the range
     compacted this time ends (earlier than the dirty range's end past `max_keys` keys)."""
     latest: dict[bytes, int] = {}
-    end = job.dirty[-1].base_offset + job.dirty[-1].count if job.dirty else _old_end(job)
-    for entry in job.dirty:
+    entries = _dirty(job)
+    end = entries[-1].base_offset + entries[-1].messages if entries else _old_end(job)
+    for entry in entries:
         if len(latest) >= job.max_keys:
             end = entry.base_offset
             break
@@ -245,6 +248,10 @@ def value_at(record: bytes, i: int) -> tuple[bytes | None, int]:
     present = value.validity is None or bool(value.validity[i])
     data = value.data[int(value.offsets[i]) : int(value.offsets[i + 1])].tobytes()
     return (data if present else None), int(columns.timestamps_ms[i])
+
+
+def _dirty(job: CompactionJob) -> list[DirtyEntry]:
+    return [DirtyEntry(*row) for row in job.dirty.tolist()]
 
 
 def _old_end(job: CompactionJob) -> int:
