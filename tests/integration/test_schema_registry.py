@@ -34,6 +34,7 @@ from typer.testing import CliRunner
 import tidemq
 from tidemq.cli.main import app
 from tidemq.http.listener import HttpListener
+from tidemq.schema.model import RegistryError
 from tidemq.schema.wire import frame, unframe
 
 if TYPE_CHECKING:
@@ -404,3 +405,16 @@ def test_produce_and_consume_with_a_value_format(tmp_path: Path) -> None:
             {"id": 2, "amount": 3.0},
             {"id": 3, "amount": 1.0},
         ]
+
+
+def test_a_schemas_topic_that_is_not_compact_is_refused(tmp_path: Path) -> None:
+    broker = ThreadedBroker(broker_config(tmp_path / "broker"))
+    broker.start()
+    try:
+        with tidemq.Admin(broker.address) as admin:
+            admin.create_topic("_schemas", 1)  # delete policy: schemas would expire
+        listener = HttpListener(broker.address, port=0)
+        with pytest.raises(RegistryError, match=r"cleanup\.policy=delete"):
+            broker.call(listener.start())
+    finally:
+        broker.stop()

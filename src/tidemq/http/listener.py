@@ -51,7 +51,11 @@ class HttpListener:
 
     async def start(self) -> str:
         """Read the registry, then listen; returns host:port."""
-        await self.registry.start()
+        try:
+            await self.registry.start()
+        except BaseException:
+            await self.registry.close()
+            raise
         self._config.load()
         self._server.lifespan = self._config.lifespan_class(self._config)
         await self._server.startup()

@@ -63,6 +63,17 @@ class RegistryService:
                 await admin.create_topic(
                     SCHEMAS_TOPIC, 1, config={"cleanup.policy": "compact"}, exist_ok=True
                 )
+            info = await admin.describe_topic(SCHEMAS_TOPIC)
+        policy = info.config.get("cleanup.policy", "delete")
+        if policy != "compact" or info.queues != 1:
+            # With retention (delete), schemas would expire; with more queues, the log
+            # would have no one order. Refused rather than served wrong.
+            raise RegistryError(
+                ErrorCode.STORE_ERROR,
+                f"topic {SCHEMAS_TOPIC} exists with cleanup.policy={policy} and "
+                f"{info.queues} queues; the registry needs one queue and cleanup.policy="
+                f"compact (tidemq topic alter {SCHEMAS_TOPIC} --config cleanup.policy=compact)",
+            )
         self._producer = AsyncProducer(self._bootstrap, client_config=self._config)
         self._consumer.assign([(SCHEMAS_TOPIC, 0)])
         self._started = True
