@@ -32,6 +32,7 @@ from tests.support.server_process import server_process
 from typer.testing import CliRunner
 
 import tidemq
+import tidemq.aio
 from tidemq.cli.main import app
 from tidemq.http.listener import HttpListener
 from tidemq.schema.model import RegistryError
@@ -418,3 +419,40 @@ def test_a_schemas_topic_that_is_not_compact_is_refused(tmp_path: Path) -> None:
             broker.call(listener.start())
     finally:
         broker.stop()
+
+
+def test_a_producer_with_a_value_serializer(node: Node) -> None:
+    registry = tidemq.SchemaRegistry(node.url)
+    to_bytes, from_bytes = (
+        tidemq.AvroSerializer(registry, Point),
+        tidemq.AvroDeserializer(registry, Point),
+    )
+    address = node.broker.address
+    with tidemq.Admin(address) as admin:
+        admin.create_topic("points-sync", 1)
+        admin.create_topic("points-async", 1)
+    with tidemq.Producer(address, value_serializer=to_bytes) as producer:
+        producer.send("points-sync", Point(1, 2))
+        producer.send_batch("points-sync", [Point(3, 4), None])  # None: a tombstone
+        with pytest.raises(TypeError, match="does not fit the Avro schema"):
+            producer.send("points-sync", {"x": "not a number"})
+
+    async def send_async() -> None:
+        async with tidemq.aio.Producer(address, value_serializer=to_bytes) as producer:
+            to_bytes.prepare("points-async")
+            await producer.send("points-async", Point(5, 6, "a"))
+            await producer.send_batch("points-async", [Point(7, 8)])
+
+    asyncio.run(send_async())
+    for topic, expected in (
+        ("points-sync", [Point(1, 2), Point(3, 4), None]),
+        ("points-async", [Point(5, 6, "a"), Point(7, 8)]),
+    ):
+        with tidemq.StreamConsumer(address, start="earliest") as consumer:
+            consumer.assign([(topic, 0)])
+            got: list[tidemq.Message] = []
+            for _ in range(50):
+                got += consumer.poll(timeout_ms=100)
+                if len(got) >= len(expected):
+                    break
+        assert [None if m.value is None else from_bytes(m.value) for m in got] == expected

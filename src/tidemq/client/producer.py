@@ -58,7 +58,10 @@ from tidemq.core.errors import AlreadyDelivered, TidemqError, UnknownMessage
 from tidemq.core.message import Receipt
 from tidemq.protocol.commands import CancelDelayedRequest, CancelDelayedResponse
 
-__all__ = ["AsyncProducer", "Delay", "DeliverAt", "deliver_at_ms"]
+__all__ = ["AsyncProducer", "Delay", "DeliverAt", "ValueSerializer", "deliver_at_ms"]
+
+#: (topic, value) -> the value's bytes.
+ValueSerializer = Callable[[str, Any], bytes]
 
 
 class AsyncProducer:
@@ -80,8 +83,13 @@ class AsyncProducer:
         max_request_bytes: int = 16 << 20,
         client_config: ClientConfig | None = None,
         cluster: ClusterClient | None = None,
+        value_serializer: ValueSerializer | None = None,
     ) -> None:
-        """`max_request_bytes`: the largest encoded batch this producer sends; keep it at or
+        """`value_serializer(topic, value) -> bytes` turns every value given to a send
+        into its bytes (for example `tidemq.AvroSerializer`); None values (tombstones)
+        stay None.
+
+        `max_request_bytes`: the largest encoded batch this producer sends; keep it at or
         below the broker's frame limit (by default its max_fetch_bytes, 16 MiB, plus room
         for the frame header). The broker's max_message_bytes (4 MiB by default) is checked
         by the broker and also answers BatchTooLarge.
@@ -112,6 +120,7 @@ class AsyncProducer:
         self._accumulator = Accumulator(self._config, self._ctx, self._sender)
         self._senders: dict[tuple[str, int], QueueSender] = {}
         self._closed = False
+        self._serializer = value_serializer
 
     @property
     def config(self) -> ProducerConfig:
@@ -127,10 +136,21 @@ class AsyncProducer:
 
     # ------------------------------------------------------------------ public API
 
+    def serialize(self, topic: object, value: object) -> object:
+        """`value` through the producer's `value_serializer` (as it is without one)."""
+        if self._serializer is None or value is None:
+            return value
+        return self._serializer(checks.check_readable_topic(topic), value)
+
+    def serialize_all(self, topic: object, values: object) -> object:
+        if self._serializer is None or not isinstance(values, list | tuple):
+            return values
+        return [self.serialize(topic, v) for v in values]
+
     async def send(
         self,
         topic: str,
-        value: bytes | None,
+        value: object,
         *,
         key: bytes | None = None,
         tag: str | None = None,
@@ -148,7 +168,9 @@ class AsyncProducer:
         (a time in the past: at once). Its receipt has offset -1 (the offset is known only
         at delivery) and the id to `cancel` it with."""
         future = self.send_nowait_checked(
-            *check_send(topic, value, key, tag, keys, headers, queue, timestamp),
+            *check_send(
+                topic, self.serialize(topic, value), key, tag, keys, headers, queue, timestamp
+            ),
             due_ms=due_ms_of(delay, deliver_at),
         )
         return await future
@@ -156,7 +178,7 @@ class AsyncProducer:
     async def send_nowait(
         self,
         topic: str,
-        value: bytes | None,
+        value: object,
         *,
         key: bytes | None = None,
         tag: str | None = None,
@@ -170,7 +192,9 @@ class AsyncProducer:
         """Queue one message and return a future of its receipt (sends batch up). Sends
         to one queue are stored in the order of the calls, whatever their path."""
         return self.send_nowait_checked(
-            *check_send(topic, value, key, tag, keys, headers, queue, timestamp),
+            *check_send(
+                topic, self.serialize(topic, value), key, tag, keys, headers, queue, timestamp
+            ),
             due_ms=due_ms_of(delay, deliver_at),
         )
 
@@ -221,7 +245,7 @@ class AsyncProducer:
     async def send_batch(
         self,
         topic: str,
-        values: Sequence[bytes | None],
+        values: Sequence[object],
         *,
         keys: Sequence[bytes | None] | None = None,
         tags: Sequence[str | None] | None = None,
@@ -246,7 +270,7 @@ class AsyncProducer:
     async def send_batch_nowait(
         self,
         topic: str,
-        values: Sequence[bytes | None],
+        values: Sequence[object],
         *,
         keys: Sequence[bytes | None] | None = None,
         tags: Sequence[str | None] | None = None,
@@ -277,6 +301,7 @@ class AsyncProducer:
     ) -> tuple[str, bytes, int, bytes | None, int | None]:
         """`send_batch`'s arguments checked and encoded: (topic, payload, count, first
         key, queue). Raises at the call for a wrong argument or a batch too large."""
+        values = self.serialize_all(topic, values)
         topic = checks.check_readable_topic(topic)
         checked_queue = checks.check_queue(queue)
         out_values, out_keys, out_tags, hdr = batch_columns(values, keys, tags, headers)

@@ -19,7 +19,7 @@ from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer
 from tidemq.client.cluster import ClientConfig
 from tidemq.client.group_consumer import AssignmentCallback, AsyncGroupConsumer
 from tidemq.client.kv import CompactionReport, KeyLookup
-from tidemq.client.producer import AsyncProducer, Delay, DeliverAt
+from tidemq.client.producer import AsyncProducer, Delay, DeliverAt, ValueSerializer
 from tidemq.client.push_consumer import DEFAULT_RETRY_POLICY, AsyncPushConsumer, RetryPolicy
 from tidemq.client.records import check_send, due_ms_of
 from tidemq.client.results import (
@@ -86,14 +86,17 @@ class Producer:
         delivery_timeout_ms: int = 120_000,
         max_request_bytes: int = 16 << 20,
         client_config: ClientConfig | None = None,
+        value_serializer: ValueSerializer | None = None,
     ) -> None:
+        """`value_serializer(topic, value) -> bytes`: see `tidemq.aio.Producer` (it runs
+        in the calling thread, so a value that does not fit raises at the call)."""
         self._p: AsyncProducer = run(
             _make(
                 AsyncProducer, bootstrap, linger_ms=linger_ms, batch_bytes=batch_bytes,
                 batch_messages=batch_messages, idempotent=idempotent, acks=acks,
                 compression=compression, max_in_flight_per_queue=max_in_flight_per_queue,
                 delivery_timeout_ms=delivery_timeout_ms, max_request_bytes=max_request_bytes,
-                client_config=client_config,
+                client_config=client_config, value_serializer=value_serializer,
             )
         )  # fmt: skip
         #: The longest a blocking send waits: the delivery timeout, one attempt's grace,
@@ -103,7 +106,7 @@ class Producer:
     def send(
         self,
         topic: str,
-        value: bytes | None,
+        value: object,
         *,
         key: bytes | None = None,
         tag: str | None = None,
@@ -125,7 +128,7 @@ class Producer:
     def send_async(
         self,
         topic: str,
-        value: bytes | None,
+        value: object,
         *,
         key: bytes | None = None,
         tag: str | None = None,
@@ -141,7 +144,7 @@ class Producer:
         when nothing else is on its way to that queue). Cancelling the future stops the
         send only before the client loop has picked it up."""
         checked_topic, record, checked_key, checked_queue = check_send(
-            topic, value, key, tag, keys, headers, queue, timestamp
+            topic, self._p.serialize(topic, value), key, tag, keys, headers, queue, timestamp
         )
         due_ms = due_ms_of(delay, deliver_at)
         future: concurrent.futures.Future[Receipt] = concurrent.futures.Future()
@@ -154,7 +157,7 @@ class Producer:
     def send_batch(
         self,
         topic: str,
-        values: Sequence[bytes | None],
+        values: Sequence[object],
         *,
         keys: Sequence[bytes | None] | None = None,
         tags: Sequence[str | None] | None = None,
@@ -174,7 +177,7 @@ class Producer:
     def send_batch_async(
         self,
         topic: str,
-        values: Sequence[bytes | None],
+        values: Sequence[object],
         *,
         keys: Sequence[bytes | None] | None = None,
         tags: Sequence[str | None] | None = None,
