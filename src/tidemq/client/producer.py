@@ -142,7 +142,7 @@ class AsyncProducer:
             return value
         return self._serializer(checks.check_readable_topic(topic), value)
 
-    def serialize_all(self, topic: object, values: object) -> object:
+    def _serialize_all(self, topic: object, values: object) -> object:
         if self._serializer is None or not isinstance(values, list | tuple):
             return values
         return [self.serialize(topic, v) for v in values]
@@ -301,7 +301,7 @@ class AsyncProducer:
     ) -> tuple[str, bytes, int, bytes | None, int | None]:
         """`send_batch`'s arguments checked and encoded: (topic, payload, count, first
         key, queue). Raises at the call for a wrong argument or a batch too large."""
-        values = self.serialize_all(topic, values)
+        values = self._serialize_all(topic, values)
         topic = checks.check_readable_topic(topic)
         checked_queue = checks.check_queue(queue)
         out_values, out_keys, out_tags, hdr = batch_columns(values, keys, tags, headers)

@@ -103,6 +103,10 @@ class Producer:
         #: and a margin. Past it, something is wrong in the client itself: say so.
         self._wait_s = delivery_timeout_ms / 1000 + _SEND_WAIT_MARGIN_S
 
+    def serialize(self, topic: object, value: object) -> object:
+        """`value` through the producer's `value_serializer` (as it is without one)."""
+        return self._p.serialize(topic, value)
+
     def send(
         self,
         topic: str,
