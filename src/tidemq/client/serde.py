@@ -113,6 +113,13 @@ class SchemaRegistry:
             self._by_id.setdefault(schema_id, schema)
         return schema_id
 
+    def version(self, subject: str, version: str | int = "latest") -> dict[str, Any]:
+        """The schema of a subject's version ("latest" by default)."""
+        quoted = urllib.parse.quote(subject, safe="")
+        answer = self._call("GET", f"/subjects/{quoted}/versions/{version}")
+        schema: dict[str, Any] = json.loads(answer["schema"])
+        return schema
+
     def latest(self, subject: str) -> tuple[int, dict[str, Any], str]:
         """(id, schema, schema type) of a subject's latest version."""
         path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/latest"

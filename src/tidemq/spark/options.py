@@ -123,6 +123,11 @@ READ_OPTIONS: Final = (
     "includeHeaders",
     "minPartitions",
     "fetchMaxBytes",
+    # valueFormat=avro (tidemq.spark.value_format)
+    "valueFormat",
+    "schemaRegistry",
+    "subject",
+    "schemaVersion",
 )
 WRITE_OPTIONS: Final = (
     *BOOTSTRAP_NAMES,

@@ -61,6 +61,12 @@ from tidemq.spark.options import (
 )
 from tidemq.spark.planning import OffsetRange, plan_partitions, ranges_between
 from tidemq.spark.sink import exactly_once_stream_writer
+from tidemq.spark.value_format import (
+    ValueFormat,
+    arrow_type_of,
+    decode_values,
+    resolve_value_format,
+)
 from tidemq.spark.write import (
     WRITE_COLUMNS,
     check_target_topic,
@@ -81,11 +87,12 @@ __all__ = [
 _HEADER = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
 
 
-def spark_schema(with_headers: bool = False) -> StructType:
-    """The source's columns: Kafka's, then tidemq's `tag` and `keys`."""
+def spark_schema(with_headers: bool = False, value_type: StructType | None = None) -> StructType:
+    """The source's columns: Kafka's, then tidemq's `tag` and `keys` (`value` a struct
+    with `valueFormat=avro`)."""
     fields = [
         StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
+        StructField("value", value_type or BinaryType()),
         StructField("topic", StringType()),
         StructField("partition", IntegerType()),
         StructField("offset", LongType()),
@@ -98,8 +105,11 @@ def spark_schema(with_headers: bool = False) -> StructType:
     return StructType(fields)
 
 
-def _check_schema(schema: StructType, options: ReadOptions) -> None:
-    expected = spark_schema(options.include_headers)
+def _check_schema(
+    schema: StructType, options: ReadOptions, value_format: ValueFormat | None
+) -> None:
+    value_type = None if value_format is None else value_format.spark_type()
+    expected = spark_schema(options.include_headers, value_type)
     if schema is not None and schema != expected:
         raise OptionError(
             "the tidemq source has a fixed schema; do not pass .schema(...). Expected "
@@ -119,16 +129,30 @@ class QueueRangePartition(InputPartition):
         return f"QueueRangePartition({r.topic}/{r.queue} [{r.start}, {r.end}))"
 
 
-def _read(options: ReadOptions, partition: InputPartition) -> Iterator[Any]:
+def _read(
+    options: ReadOptions, value_format: ValueFormat | None, partition: InputPartition
+) -> Iterator[Any]:
     if not isinstance(partition, QueueRangePartition):
         return iter(())  # Spark's placeholder when there is nothing to read
-    return read_range(options, partition.range)
+    batches = read_range(options, partition.range)
+    if value_format is None:
+        return batches
+    r, arrow_type = partition.range, arrow_type_of(value_format)
+    return (decode_values(b, value_format, arrow_type, r.topic, r.queue) for b in batches)
+
+
+def _value_format(options: Mapping[str, str]) -> ValueFormat | None:
+    try:
+        return resolve_value_format(options)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
 
 
 class TidemqBatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self._options = parse_read_options(options, streaming=False)
-        _check_schema(schema, self._options)
+        self._value_format = _value_format(options)
+        _check_schema(schema, self._options, self._value_format)
 
     def partitions(self) -> Sequence[InputPartition]:
         ranges = runtime().run(batch_ranges(self._options))
@@ -136,13 +160,14 @@ class TidemqBatchReader(DataSourceReader):
         return [QueueRangePartition(r) for r in planned]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return _read(self._options, partition)
+        return _read(self._options, self._value_format, partition)
 
 
 class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self._options = parse_read_options(options, streaming=True)
-        _check_schema(schema, self._options)
+        self._value_format = _value_format(options)
+        _check_schema(schema, self._options, self._value_format)
         # Driver-side state (the offset calls run in one long-lived process): the initial
         # offset, computed once (Spark asks twice), and the AvailableNow targets.
         self._initial: dict[str, Any] | None = None
@@ -184,7 +209,7 @@ class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [QueueRangePartition(r) for r in planned]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return _read(self._options, partition)
+        return _read(self._options, self._value_format, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: the position lives in Spark's checkpoint, not in a group."""
@@ -243,7 +268,9 @@ class TidemqDataSource(DataSource):
         return "tidemq"
 
     def schema(self) -> StructType:
-        return spark_schema(include_headers(self.options))
+        value_format = _value_format(self.options)
+        value_type = None if value_format is None else value_format.spark_type()
+        return spark_schema(include_headers(self.options), value_type)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return TidemqBatchReader(self.options, schema)

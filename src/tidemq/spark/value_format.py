@@ -1,0 +1,193 @@
+"""`valueFormat=avro`: the source decodes Confluent-framed Avro values into a struct
+column, with the schema from the registry (`schemaRegistry`, `subject`, `schemaVersion`).
+
+The reader schema is resolved once, on the driver, when Spark asks for the source's
+schema: the subject's version (latest by default; the subject defaults to
+`<topic>-value` for a single subscribed topic). Each value is read with its writer's
+schema (by the id in the value, fetched once per executor process) resolved to that
+reader schema, so values written with older compatible versions decode to the same
+struct. A value that is not framed, or whose schema does not resolve, fails the task
+naming the topic, queue and offset.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import fastavro
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from tidemq.client.serde import SchemaRegistry
+from tidemq.core.errors import InvalidBatch
+from tidemq.schema.wire import WireFormatError, unframe
+
+__all__ = ["VALUE_FORMAT_OPTIONS", "ValueFormat", "decode_values", "resolve_value_format"]
+
+VALUE_FORMAT_OPTIONS: Final = ("valueFormat", "schemaRegistry", "subject", "schemaVersion")
+
+_PRIMITIVE: Final[dict[str, DataType]] = {
+    "boolean": BooleanType(),
+    "int": IntegerType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "double": DoubleType(),
+    "bytes": BinaryType(),
+    "string": StringType(),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ValueFormat:
+    """What executors need (picklable): the reader schema and where the registry is."""
+
+    registry_url: str
+    reader_schema: str  # JSON
+
+    def spark_type(self) -> StructType:
+        data_type = spark_type_of(json.loads(self.reader_schema), {})
+        if not isinstance(data_type, StructType):
+            raise ValueError("valueFormat=avro needs a record schema")
+        return data_type
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in options.items()}
+
+
+def resolve_value_format(options: Mapping[str, str]) -> ValueFormat | None:
+    """The value format the options ask for (None: raw bytes), its schema resolved from
+    the registry (on the driver). ValueError naming the option that is wrong."""
+    opts = _lower(options)
+    fmt = opts.get("valueformat", "raw").lower()
+    if fmt == "raw":
+        for name in VALUE_FORMAT_OPTIONS[1:]:
+            if name.lower() in opts:
+                raise ValueError(f"option {name!r} needs valueFormat=avro")
+        return None
+    if fmt != "avro":
+        raise ValueError(f"valueFormat must be raw or avro (json, protobuf: not yet), got {fmt!r}")
+    url = opts.get("schemaregistry")
+    if not url:
+        raise ValueError("valueFormat=avro needs schemaRegistry=http://HOST:PORT")
+    subject = opts.get("subject")
+    if subject is None:
+        topic = opts.get("subscribe", "")
+        if not topic or "," in topic:
+            raise ValueError("valueFormat=avro needs subject=... unless subscribe names one topic")
+        subject = f"{topic}-value"
+    version = opts.get("schemaversion", "latest")
+    registry = SchemaRegistry(url)
+    schema = registry.version(subject, version)
+    spark_type_of(schema, {})  # refuse a schema with no Spark type now, on the driver
+    return ValueFormat(url, json.dumps(schema))
+
+
+def spark_type_of(schema: Any, named: dict[str, DataType]) -> DataType:
+    """The Spark type of an Avro schema (records: structs; unions with null: nullable)."""
+    if isinstance(schema, str):
+        found = _PRIMITIVE.get(schema) or named.get(schema)
+        if found is None:
+            raise ValueError(f"Avro type {schema!r} has no Spark type")
+        return found
+    if isinstance(schema, list):
+        members = [m for m in schema if m != "null"]
+        if len(members) != 1:
+            raise ValueError(f"Avro union {schema} has no Spark type (only [null, T])")
+        return spark_type_of(members[0], named)
+    logical = _LOGICAL.get(schema.get("logicalType"))
+    if logical is not None:
+        return logical
+    complex_type = _COMPLEX.get(schema.get("type"))
+    if complex_type is not None:
+        made: DataType = complex_type(schema, named)
+        return made
+    return spark_type_of(schema.get("type"), named)
+
+
+def _record(schema: Any, named: dict[str, DataType]) -> DataType:
+    struct = StructType(
+        [StructField(f["name"], spark_type_of(f["type"], named)) for f in schema["fields"]]
+    )
+    named[schema["name"]] = struct
+    return struct
+
+
+def _enum(schema: Any, named: dict[str, DataType]) -> DataType:
+    named[schema["name"]] = StringType()
+    return StringType()
+
+
+_LOGICAL: Final[dict[Any, DataType]] = {
+    "timestamp-millis": TimestampType(),
+    "timestamp-micros": TimestampType(),
+    "date": DateType(),
+}
+_COMPLEX: Final[dict[Any, Any]] = {
+    "record": _record,
+    "enum": _enum,
+    "array": lambda s, named: ArrayType(spark_type_of(s["items"], named)),
+    "map": lambda s, named: MapType(StringType(), spark_type_of(s["values"], named)),
+    "fixed": lambda s, named: BinaryType(),
+}
+
+
+#: registry URL -> schema id -> parsed writer schema (per executor process).
+_WRITERS: dict[str, dict[int, Any]] = {}
+
+
+def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, queue: int) -> Any:
+    """`batch` (a pa.RecordBatch of the source) with its `value` column decoded."""
+    values = batch.column(batch.schema.get_field_index("value")).to_pylist()
+    offsets = batch.column(batch.schema.get_field_index("offset")).to_pylist()
+    reader = fastavro.parse_schema(json.loads(fmt.reader_schema))
+    writers = _WRITERS.setdefault(fmt.registry_url, {})
+    registry = SchemaRegistry(fmt.registry_url)
+    decoded: list[Any] = []
+    for value, offset in zip(values, offsets, strict=True):
+        if value is None:
+            decoded.append(None)
+            continue
+        try:
+            framed = unframe(value)
+            writer = writers.get(framed.schema_id)
+            if writer is None:
+                writer = writers[framed.schema_id] = fastavro.parse_schema(
+                    registry.schema(framed.schema_id)
+                )
+            decoded.append(fastavro.schemaless_reader(io.BytesIO(framed.payload), writer, reader))
+        except (WireFormatError, ValueError, TypeError, EOFError, KeyError) as exc:
+            raise InvalidBatch(
+                f"{topic}/{queue} offset {offset}: the value is not Avro of the subject's "
+                f"schema ({exc})"
+            ) from None
+    columns = [
+        pa.array(decoded, type=arrow_type) if name == "value" else batch.column(i)
+        for i, name in enumerate(batch.schema.names)
+    ]
+    fields = [pa.field("value", arrow_type) if f.name == "value" else f for f in batch.schema]
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
+
+
+def arrow_type_of(fmt: ValueFormat) -> Any:
+    return to_arrow_type(fmt.spark_type(), timezone="UTC")
