@@ -209,7 +209,7 @@ def test_a_refused_fast_send_fails_alone(loop: Loop, broker: BrokerEnv) -> None:
             with pytest.raises(TopicNotFound):
                 await producer.send("nowhere", b"x")
             with pytest.raises(TypeError, match="bytes"):
-                await producer.send(TOPIC, "text", queue=0)  # type: ignore[arg-type]
+                await producer.send(TOPIC, "text", queue=0)
         assert offsets == list(range(7))
         got = await _read_all(broker.address, 7)
         assert [m.offset for m in got] == list(range(7))
@@ -305,7 +305,7 @@ def test_sync_producer_fast_path(sync_broker: ThreadedBroker) -> None:
         with pytest.raises(TopicNotFound):
             producer.send("nowhere", b"x")
         with pytest.raises(TypeError, match="bytes"):
-            producer.send(TOPIC, 5, queue=0)  # type: ignore[arg-type]
+            producer.send(TOPIC, 5, queue=0)
         with pytest.raises(ValueError, match="queue"):
             producer.send(TOPIC, b"x", queue=-1)
         future = producer.send_async(TOPIC, b"x", queue=7)
