@@ -16,12 +16,9 @@ registry over its REST API (docs/guide/schema-registry.md).
 
 from __future__ import annotations
 
-import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
 import typer
 
@@ -36,14 +33,13 @@ from tidemq.cli.common import (
     say,
 )
 from tidemq.cli.value_formats import DEFAULT_REGISTRY, Registry
+from tidemq.client.serde import SchemaRegistry
+from tidemq.core.errors import ConfigError, TidemqError
 
 __all__ = ["app"]
 
 app = typer.Typer(help="The schema registry (Confluent's REST API).", no_args_is_help=True)
 
-_CONTENT_TYPE: Final = "application/vnd.schemaregistry.v1+json"
-#: The longest one request to the registry may take.
-_TIMEOUT_S: Final = 30.0
 
 SchemaFile = Annotated[
     Path, typer.Option("--file", "-f", exists=True, dir_okay=False, help="The schema file.")
@@ -52,35 +48,13 @@ SchemaTypeOpt = Annotated[str, typer.Option("--type", "-t", help="avro, json (pr
 
 
 def _call(registry: str, method: str, path: str, body: Any = None) -> Any:
-    """One request; the registry's error message (and code) as a CliError."""
-    if not registry.startswith(("http://", "https://")):
-        raise CliUsageError(f"--registry must be an http:// or https:// URL, got {registry!r}")
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        registry.rstrip("/") + path,
-        data=data,
-        method=method,
-        headers={"Content-Type": _CONTENT_TYPE, "Accept": _CONTENT_TYPE},
-    )
+    """One request; the registry's error (with its code) as the command's error."""
     try:
-        with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:
-            raw = answer.read()
-    except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read())
-            message = f"{detail['message']} (error {detail['error_code']})"
-        except (ValueError, KeyError, TypeError):
-            message = f"HTTP {exc.code}"
-        raise CliError(message) from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise CliError(f"cannot reach the schema registry at {registry}: {reason}") from None
-    if not raw:
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw.decode(errors="replace")
+        return SchemaRegistry(registry).request(method, path, body)
+    except ConfigError as exc:
+        raise CliUsageError(str(exc)) from None
+    except TidemqError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _q(name: str) -> str:

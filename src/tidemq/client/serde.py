@@ -77,7 +77,9 @@ class SchemaRegistry:
         self._ids: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
 
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """One REST call: the answer's JSON (its text when not JSON). InvalidRequest with
+        the registry's message and error code; TidemqError when it cannot be reached."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
             self.url + path,
@@ -87,7 +89,7 @@ class SchemaRegistry:
         )
         try:
             with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:
-                return json.loads(answer.read())
+                raw = answer.read()
         except urllib.error.HTTPError as exc:
             try:
                 detail = json.loads(exc.read())
@@ -96,7 +98,12 @@ class SchemaRegistry:
                 message = f"HTTP {exc.code}"
             raise InvalidRequest(f"schema registry {self.url}: {message}") from None
         except (urllib.error.URLError, OSError) as exc:
-            raise TidemqError(f"cannot reach the schema registry at {self.url}: {exc}") from None
+            reason = getattr(exc, "reason", exc)
+            raise TidemqError(f"cannot reach the schema registry at {self.url}: {reason}") from None
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return raw.decode(errors="replace")
 
     def register(self, subject: str, schema: dict[str, Any], schema_type: str = "AVRO") -> int:
         """The id of `schema` under `subject`, registering it if needed (cached)."""
@@ -106,7 +113,7 @@ class SchemaRegistry:
         if cached is not None:
             return cached
         path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
-        answer = self._call("POST", path, {"schema": text, "schemaType": schema_type})
+        answer = self.request("POST", path, {"schema": text, "schemaType": schema_type})
         schema_id = int(answer["id"])
         with self._lock:
             self._ids[(subject, text)] = schema_id
@@ -116,14 +123,14 @@ class SchemaRegistry:
     def version(self, subject: str, version: str | int = "latest") -> dict[str, Any]:
         """The schema of a subject's version ("latest" by default)."""
         quoted = urllib.parse.quote(subject, safe="")
-        answer = self._call("GET", f"/subjects/{quoted}/versions/{version}")
+        answer = self.request("GET", f"/subjects/{quoted}/versions/{version}")
         schema: dict[str, Any] = json.loads(answer["schema"])
         return schema
 
     def latest(self, subject: str) -> tuple[int, dict[str, Any], str]:
         """(id, schema, schema type) of a subject's latest version."""
         path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/latest"
-        answer = self._call("GET", path)
+        answer = self.request("GET", path)
         return int(answer["id"]), json.loads(answer["schema"]), answer.get("schemaType", "AVRO")
 
     def schema(self, schema_id: int) -> dict[str, Any]:
@@ -132,7 +139,7 @@ class SchemaRegistry:
             cached = self._by_id.get(schema_id)
         if cached is not None:
             return cached
-        answer = self._call("GET", f"/schemas/ids/{schema_id}")
+        answer = self.request("GET", f"/schemas/ids/{schema_id}")
         schema: dict[str, Any] = json.loads(answer["schema"])
         with self._lock:
             self._by_id[schema_id] = schema
