@@ -4,9 +4,9 @@ of the queue's compacted log.
 A run has three steps. `MessageStore.plan_compaction` (on the store's owner thread)
 snapshots what to read: the current compacted log and the commit-log index entries of the
 cleanable range, the not-yet-compacted ("dirty") offsets from the compacted log's end up
-to the first batch younger than `min.compaction.lag.ms` or not yet flushed. `run` (any
-thread: it only reads immutable records and writes a new file) does the work in two
-passes, as Kafka's cleaner does:
+to the first batch younger than `min.compaction.lag.ms` or not yet flushed.
+`run_compaction` (any thread or process, the job is picklable: it only reads immutable
+records and writes a new file) does the work in two passes, as Kafka's cleaner does:
 
 1. Map every key of the dirty range to its latest offset there (up to `max_keys` keys; a
    larger range is compacted in part, the rest at the next run).

@@ -1,9 +1,10 @@
 """Compaction as the store's owner drives it: which queues are due, planning a run,
 switching to its result, and key lookups (`Admin.get`).
 
-The run itself (`compaction.run_compaction`) may go to another thread; everything here
-runs on the store's owner thread. `compact` does all three steps in a row (tests, the
-CLI's offline tools, a store without a broker).
+The run itself (`compaction.run_compaction`) may go to another thread or process (the
+broker's goes to a worker process); everything here runs on the store's owner thread.
+`compact` does all three steps in a row on the calling thread (tests, a store used as a
+library without a broker).
 """
 
 from __future__ import annotations
