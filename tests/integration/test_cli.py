@@ -256,6 +256,11 @@ def test_compact_topic_kv_get_and_compact(server: Server) -> None:
     assert sum(r["messages_in"] for r in runs) == 4
     assert sum(r["messages_out"] for r in runs) == 2
     assert ok("kv", "get", "t-kv", "AAPL", "-n", b).stdout == "102\n"
+    described = ok("topic", "describe", "t-kv", "-n", b, "-o", "json").json()
+    assert sorted(q["compacted_end"] for q in described["queue_info"]) == sorted(
+        q["max_offset"] for q in described["queue_info"]
+    )
+    assert "COMPACTED BELOW" in ok("topic", "describe", "t-kv", "-n", b).stdout
     ok("topic", "create", "t-kv-plain", "-n", b)
     plain = cli("topic", "compact", "t-kv-plain", "-n", b)
     assert plain.code == 1

@@ -86,10 +86,13 @@ def _show(topic: TopicInfo, output: Output) -> None:
     if output is Output.JSON:
         emit_json(topic)
         return
+    compacted = any(q.compacted_end for q in topic.queue_info)
     emit_table(
-        ["QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES", "BROKER"],
+        ["QUEUE", "MIN OFFSET", "MAX OFFSET", "MESSAGES", "BROKER"]
+        + (["COMPACTED BELOW"] if compacted else []),
         (
             (q.queue, q.min_offset, q.max_offset, q.max_offset - q.min_offset, q.broker)
+            + ((q.compacted_end,) if compacted else ())
             for q in topic.queue_info
         ),
         title=(

@@ -74,11 +74,18 @@ class QueueInfo:
     max_offset: int
     #: The serving broker's address, "host:port".
     broker: str
+    #: Compact topics: offsets below this have been compacted (they may have holes);
+    #: 0 when nothing has been.
+    compacted_end: int = 0
 
 
 def queue_info_from_wire(msg: wire.QueueInfo) -> QueueInfo:
     return QueueInfo(
-        queue=msg.queue, min_offset=msg.min_offset, max_offset=msg.max_offset, broker=msg.broker
+        queue=msg.queue,
+        min_offset=msg.min_offset,
+        max_offset=msg.max_offset,
+        broker=msg.broker,
+        compacted_end=msg.compacted_end,
     )
 
 

@@ -210,6 +210,8 @@ class QueueInfo(_Msg):
     min_offset: int
     max_offset: int
     broker: str
+    #: Compact topics: offsets below this are served from the queue's compacted log.
+    compacted_end: int = 0
 
 
 class TopicInfoMsg(_Msg):

@@ -31,7 +31,7 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import to_arrow_schema, to_arrow_type
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -61,12 +61,7 @@ from tidemq.spark.options import (
 )
 from tidemq.spark.planning import OffsetRange, plan_partitions, ranges_between
 from tidemq.spark.sink import exactly_once_stream_writer
-from tidemq.spark.value_format import (
-    ValueFormat,
-    arrow_type_of,
-    decode_values,
-    resolve_value_format,
-)
+from tidemq.spark.value_format import ValueFormat, decode_values, resolve_value_format
 from tidemq.spark.write import (
     WRITE_COLUMNS,
     check_target_topic,
@@ -108,8 +103,7 @@ def spark_schema(with_headers: bool = False, value_type: StructType | None = Non
 def _check_schema(
     schema: StructType, options: ReadOptions, value_format: ValueFormat | None
 ) -> None:
-    value_type = None if value_format is None else value_format.spark_type()
-    expected = spark_schema(options.include_headers, value_type)
+    expected = spark_schema(options.include_headers, _value_type(value_format))
     if schema is not None and schema != expected:
         raise OptionError(
             "the tidemq source has a fixed schema; do not pass .schema(...). Expected "
@@ -137,8 +131,15 @@ def _read(
     batches = read_range(options, partition.range)
     if value_format is None:
         return batches
-    r, arrow_type = partition.range, arrow_type_of(value_format)
+    r = partition.range
+    arrow_type = to_arrow_type(StructType.fromJson(value_format.spark_json()), timezone="UTC")
     return (decode_values(b, value_format, arrow_type, r.topic, r.queue) for b in batches)
+
+
+def _value_type(value_format: ValueFormat | None) -> StructType | None:
+    if value_format is None:
+        return None
+    return StructType.fromJson(value_format.spark_json())
 
 
 def _value_format(options: Mapping[str, str]) -> ValueFormat | None:
@@ -268,9 +269,7 @@ class TidemqDataSource(DataSource):
         return "tidemq"
 
     def schema(self) -> StructType:
-        value_format = _value_format(self.options)
-        value_type = None if value_format is None else value_format.spark_type()
-        return spark_schema(include_headers(self.options), value_type)
+        return spark_schema(include_headers(self.options), _value_type(_value_format(self.options)))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return TidemqBatchReader(self.options, schema)

@@ -20,40 +20,31 @@ from typing import Any, Final
 
 import fastavro
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_type
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    DataType,
-    DateType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from tidemq.client.serde import SchemaRegistry
 from tidemq.core.errors import InvalidBatch
 from tidemq.schema.wire import WireFormatError, unframe
 
-__all__ = ["VALUE_FORMAT_OPTIONS", "ValueFormat", "decode_values", "resolve_value_format"]
+__all__ = [
+    "VALUE_FORMAT_OPTIONS",
+    "ValueFormat",
+    "decode_values",
+    "resolve_value_format",
+    "spark_json_of",
+]
 
 VALUE_FORMAT_OPTIONS: Final = ("valueFormat", "schemaRegistry", "subject", "schemaVersion")
 
-_PRIMITIVE: Final[dict[str, DataType]] = {
-    "boolean": BooleanType(),
-    "int": IntegerType(),
-    "long": LongType(),
-    "float": FloatType(),
-    "double": DoubleType(),
-    "bytes": BinaryType(),
-    "string": StringType(),
+#: Avro primitive -> Spark's JSON name of the type (`StructType.fromJson` reads these:
+#: this module stays free of pyspark, which only the source and sink import).
+_PRIMITIVE: Final[dict[str, Any]] = {
+    "boolean": "boolean",
+    "int": "integer",
+    "long": "long",
+    "float": "float",
+    "double": "double",
+    "bytes": "binary",
+    "string": "string",
 }
 
 
@@ -64,9 +55,10 @@ class ValueFormat:
     registry_url: str
     reader_schema: str  # JSON
 
-    def spark_type(self) -> StructType:
-        data_type = spark_type_of(json.loads(self.reader_schema), {})
-        if not isinstance(data_type, StructType):
+    def spark_json(self) -> dict[str, Any]:
+        """The value column's Spark type, in Spark's JSON form of a StructType."""
+        data_type = spark_json_of(json.loads(self.reader_schema), {})
+        if not isinstance(data_type, dict) or data_type.get("type") != "struct":
             raise ValueError("valueFormat=avro needs a record schema")
         return data_type
 
@@ -99,12 +91,13 @@ def resolve_value_format(options: Mapping[str, str]) -> ValueFormat | None:
     version = opts.get("schemaversion", "latest")
     registry = SchemaRegistry(url)
     schema = registry.version(subject, version)
-    spark_type_of(schema, {})  # refuse a schema with no Spark type now, on the driver
+    spark_json_of(schema, {})  # refuse a schema with no Spark type now, on the driver
     return ValueFormat(url, json.dumps(schema))
 
 
-def spark_type_of(schema: Any, named: dict[str, DataType]) -> DataType:
-    """The Spark type of an Avro schema (records: structs; unions with null: nullable)."""
+def spark_json_of(schema: Any, named: dict[str, Any]) -> Any:
+    """The Spark type of an Avro schema, in Spark's JSON form (records: structs; unions
+    with null: nullable)."""
     if isinstance(schema, str):
         found = _PRIMITIVE.get(schema) or named.get(schema)
         if found is None:
@@ -114,41 +107,58 @@ def spark_type_of(schema: Any, named: dict[str, DataType]) -> DataType:
         members = [m for m in schema if m != "null"]
         if len(members) != 1:
             raise ValueError(f"Avro union {schema} has no Spark type (only [null, T])")
-        return spark_type_of(members[0], named)
+        return spark_json_of(members[0], named)
     logical = _LOGICAL.get(schema.get("logicalType"))
     if logical is not None:
         return logical
     complex_type = _COMPLEX.get(schema.get("type"))
     if complex_type is not None:
-        made: DataType = complex_type(schema, named)
-        return made
-    return spark_type_of(schema.get("type"), named)
+        return complex_type(schema, named)
+    return spark_json_of(schema.get("type"), named)
 
 
-def _record(schema: Any, named: dict[str, DataType]) -> DataType:
-    struct = StructType(
-        [StructField(f["name"], spark_type_of(f["type"], named)) for f in schema["fields"]]
-    )
+def _record(schema: Any, named: dict[str, Any]) -> Any:
+    struct = {
+        "type": "struct",
+        "fields": [
+            {
+                "name": f["name"],
+                "type": spark_json_of(f["type"], named),
+                "nullable": True,
+                "metadata": {},
+            }
+            for f in schema["fields"]
+        ],
+    }
     named[schema["name"]] = struct
     return struct
 
 
-def _enum(schema: Any, named: dict[str, DataType]) -> DataType:
-    named[schema["name"]] = StringType()
-    return StringType()
+def _enum(schema: Any, named: dict[str, Any]) -> Any:
+    named[schema["name"]] = "string"
+    return "string"
 
 
-_LOGICAL: Final[dict[Any, DataType]] = {
-    "timestamp-millis": TimestampType(),
-    "timestamp-micros": TimestampType(),
-    "date": DateType(),
+_LOGICAL: Final[dict[Any, str]] = {
+    "timestamp-millis": "timestamp",
+    "timestamp-micros": "timestamp",
+    "date": "date",
 }
 _COMPLEX: Final[dict[Any, Any]] = {
     "record": _record,
     "enum": _enum,
-    "array": lambda s, named: ArrayType(spark_type_of(s["items"], named)),
-    "map": lambda s, named: MapType(StringType(), spark_type_of(s["values"], named)),
-    "fixed": lambda s, named: BinaryType(),
+    "array": lambda s, named: {
+        "type": "array",
+        "elementType": spark_json_of(s["items"], named),
+        "containsNull": True,
+    },
+    "map": lambda s, named: {
+        "type": "map",
+        "keyType": "string",
+        "valueType": spark_json_of(s["values"], named),
+        "valueContainsNull": True,
+    },
+    "fixed": lambda s, named: "binary",
 }
 
 
@@ -187,7 +197,3 @@ def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, que
     ]
     fields = [pa.field("value", arrow_type) if f.name == "value" else f for f in batch.schema]
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
-
-
-def arrow_type_of(fmt: ValueFormat) -> Any:
-    return to_arrow_type(fmt.spark_type(), timezone="UTC")

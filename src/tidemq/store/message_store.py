@@ -601,6 +601,12 @@ class MessageStore:
         info, index = self._index(topic, queue_id)
         return self._min_offset(info, queue_id, index), index.next_offset
 
+    def compacted_end(self, topic: str, queue_id: int) -> int:
+        """Offsets below this are served from the queue's compacted log (0: none)."""
+        info, _ = self._index(topic, queue_id)
+        compacted = self.compacted.get((info.id, queue_id))
+        return 0 if compacted is None else compacted.end
+
     def _min_offset(self, info: TopicInfo, queue_id: int, index: QueueIndex) -> int:
         compacted = self.compacted.get((info.id, queue_id))
         return index.min_offset if compacted is None else min(compacted.start, index.min_offset)

@@ -52,8 +52,11 @@ class AdminHandlers:
     async def _describe(self, info: TopicInfo) -> TopicInfoMsg:
         hosted = self._topics.hosted(info.name)
 
-        def bounds(store: MessageStore) -> list[tuple[int, int]]:
-            return [store.queue_bounds(info.name, q) for q in hosted]
+        def bounds(store: MessageStore) -> list[tuple[int, int, int]]:
+            return [
+                (*store.queue_bounds(info.name, q), store.compacted_end(info.name, q))
+                for q in hosted
+            ]
 
         ranges = await self._gateway.call(bounds)
         return TopicInfoMsg(
@@ -62,8 +65,14 @@ class AdminHandlers:
             message_type=info.message_type.value,
             config=_public_config(info),
             queue_info=[
-                QueueInfo(queue=q, min_offset=lo, max_offset=hi, broker=self.address)
-                for q, (lo, hi) in zip(hosted, ranges, strict=True)
+                QueueInfo(
+                    queue=q,
+                    min_offset=lo,
+                    max_offset=hi,
+                    broker=self.address,
+                    compacted_end=compacted,
+                )
+                for q, (lo, hi, compacted) in zip(hosted, ranges, strict=True)
             ],
         )
 
