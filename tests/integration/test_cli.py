@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -181,6 +182,21 @@ def test_port_in_use_is_an_error(server: Server, tmp_path: Path) -> None:
     assert result.code == 1
     assert "error: " in result.stderr
     assert "address already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_http_port_in_use_is_an_error_naming_the_flag(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = run(
+            "server", "--port", "0", "--http-port", port, "--data-dir", str(tmp_path / "d"),
+            cwd=tmp_path,
+        )  # fmt: skip
+    assert result.code == 1
+    assert "HTTP listener cannot bind" in result.stderr
+    assert "--http-port" in result.stderr
     assert "Traceback" not in result.stderr
 
 

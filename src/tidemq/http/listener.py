@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 
 import uvicorn
 from starlette.applications import Starlette
@@ -56,16 +57,20 @@ class HttpListener:
         except BaseException:
             await self.registry.close()
             raise
-        self._config.load()
-        self._server.lifespan = self._config.lifespan_class(self._config)
-        await self._server.startup()
-        if self._server.should_exit:  # startup failed (the port is taken): uvicorn logged it
+        try:
+            # Bound here, not by uvicorn: on a taken port uvicorn calls sys.exit.
+            sock = socket.create_server((self._config.host, self._config.port))
+        except OSError as exc:
             await self.registry.close()
             raise OSError(
-                f"the HTTP listener could not bind {self._config.host}:{self._config.port}"
-            )
-        socket = self._server.servers[0].sockets[0]
-        host, port = socket.getsockname()[:2]
+                f"the HTTP listener cannot bind {self._config.host}:{self._config.port} "
+                f"({exc.strerror}); another tidemq server or broker on this machine? Pass "
+                "--http-port N (0: any free port, -1: no HTTP listener)"
+            ) from None
+        self._config.load()
+        self._server.lifespan = self._config.lifespan_class(self._config)
+        await self._server.startup(sockets=[sock])
+        host, port = sock.getsockname()[:2]
         self.address = f"{host}:{port}"
         self._task = asyncio.get_running_loop().create_task(self._server.main_loop())
         log.info("HTTP (schema registry) on %s", self.address)
