@@ -91,7 +91,7 @@ def encoder(
         schema: dict[str, Any] = json.loads(schema_file.read_text())
     else:
         try:
-            _, schema, _ = registry.latest(f"{topic}-value")
+            schema = registry.version(f"{topic}-value")
         except TidemqError as exc:
             raise CliUsageError(
                 f"no --value-schema, and no schema registered for {topic}-value: {exc}"

@@ -127,12 +127,6 @@ class SchemaRegistry:
         schema: dict[str, Any] = json.loads(answer["schema"])
         return schema
 
-    def latest(self, subject: str) -> tuple[int, dict[str, Any], str]:
-        """(id, schema, schema type) of a subject's latest version."""
-        path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/latest"
-        answer = self.request("GET", path)
-        return int(answer["id"]), json.loads(answer["schema"]), answer.get("schemaType", "AVRO")
-
     def schema(self, schema_id: int) -> dict[str, Any]:
         """The schema of an id (cached: ids never change meaning)."""
         with self._lock:

@@ -75,10 +75,16 @@ class CompactedSnapshot:
 
     def entries_from(self, offset: int) -> Iterator[npt.NDArray[np.void]]:
         """Entries holding offsets at or after `offset` (and at or after `start`)."""
-        ends = self.entries["end_offset"].astype(np.int64)
-        i = int(np.searchsorted(ends, max(offset, self.start), side="right"))
-        for j in range(i, len(self.entries)):
-            yield self.entries[j]
+        return _entries_from(self.entries, max(offset, self.start))
+
+
+def _entries_from(entries: npt.NDArray[np.void], offset: int) -> Iterator[npt.NDArray[np.void]]:
+    """The entries whose records hold offsets at or after `offset`, in order (the first
+    is the one whose end is past it: holes are stepped over)."""
+    ends = entries["end_offset"]
+    i = int(np.searchsorted(ends, np.uint64(offset), side="right"))
+    for j in range(i, len(entries)):
+        yield entries[j]
 
 
 class CompactedLog:
@@ -107,7 +113,6 @@ class CompactedLog:
         self.end = end
         self.entries = entries
         self.keys = keys
-        self._ends = entries["end_offset"].astype(np.int64)
         #: Bytes of records (the "clean" size of the dirty ratio).
         self.size = int(entries["size"].sum()) if len(entries) else 0
 
@@ -151,10 +156,7 @@ class CompactedLog:
 
     def entries_from(self, offset: int) -> Iterator[npt.NDArray[np.void]]:
         """Entries holding offsets at or after `offset` (and at or after `start`)."""
-        offset = max(offset, self.start)
-        i = int(np.searchsorted(self._ends, offset, side="right"))
-        for j in range(i, len(self.entries)):
-            yield self.entries[j]
+        return _entries_from(self.entries, max(offset, self.start))
 
     def read(self, position: int, size: int) -> bytes:
         data = self._handle.pread(position, size)
@@ -171,7 +173,7 @@ class CompactedLog:
 
     def entry_for(self, offset: int) -> npt.NDArray[np.void] | None:
         """The entry whose record may hold `offset`."""
-        i = int(np.searchsorted(self._ends, offset, side="right"))
+        i = int(np.searchsorted(self.entries["end_offset"], np.uint64(offset), side="right"))
         if i == len(self.entries) or int(self.entries[i]["base_offset"]) > offset:
             return None
         entry: npt.NDArray[np.void] = self.entries[i]

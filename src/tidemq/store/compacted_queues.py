@@ -14,15 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemq.core.batch import binary_values, decode_columns, message_offsets
-from tidemq.core.errors import CorruptRecordError, StorageFailure
+from tidemq.core.errors import CorruptRecordError, InvalidBatch, StorageFailure
 from tidemq.core.record import parse_header
 from tidemq.store.compacted_log import CompactedLog, compacted_dir, file_name
-from tidemq.store.compaction import value_at
 from tidemq.store.files import FileSystem
 from tidemq.store.format.compacted import key_hash
 from tidemq.store.metadata import Metadata
 
-__all__ = ["CompactedQueues", "FoundMessage", "open_compacted_logs"]
+__all__ = [
+    "CompactedQueues",
+    "FoundMessage",
+    "message_in_record",
+    "message_keys",
+    "open_compacted_logs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -130,15 +135,33 @@ def _message_at(log_: CompactedLog, offset: int, key: bytes) -> FoundMessage | N
     if entry is None:
         return None
     record = log_.read(int(entry["position"]), int(entry["size"]))
-    header = parse_header(record)
-    if header.base_offset != int(entry["base_offset"]):
+    if parse_header(record).base_offset != int(entry["base_offset"]):
         raise StorageFailure(f"compacted log {log_.path} entry points at the wrong record")
+    return message_in_record(record, offset, key)
+
+
+def message_in_record(record: bytes, offset: int, key: bytes | None = None) -> FoundMessage | None:
+    """The message at `offset` of a stored record (dense or compacted), decoded once;
+    None when the record does not hold it, or (with `key`) holds another key there."""
+    header = parse_header(record)
     columns = decode_columns(memoryview(record)[header.payload_start :])
     offsets = message_offsets(columns, header.base_offset).tolist()
     if offset not in offsets:
         return None
     i = offsets.index(offset)
-    if binary_values(columns.key)[i] != key:
+    if key is not None and binary_values(columns.key)[i] != key:
         return None  # another key with the same hash
-    value, timestamp_ms = value_at(record, i)
-    return FoundMessage(offset, value, timestamp_ms)
+    value = binary_values(columns.value)[i]
+    return FoundMessage(offset, value, int(columns.timestamps_ms[i]))
+
+
+def message_keys(payload: bytes | memoryview, topic: str) -> list[bytes]:
+    """The keys of a batch for a compact topic, where every message needs one
+    (InvalidBatch naming the first message without)."""
+    keys = binary_values(decode_columns(payload, verify_crc=False).key)
+    if None in keys:
+        raise InvalidBatch(
+            f"topic {topic!r} is a compact topic (cleanup.policy compact): every message "
+            f"needs a key, message {keys.index(None)} of the batch has none"
+        )
+    return keys  # type: ignore[return-value]  # no None left

@@ -58,7 +58,6 @@ __all__ = [
     "SegmentReader",
     "record_keys",
     "run_compaction",
-    "value_at",
 ]
 
 #: Messages and payload bytes per batch compaction writes: small enough that a key
@@ -238,16 +237,6 @@ def record_keys(record: bytes) -> list[bytes | None]:
     """The key of each message of a stored record (None: no key)."""
     header = parse_header(record)
     return binary_values(decode_columns(memoryview(record)[header.payload_start :]).key)
-
-
-def value_at(record: bytes, i: int) -> tuple[bytes | None, int]:
-    """(value, timestamp) of message `i` of a stored record (value None: a tombstone)."""
-    header = parse_header(record)
-    columns = decode_columns(memoryview(record)[header.payload_start :])
-    value = columns.value
-    present = value.validity is None or bool(value.validity[i])
-    data = value.data[int(value.offsets[i]) : int(value.offsets[i + 1])].tobytes()
-    return (data if present else None), int(columns.timestamps_ms[i])
 
 
 def _dirty(job: CompactionJob) -> list[DirtyEntry]:

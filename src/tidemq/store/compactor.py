@@ -18,14 +18,13 @@ import numpy.typing as npt
 
 from tidemq.core.errors import ConfigError
 from tidemq.store.compacted_log import CompactedLog, compacted_dir
-from tidemq.store.compacted_queues import CompactedQueues, FoundMessage
+from tidemq.store.compacted_queues import CompactedQueues, FoundMessage, message_in_record
 from tidemq.store.compaction import (
     CompactionJob,
     CompactionResult,
     SegmentReader,
     record_keys,
     run_compaction,
-    value_at,
 )
 from tidemq.store.compaction_settings import compaction_settings
 from tidemq.store.metadata import CleanupPolicy, TopicInfo
@@ -247,8 +246,4 @@ def _message_in_log(
 ) -> FoundMessage | None:
     """The message at `offset` of the commit-log part (None: not readable yet)."""
     found = store.read(topic, queue_id, offset, max_bytes=1).batches
-    if not found or not found[0].base_offset <= offset < found[0].base_offset + found[0].count:
-        return None
-    batch = found[0]
-    value, timestamp_ms = value_at(batch.record, offset - batch.base_offset)
-    return FoundMessage(offset, value, timestamp_ms)
+    return message_in_record(found[0].record, offset) if found else None

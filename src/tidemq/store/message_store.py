@@ -19,7 +19,6 @@ Durability contract:
 from __future__ import annotations
 
 import errno
-import itertools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -54,7 +53,7 @@ from tidemq.store import compactor
 from tidemq.store.checkpoint import write_checkpoint
 from tidemq.store.commit_log import CommitLog
 from tidemq.store.compacted_log import CompactedLog
-from tidemq.store.compacted_queues import CompactedQueues, FoundMessage
+from tidemq.store.compacted_queues import CompactedQueues, FoundMessage, message_keys
 from tidemq.store.compaction import CompactionJob, CompactionResult
 from tidemq.store.compactor import CompactionDue
 from tidemq.store.config import FlushMode, StoreConfig
@@ -817,19 +816,6 @@ class MessageStore:
             self.compacted.close()
             self._log.close()
             self._meta.close()
-
-
-def message_keys(payload: bytes | memoryview, topic: str) -> list[bytes]:
-    """The keys of a batch for a compact topic, where every message needs one."""
-    key = decode_columns(payload, verify_crc=False).key
-    if key.validity is not None and not key.validity.all():
-        missing = int(np.flatnonzero(~key.validity)[0])
-        raise InvalidBatch(
-            f"topic {topic!r} is a compact topic (cleanup.policy compact): every message "
-            f"needs a key, message {missing} of the batch has none"
-        )
-    data, bounds = key.data.tobytes(), key.offsets.tolist()
-    return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def read_compacted(

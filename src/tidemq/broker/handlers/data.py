@@ -24,7 +24,8 @@ from tidemq.protocol.commands import (
     ProduceRequest,
     ProduceResponse,
 )
-from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus, message_keys
+from tidemq.store.compacted_queues import message_keys
+from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus
 from tidemq.store.metadata import CleanupPolicy, MessageType
 from tidemq.store.producer_state import ProducerStamp
 
