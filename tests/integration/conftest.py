@@ -150,12 +150,17 @@ class ClusterEnv:
 @pytest.fixture
 def cluster(loop: Loop, tmp_path: Path) -> Iterator[ClusterEnv]:
     """A name server and two brokers ("broker-a", "broker-b") registered with it."""
+    yield from start_cluster(loop, tmp_path, ("broker-a", "broker-b"))
+
+
+def start_cluster(loop: Loop, tmp_path: Path, names: tuple[str, ...]) -> Iterator[ClusterEnv]:
+    """A name server and brokers named `names` registered with it (fixtures yield from it)."""
     ns = NameServerService(
         port=0, broker_ttl_ms=CLUSTER_TTL_MS, heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS
     )
     env = ClusterEnv(ns, loop.run(ns.start()))
     try:
-        for name in ("broker-a", "broker-b"):
+        for name in names:
             config = broker_config(
                 tmp_path / name,
                 broker_name=name,
@@ -168,7 +173,9 @@ def cluster(loop: Loop, tmp_path: Path) -> Iterator[ClusterEnv]:
             env.addresses.append(loop.run(b.start()))
 
         async def both_registered() -> None:
-            await wait_until(lambda: len(ns.nameserver.brokers()) == 2, what="registration")
+            await wait_until(
+                lambda: len(ns.nameserver.brokers()) == len(names), what="registration"
+            )
 
         loop.run(both_registered())
         yield env

@@ -35,6 +35,7 @@ from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import ProducerOwners
+from tidemq.broker.static_service import StaticService
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import (
     HALF_TOPIC,
@@ -69,6 +70,7 @@ from tidemq.protocol.commands import (
     PopNackRequest,
     PopQueueStatus,
     PopStatusResponse,
+    StaticTopicReg,
     StatusResponse,
 )
 from tidemq.protocol.frame import Frame
@@ -257,6 +259,7 @@ class Broker:
             session_timeout_ms_min=cfg.group_session_timeout_ms_min,
             session_timeout_ms_max=cfg.group_session_timeout_ms_max,
         )
+        self._static = StaticService(cfg.broker_name, self._gateway, self._topics, self._clock)
         self._data = DataHandlers(
             cfg,
             self._gateway,
@@ -264,9 +267,12 @@ class Broker:
             self._polling,
             timers=self._timers,
             transactions=self._transactions,
+            static=self._static,
         )
         self._special = SpecialHandlers(self._timers, self._transactions, cfg.txn_check_delay_ms)
-        self._admin = AdminHandlers(cfg, self._gateway, self._topics, self.address)
+        self._admin = AdminHandlers(
+            cfg, self._gateway, self._topics, self.address, static_view=self._static.view
+        )
         self._admin.connections = lambda: self._server.connections
         if self._embedded:
             self.nameserver = NameServer(
@@ -291,6 +297,7 @@ class Broker:
                 cfg.name_servers,
                 self._topic_list,
                 cfg.broker_heartbeat_interval_ms,
+                static_topics=self._static_list,
                 created_ms=self._created_ms,
                 ssl_context=name_server_tls,
                 cluster_key=self._cluster_key,
@@ -428,6 +435,19 @@ class Broker:
         return [
             (t.name, t.queues, t.message_type.value, self._topics.hosted(t.name))
             for t in self._topics.all()
+            if not self._topics.is_static(t.name)
+        ]
+
+    def _static_list(self) -> list[StaticTopicReg]:
+        return [
+            StaticTopicReg(
+                topic=t.name,
+                queues=t.queues,
+                message_type=t.message_type.value,
+                chains=self._static.chains(t.name),
+            )
+            for t in self._topics.all()
+            if self._topics.is_static(t.name)
         ]
 
     async def _cluster_queue_counts(self, topics: list[str]) -> dict[str, int]:
@@ -442,6 +462,7 @@ class Broker:
             self.address,
             self._topic_list(),
             created_ms=self._created_ms,
+            static_topics=self._static_list(),
         )
 
     async def _sweep(self) -> None:
@@ -515,6 +536,9 @@ class Broker:
             ),
             RequestCode.KV_GET: plain(self._compaction.kv_get),
             RequestCode.COMPACT: plain(self._compaction.compact),
+            RequestCode.STATIC_OPEN: plain(self._static.open),
+            RequestCode.STATIC_SEAL: plain(self._static.seal),
+            RequestCode.STATIC_UPDATE: plain(self._static.update),
         }
 
     async def _status(self) -> StatusResponse:

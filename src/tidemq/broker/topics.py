@@ -26,6 +26,7 @@ from tidemq.core.errors import (
     TopicAlreadyExists,
     TopicNotFound,
 )
+from tidemq.core.static_chain import STATIC_KEY
 from tidemq.store.compaction_settings import compaction_settings
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import TopicInfo
@@ -56,6 +57,8 @@ class TopicTable:
         self._gateway = gateway
         self._topics: dict[str, TopicInfo] = {}
         self._hosted: dict[str, frozenset[int]] = {}
+        #: Static topics (tidemq.core.static_chain): their queues are links of chains.
+        self._static: frozenset[str] = frozenset()
         #: Called after any change, so the broker re-registers with the name servers.
         self.on_change: Callable[[], None] = lambda: None
 
@@ -66,7 +69,11 @@ class TopicTable:
         topics = [t for t in topics if not is_internal(t.name)]
         self._topics = {t.name: t for t in topics}
         self._hosted = {t.name: frozenset(parse_hosted(t.config, t.queues)) for t in topics}
+        self._static = frozenset(t.name for t in topics if t.config.get(STATIC_KEY) == "true")
         self.on_change()
+
+    def is_static(self, name: str) -> bool:
+        return name in self._static
 
     def all(self) -> list[TopicInfo]:
         return sorted(self._topics.values(), key=lambda t: t.name)
@@ -114,6 +121,7 @@ class TopicTable:
         message_type: str = "MIXED",
         config: dict[str, str] | None = None,
         hosted: list[int] | None = None,
+        static: bool = False,
     ) -> TopicInfo:
         """Create a topic: a user name (`check_user_topic` first, for requests from
         clients) or a per-group internal one the broker's services need (%RETRY%g, %DLQ%g)."""
@@ -129,6 +137,8 @@ class TopicTable:
         settings = parse_topic_config(config or {})
         mtype = parse_message_type(message_type)
         extra = {**settings.extra, **_hosted_value(hosted or [], queues)}
+        if static:
+            extra[STATIC_KEY] = "true"
 
         def run(store: MessageStore) -> TopicInfo:
             kwargs = {}
@@ -152,6 +162,11 @@ class TopicTable:
         self, name: str, *, queues: int | None, config: dict[str, str], hosted: list[int]
     ) -> TopicInfo:
         current = self.get(name)
+        if name in self._static and queues is not None and queues != current.queues:
+            raise ConfigError(
+                f"topic {name!r} is static: its {current.queues} queues are fixed (keys keep "
+                "their queue); scale it with `tidemq topic remap` instead"
+            )
         settings = parse_topic_config(config)
         compaction_settings({**current.config, **config})  # min/max lag checked together
         total = current.queues if queues is None else queues

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
 
 from tidemq.client import acls as acls_api
-from tidemq.client import checks, kv
+from tidemq.client import checks, kv, static_admin
 from tidemq.client.acls import Acl
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer import AsyncProducer
@@ -167,19 +168,75 @@ class AsyncAdmin:
         message_type: str = "MIXED",
         config: Mapping[str, str] | None = None,
         exist_ok: bool = False,
+        static: bool = False,
+        brokers: list[str] | None = None,
     ) -> TopicInfo:
         """Create topic `name` with `queues` queues spread over the live brokers.
 
         `exist_ok=True` (Kafka's `--if-not-exists`): when the topic exists already, return
         its info instead of raising `TopicAlreadyExists`. It is returned as it is, even if
         its queue count, message type or configs differ from the ones asked for; compare
-        them if that matters."""
+        them if that matters.
+
+        `static=True`: a static topic (docs/guide/static-topics.md), whose queue count never
+        changes and whose queues move between brokers with `remap_topic`, without moving
+        data; its queues start round robin over `brokers` (names; default: every live
+        broker)."""
         checks.check_topic_name(name, "name")  # the broker checks it too; fail at the call
         if isinstance(queues, bool) or not isinstance(queues, int):
             raise TypeError(f"queues must be an int, got {type(queues).__name__}")
         if not 1 <= queues <= limits.MAX_QUEUES_PER_TOPIC:
             # The brokers check this too, but with no queue to place none would be asked.
             raise ConfigError(f"queues must be 1..{limits.MAX_QUEUES_PER_TOPIC}, got {queues}")
+        if brokers is not None and not static:
+            raise ConfigError("brokers= chooses where a static topic starts; pass static=True")
+        if static:
+            if exist_ok:
+                with contextlib.suppress(TopicNotFound):
+                    return await self.describe_topic(name)
+            await static_admin.create_static(
+                self._cluster,
+                name,
+                queues,
+                message_type=message_type,
+                config=dict(config or {}),
+                brokers=brokers,
+            )
+            return await self.describe_topic(name)
+        return await self._create_topic(
+            name, queues, message_type=message_type, config=config, exist_ok=exist_ok
+        )
+
+    async def remap_topic(
+        self,
+        name: str,
+        *,
+        brokers: list[str] | None = None,
+        queue: int | None = None,
+        to: str | None = None,
+        repair: bool = False,
+    ) -> static_admin.RemapReport:
+        """Move the write ends of static topic `name`'s queues without moving data:
+        spread over `brokers` (names; as few queues move as possible), or `queue` to broker
+        `to`. Each moved queue's old link is sealed (read-only, still read from) and a new
+        one opens on the target where it ended; producers pause briefly and retry by
+        themselves. `repair=True` finishes switches a failed remap left half-way."""
+        checks.check_topic_name(name, "name")
+        if repair:
+            if brokers is not None or queue is not None:
+                raise ConfigError("repair takes no brokers or queue: it finishes what was begun")
+            return await static_admin.repair(self._cluster, name)
+        return await static_admin.remap(self._cluster, name, brokers=brokers, queue=queue, to=to)
+
+    async def _create_topic(
+        self,
+        name: str,
+        queues: int,
+        *,
+        message_type: str,
+        config: Mapping[str, str] | None,
+        exist_ok: bool,
+    ) -> TopicInfo:
         brokers = await self._brokers()
         plan: dict[str, list[int]] = {b: [] for b in brokers}
         for q in range(queues):
@@ -241,6 +298,22 @@ class AsyncAdmin:
 
     async def delete_topic(self, name: str) -> None:
         hosting = await self._hosting(name)
+        routes = self._cluster.routes
+        if routes.is_static(name):
+            # Every broker holding a link, sealed ones too.
+            holders = {
+                link.broker
+                for q in range(routes.queue_count(name))
+                if (chain := routes.chain(name, q)) is not None
+                for link in chain.links
+            }
+            away = sorted(holders - set(routes.brokers))
+            if away:
+                raise BrokerNotAvailable(
+                    f"static topic {name!r} has links on {', '.join(away)}, not live: "
+                    "start them so the topic is deleted everywhere"
+                )
+            hosting = {routes.brokers[b]: [] for b in holders}
         await asyncio.gather(
             *(
                 self._cluster.call(address, DeleteTopicRequest(name=name), Empty)
@@ -267,7 +340,18 @@ class AsyncAdmin:
         results = await asyncio.gather(
             *(self._cluster.call(a, DescribeTopicRequest(name=name), TopicInfoMsg) for a in hosting)
         )
-        return topic_info_from_wire(_merge(results))
+        merged = _merge(results)
+        routes = self._cluster.routes
+        if not routes.is_static(name):
+            return topic_info_from_wire(merged)
+        # Each queue as its write end's broker sees it (older links report too).
+        merged.queue_info = [
+            qi for qi in merged.queue_info if qi.broker == routes.broker_for(name, qi.queue)
+        ]
+        chains = (routes.chain(name, q) for q in range(routes.queue_count(name)))
+        return dataclasses.replace(
+            topic_info_from_wire(merged), chains=tuple(c for c in chains if c is not None)
+        )
 
     async def list_groups(self) -> list[str]:
         coordinator = await self._cluster.coordinator()

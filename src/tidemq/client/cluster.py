@@ -31,9 +31,11 @@ from typing import TypeVar
 
 import msgspec
 
+from tidemq.client.static_reads import static_list_offsets
 from tidemq.cluster.route import RouteTable
 from tidemq.core.errors import (
     BrokerNotAvailable,
+    QueueMoved,
     QueueNotFound,
     RequestTimeout,
     TidemqError,
@@ -315,20 +317,28 @@ class ClusterClient:
         with contextlib.suppress(TidemqError):  # still down: connection() keeps the mark
             await self.connection(address, probe=True)
 
-    async def broker_for(self, topic: str, queue: int) -> str:
+    async def broker_for(self, topic: str, queue: int, offset: int | None = None) -> str:
+        """The address of the broker serving the queue: its writer, or with `offset`, the
+        one holding that offset (they differ only for a static topic's older links)."""
+
+        def look(routes: RouteTable) -> str | None:
+            if offset is None:
+                return routes.broker_for(topic, queue)
+            return routes.broker_for_offset(topic, queue, offset)
+
         routes = await self.refresh_routes()
-        address = routes.broker_for(topic, queue)
+        address = look(routes)
         if address is None:
             routes = await self.refresh_routes(force=True)
-            address = routes.broker_for(topic, queue)
+            address = look(routes)
         if address is None:
             # Marked down a moment ago and being probed (a lost connection may only have
             # been closed for idleness): the probe's answer decides.
-            probe = self._probes.get(self._fetched.broker_for(topic, queue) or "")
+            probe = self._probes.get(look(self._fetched) or "")
             if probe is not None:
                 await asyncio.wait({probe})  # never raises for the probe's own outcome
                 routes = self._routes
-                address = routes.broker_for(topic, queue)
+                address = look(routes)
         if address is None:
             if topic not in routes:
                 raise TopicNotFound(f"topic {topic!r} does not exist")
@@ -343,10 +353,15 @@ class ClusterClient:
         self, topic: str, queue: int, timestamp_ms: int | None = None
     ) -> ListOffsetsResponse:
         """A queue's readable range (and the first offset at or after `timestamp_ms`),
-        from the broker that serves it."""
-        address = await self.broker_for(topic, queue)
-        request = ListOffsetsRequest(topic=topic, queue=queue, timestamp_ms=timestamp_ms)
-        return await self.call(address, request, ListOffsetsResponse)
+        from the broker that serves it. A static topic's queue: the range from its first
+        link to its write end, the time looked up link by link, oldest first."""
+        routes = await self.refresh_routes()
+        chain = routes.chain(topic, queue)
+        if chain is None:
+            address = await self.broker_for(topic, queue)
+            request = ListOffsetsRequest(topic=topic, queue=queue, timestamp_ms=timestamp_ms)
+            return await self.call(address, request, ListOffsetsResponse)
+        return await static_list_offsets(self, chain, topic, timestamp_ms)
 
     async def coordinator(self) -> str:
         routes = await self.refresh_routes()
@@ -367,7 +382,9 @@ class ClusterClient:
     def invalidate(self, error: BaseException) -> None:
         """Errors that mean the route may be stale make the next lookup refresh it; after a
         lost connection, the brokers whose connections are closed are marked down."""
-        if isinstance(error, (TopicNotFound, QueueNotFound, BrokerNotAvailable, RequestTimeout)):
+        if isinstance(
+            error, (TopicNotFound, QueueNotFound, QueueMoved, BrokerNotAvailable, RequestTimeout)
+        ):
             self._refresh_due = 0.0
         if isinstance(error, BrokerNotAvailable):
             for address, conn in list(self._conns.items()):

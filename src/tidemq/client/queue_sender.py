@@ -193,6 +193,12 @@ class QueueSender:
         self._conn: ClientConnection | None = None
         self._sequence = 0
         self._stamp_key: tuple[str, int, int] | None = None  # (address, pid, epoch)
+        #: The (address, pid, epoch) keys this sender left for another broker. A queue
+        #: that moves away and comes back (a static topic's remap) gets a fresh producer
+        #: id there: the broker remembers the batches sent under the old one, so starting
+        #: over at 0 would have new batches taken for retries of old ones (and dropped),
+        #: and going on is unsafe too (a batch that failed there may or may not be stored).
+        self._left: set[tuple[str, int, int]] = set()
         #: The next batch stamped starts over under a fresh producer id: a batch that was
         #: stamped has failed for good, leaving a gap in this queue's sequence.
         self._restamp = False
@@ -409,7 +415,11 @@ class QueueSender:
             batch.stamp = (address, -1, -1, -1)
             return
         pid, epoch = await self._ctx.producer_id(address, renew=renew)
+        if (address, pid, epoch) in self._left:
+            pid, epoch = await self._ctx.producer_id(address, renew=True)
         if self._stamp_key != (address, pid, epoch):
+            if self._stamp_key is not None:
+                self._left.add(self._stamp_key)
             self._stamp_key = (address, pid, epoch)
             self._sequence = 0
         batch.stamp = (address, pid, epoch, self._sequence)

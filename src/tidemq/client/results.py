@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tidemq.core.static_chain import QueueChain
 from tidemq.protocol import commands as wire
 
 __all__ = [
@@ -103,6 +104,13 @@ class TopicInfo:
     config: Mapping[str, str]
     #: Per queue, in queue order; empty in `list_topics`.
     queue_info: tuple[QueueInfo, ...] = ()
+    #: A static topic (docs/guide/static-topics.md): each queue's chain of links, in
+    #: queue order, when described; empty for an ordinary topic.
+    chains: tuple[QueueChain, ...] = ()
+
+    @property
+    def static(self) -> bool:
+        return bool(self.chains)
 
 
 def topic_info_from_wire(msg: wire.TopicInfoMsg) -> TopicInfo:

@@ -236,7 +236,7 @@ class AsyncStreamConsumer:
     # ------------------------------------------------------------------ polling
 
     async def _fetch(self, tq: TopicQueue, position: int) -> tuple[FetchResponse, bytes]:
-        address = await self._cluster.broker_for(*tq)
+        address = await self._cluster.broker_for(*tq, position)
         request = FetchRequest(
             topic=tq[0],
             queue=tq[1],

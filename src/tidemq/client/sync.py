@@ -36,6 +36,7 @@ from tidemq.client.results import (
     UserInfo,
 )
 from tidemq.client.simple_consumer import AsyncReceivedMessage, AsyncSimpleConsumer, Filter
+from tidemq.client.static_admin import RemapReport
 from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
 from tidemq.client.table_view import AsyncTableView, TableListener
 from tidemq.client.transaction import (
@@ -590,14 +591,36 @@ class Admin:
         message_type: str = "MIXED",
         config: Mapping[str, str] | None = None,
         exist_ok: bool = False,
+        static: bool = False,
+        brokers: list[str] | None = None,
     ) -> TopicInfo:
         """Create a topic; with `exist_ok`, an existing topic's info is returned as it is
-        (even if its queues, type or configs differ from the ones asked for)."""
+        (even if its queues, type or configs differ from the ones asked for). `static`: a
+        static topic over `brokers` (names; default every live broker), see
+        `AsyncAdmin.create_topic`."""
         return run(
             self._a.create_topic(
-                name, queues, message_type=message_type, config=config, exist_ok=exist_ok
+                name,
+                queues,
+                message_type=message_type,
+                config=config,
+                exist_ok=exist_ok,
+                static=static,
+                brokers=brokers,
             )
         )
+
+    def remap_topic(
+        self,
+        name: str,
+        *,
+        brokers: list[str] | None = None,
+        queue: int | None = None,
+        to: str | None = None,
+        repair: bool = False,
+    ) -> RemapReport:
+        """Move a static topic's write ends (see `AsyncAdmin.remap_topic`)."""
+        return run(self._a.remap_topic(name, brokers=brokers, queue=queue, to=to, repair=repair))
 
     def alter_topic(
         self, name: str, *, queues: int | None = None, config: Mapping[str, str] | None = None

@@ -58,7 +58,10 @@ def check_secret(secret: str) -> bytes:
 def registration_fields(request: RegisterBrokerRequest) -> list[object]:
     """What a registration claims, in the signed order."""
     topics = [[t, total, kind, list(queues)] for t, total, kind, queues in request.topics]
-    return [request.broker_name, request.address, request.created_ms, topics]
+    fields: list[object] = [request.broker_name, request.address, request.created_ms, topics]
+    if request.static_topics:
+        fields.append(msgspec.to_builtins(request.static_topics))
+    return fields
 
 
 def _message(kind: str, fields: Sequence[object], signed_ms: int) -> bytes:

@@ -63,7 +63,8 @@ from typing import Final
 from tidemq.core import limits
 from tidemq.core.clock import Clock
 from tidemq.core.errors import ConfigError, InvalidRequest, InvalidTopicName
-from tidemq.protocol.commands import BrokerStatus, TopicRoute
+from tidemq.core.static_chain import QueueChain, check_chain, newest
+from tidemq.protocol.commands import BrokerStatus, StaticTopicReg, TopicRoute
 
 __all__ = [
     "DEFAULT_BROKER_TTL_MS",
@@ -139,6 +140,8 @@ class _Broker:
     #: When the broker's data directory was created (epoch ms; 0: not reported).
     created_ms: int = 0
     topics: dict[str, _TopicReg] = field(default_factory=dict)
+    #: Static topics (also in `topics`, with no queue claimed): the chains it holds.
+    static: dict[str, list[QueueChain]] = field(default_factory=dict)
     #: (topic, queue) -> claim sequence number (smaller = older claim)
     claims: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -217,6 +220,7 @@ class NameServer:
         topics: Iterable[TopicRegistration],
         *,
         created_ms: int = 0,
+        static_topics: Iterable[StaticTopicReg] = (),
     ) -> tuple[int, int]:
         """Register or heartbeat: replace the broker's topic list, refresh its TTL and
         return (heartbeat_interval_ms, broker_ttl_ms). `created_ms`: when the broker's data
@@ -232,6 +236,7 @@ class NameServer:
             )
         parse_address(address)
         registered = _check_topics(list(topics))
+        static = _check_static(list(static_topics), registered)
         now = self._clock.monotonic_ms()
 
         broker = self._brokers.get(broker_name)
@@ -253,6 +258,7 @@ class NameServer:
         broker.last_seen_ms = now
         broker.created_ms = max(0, created_ms)
         self._replace_topics(broker, registered)
+        broker.static = static
         for topic in registered:
             self._stale.pop(topic, None)
         return self._interval, self._ttl
@@ -361,6 +367,9 @@ class NameServer:
             return self._stale_route(topic, [self._brokers[name] for name in registered], now)
         regs = [self._brokers[name].topics[topic] for name in live]
         total = max(reg.total for reg in regs)
+        static = [self._brokers[name] for name in live if topic in self._brokers[name].static]
+        if static:
+            return self._static_route(topic, total, regs[0].message_type, static, now)
         served: dict[int, str] = {}
         for reg in regs:
             for queue in reg.queues:
@@ -378,6 +387,26 @@ class NameServer:
             queues=total,
             message_type=regs[0].message_type,
             brokers=dict(sorted(served.items())),
+        )
+
+    def _static_route(
+        self, topic: str, total: int, message_type: str, holders: list[_Broker], now: float
+    ) -> TopicRoute:
+        """A static topic's route: the newest chain of each queue among the live brokers
+        that hold links of it; a queue is served by the broker of its open link, if live."""
+        chains = newest(c for b in holders for c in b.static[topic])
+        served: dict[int, str] = {}
+        for queue, chain in chains.items():
+            end = chain.write_end
+            broker = self._brokers.get(end.broker) if end is not None else None
+            if broker is not None and self._live(broker, now):
+                served[queue] = broker.address
+        return TopicRoute(
+            topic=topic,
+            queues=total,
+            message_type=message_type,
+            brokers=dict(sorted(served.items())),
+            chains=[chains[q] for q in sorted(chains)],
         )
 
     def _stale_route(self, topic: str, lapsed: list[_Broker], now: float) -> TopicRoute | None:
@@ -475,3 +504,23 @@ def _check_topics(topics: list[TopicRegistration]) -> dict[str, _TopicReg]:
             )
         registered[topic] = _TopicReg(total, message_type, queues)
     return registered
+
+
+def _check_static(
+    topics: list[StaticTopicReg], registered: dict[str, _TopicReg]
+) -> dict[str, list[QueueChain]]:
+    """Check a registration's static topics and add them to `registered` (no claims)."""
+    static: dict[str, list[QueueChain]] = {}
+    checked = _check_topics(
+        [(t.topic, t.queues, t.message_type, [0]) for t in topics]  # name, count, type
+    )
+    for reg in topics:
+        if reg.topic in registered:
+            raise InvalidRequest(f"topic {reg.topic!r} is registered both static and not")
+        if len({c.queue for c in reg.chains}) != len(reg.chains):
+            raise InvalidRequest(f"static topic {reg.topic!r}: a queue's chain appears twice")
+        for chain in reg.chains:
+            check_chain(chain, reg.queues)
+        registered[reg.topic] = _TopicReg(reg.queues, checked[reg.topic].message_type, ())
+        static[reg.topic] = list(reg.chains)
+    return static

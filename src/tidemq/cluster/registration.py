@@ -28,6 +28,7 @@ from tidemq.protocol.commands import (
     GetRoutesResponse,
     RegisterBrokerRequest,
     RegisterBrokerResponse,
+    StaticTopicReg,
     UnregisterBrokerRequest,
 )
 
@@ -50,6 +51,7 @@ class Registration:
         topics: Callable[[], TopicList],
         interval_ms: int,
         *,
+        static_topics: Callable[[], list[StaticTopicReg]] = list,
         created_ms: int = 0,
         ssl_context: ssl.SSLContext | None = None,
         cluster_key: bytes | None = None,
@@ -65,6 +67,7 @@ class Registration:
         self._address = address
         self._servers = name_servers
         self._topics = topics
+        self._static_topics = static_topics
         self._interval_s = interval_ms / 1000
         #: Name servers whose last registration failed (logged once until they answer).
         self._failing: set[str] = set()
@@ -94,6 +97,7 @@ class Registration:
             address=self._address,
             topics=self._topics(),
             created_ms=self._created_ms,
+            static_topics=self._static_topics(),
         )
         if self._cluster_key is not None:
             request.signed_ms, request.signature = sign(

@@ -29,6 +29,7 @@ from types import MappingProxyType
 import crc32c
 
 from tidemq.core.errors import BrokerNotAvailable, TopicNotFound
+from tidemq.core.static_chain import QueueChain, link_for
 from tidemq.protocol.commands import GetRoutesResponse, TopicRoute
 
 __all__ = ["RouteTable", "key_hash", "queue_for_key"]
@@ -47,7 +48,7 @@ def queue_for_key(key: bytes, queue_count: int) -> int:
 
 
 class _Topic:
-    __slots__ = ("message_type", "queue_count", "served", "served_ids")
+    __slots__ = ("chains", "message_type", "queue_count", "served", "served_ids")
 
     def __init__(self, route: TopicRoute) -> None:
         self.queue_count = route.queues
@@ -59,6 +60,8 @@ class _Topic:
             if 0 <= queue < route.queues
         }
         self.served_ids = tuple(self.served)
+        #: A static topic: queue id -> its chain (empty for an ordinary topic).
+        self.chains = {c.queue: c for c in route.chains if 0 <= c.queue < route.queues}
 
 
 class RouteTable:
@@ -91,6 +94,7 @@ class RouteTable:
                 queues=r.queues,
                 message_type=r.message_type,
                 brokers={q: a for q, a in r.brokers.items() if a not in addresses},
+                chains=r.chains,
             )
             for r in self._source
         ]
@@ -144,6 +148,30 @@ class RouteTable:
         """The address serving the queue, or None (unknown topic or unserved queue)."""
         found = self._topics.get(topic)
         return found.served.get(queue) if found is not None else None
+
+    def chain(self, topic: str, queue: int) -> QueueChain | None:
+        """A static topic's chain of `queue`; None for an ordinary topic's queue."""
+        found = self._topics.get(topic)
+        return found.chains.get(queue) if found is not None else None
+
+    def is_static(self, topic: str) -> bool:
+        found = self._topics.get(topic)
+        return found is not None and bool(found.chains)
+
+    def broker_for_offset(self, topic: str, queue: int, offset: int) -> str | None:
+        """The address of the broker holding `offset` of the queue: for a static topic
+        the broker of the link holding it (its write end for offsets at or past the
+        chain's end), else the queue's broker. None: unknown, or that broker is away."""
+        found = self._topics.get(topic)
+        if found is None:
+            return None
+        chain = found.chains.get(queue)
+        if chain is None:
+            return found.served.get(queue)
+        link = link_for(chain, offset)
+        if link is None:
+            return found.served.get(queue)
+        return self._brokers.get(link.broker)
 
     def select_queue(self, topic: str, key: bytes | None, round_robin_counter: int) -> int:
         """The queue a message goes to: by key hash over all queues, else the served queue

@@ -93,6 +93,7 @@ class NameServerHandlers:
                 header.address,
                 list(header.topics),
                 created_ms=header.created_ms,
+                static_topics=header.static_topics,
             )
             return RegisterBrokerResponse(heartbeat_interval_ms=interval, broker_ttl_ms=ttl)
         if code is RequestCode.UNREGISTER_BROKER:

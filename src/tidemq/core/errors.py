@@ -28,6 +28,7 @@ __all__ = [
     "NotCoordinator",
     "OffsetOutOfRange",
     "OutOfOrderSequence",
+    "QueueMoved",
     "QueueNotFound",
     "RequestTimeout",
     "StaleGeneration",
@@ -76,6 +77,7 @@ class ErrorCode(IntEnum):
     TRANSACTION_STATE = 28
     AUTHENTICATION_FAILED = 29
     AUTHORIZATION_FAILED = 30
+    QUEUE_MOVED = 31
 
 
 class TidemqError(Exception):
@@ -264,3 +266,10 @@ class AuthenticationFailed(TidemqError):
 @_error(ErrorCode.AUTHORIZATION_FAILED)
 class AuthorizationFailed(TidemqError):
     """The authenticated principal may not do this (managing users takes a super user)."""
+
+
+@_error(ErrorCode.QUEUE_MOVED, retriable=True)
+class QueueMoved(TidemqError):
+    """A static topic's queue (or the offset asked for) is not on this broker, or not
+    writable here any more: its write end moved, or is being switched to another broker.
+    The client refreshes its routes and tries again."""

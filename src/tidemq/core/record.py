@@ -40,6 +40,7 @@ __all__ = [
     "RecordHeader",
     "encode_header",
     "parse_header",
+    "rebase_record",
     "verify_payload",
 ]
 
@@ -174,3 +175,20 @@ def verify_payload(header: RecordHeader, record: bytes | memoryview) -> Envelope
     if env.crc != header.payload_crc or env.count != header.count:
         raise CorruptRecordError("record payload does not match its header")
     return env
+
+
+def rebase_record(record: bytes | memoryview, base_offset: int) -> bytes:
+    """A copy of a whole record with another `base_offset` and its header CRC redone.
+
+    A static topic's link serves its physical queue's records under logical offsets
+    (`tidemq.core.static_chain`): the broker rewrites the header, never the payload, so
+    the payload CRC and every reader stay as they are."""
+    header = parse_header(record)
+    out = bytearray(record)
+    struct.pack_into("<Q", out, 24, base_offset)
+    crc = crc32c.crc32c(
+        memoryview(out)[HEADER.size : header.payload_start],
+        crc32c.crc32c(memoryview(out)[_CRC_FROM : HEADER.size]),
+    )
+    struct.pack_into("<I", out, 4, crc)
+    return bytes(out)

@@ -64,6 +64,10 @@ class RequestCode(IntEnum):
     ACL_CREATE = 80
     ACL_DELETE = 81
     ACL_LIST = 82
+    # static topics (docs/design/static-topics.md): open links, seal a write end, update
+    STATIC_OPEN = 90
+    STATIC_SEAL = 91
+    STATIC_UPDATE = 92
     # compact topics (docs/guide/compact-topics.md): a key's latest value, a run on demand
     KV_GET = 100
     COMPACT = 101

@@ -15,6 +15,7 @@ from typing import Final
 
 import msgspec
 
+from tidemq.core.static_chain import QueueChain
 from tidemq.protocol.codes import RequestCode
 
 __all__ = [
@@ -95,6 +96,7 @@ __all__ = [
     "SaslHandshakeResponse",
     "SinkMarkerRequest",
     "SinkMarkerResponse",
+    "StaticTopicReg",
     "StatusRequest",
     "StatusResponse",
     "TimerStatusRequest",
@@ -368,8 +370,19 @@ class TopicRoute(_Msg):
     topic: str
     queues: int
     message_type: str
-    #: queue id -> broker address "host:port"
+    #: queue id -> broker address "host:port" (a static topic: its write end's broker)
     brokers: dict[int, str]
+    #: A static topic: the newest chain of every queue (tidemq.core.static_chain).
+    chains: list[QueueChain] = []
+
+
+class StaticTopicReg(_Msg):
+    """A static topic in a broker's registration: the chains of the queues it holds."""
+
+    topic: str
+    queues: int
+    message_type: str
+    chains: list[QueueChain] = []
 
 
 class RegisterBrokerRequest(_Msg):
@@ -384,6 +397,8 @@ class RegisterBrokerRequest(_Msg):
     #: request (epoch ms), and the HMAC-SHA256 of what it claims.
     signed_ms: int = 0
     signature: bytes = b""
+    #: Static topics, apart from `topics` (their queues are chains, not claims).
+    static_topics: list[StaticTopicReg] = []
 
 
 class RegisterBrokerResponse(_Msg):
@@ -798,6 +813,8 @@ REQUESTS: Final[dict[RequestCode, tuple[type[_Msg], type[_Msg]]]] = {
 # import from this module without a cycle).
 from tidemq.protocol.acl_messages import ACL_REQUESTS  # noqa: E402
 from tidemq.protocol.kv_messages import KV_REQUESTS  # noqa: E402
+from tidemq.protocol.static_messages import STATIC_REQUESTS  # noqa: E402
 
 REQUESTS.update(ACL_REQUESTS)  # type: ignore[arg-type]
 REQUESTS.update(KV_REQUESTS)  # type: ignore[arg-type]
+REQUESTS.update(STATIC_REQUESTS)  # type: ignore[arg-type]

@@ -149,7 +149,7 @@ async def _fetch(cluster: ClusterClient, request: FetchRequest) -> tuple[FetchRe
     timeout = cluster.config.request_timeout_ms + request.max_wait_ms
     while True:
         try:
-            address = await cluster.broker_for(request.topic, request.queue)
+            address = await cluster.broker_for(request.topic, request.queue, request.offset)
             return await cluster.request(address, request, FetchResponse, timeout_ms=timeout)
         except TidemqError as exc:
             cluster.invalidate(exc)

@@ -42,6 +42,7 @@ from tidemq.core.errors import (
     DiskFull,
     FencedProducer,
     InvalidBatch,
+    QueueMoved,
     QueueNotFound,
     StorageFailure,
     StoreClosed,
@@ -49,6 +50,7 @@ from tidemq.core.errors import (
 )
 from tidemq.core.message import with_append_time
 from tidemq.core.record import RecordFlags, parse_header
+from tidemq.core.static_chain import QueueChain
 from tidemq.store import compactor
 from tidemq.store.checkpoint import write_checkpoint
 from tidemq.store.commit_log import CommitLog
@@ -63,6 +65,7 @@ from tidemq.store.format.index_entry import ENTRY
 from tidemq.store.metadata import CleanupPolicy, MessageType, Metadata, TopicInfo
 from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp, ProducerStates
 from tidemq.store.queue_index import IndexFileCache, QueueIndex
+from tidemq.store.static_queues import StaticQueues
 
 __all__ = [
     "AppendResult",
@@ -237,6 +240,8 @@ class MessageStore:
         self._topics: dict[str, TopicInfo] = {t.name: t for t in metadata.live_topics()}
         #: Compact queues' compacted logs (see compacted_queues.py).
         self.compacted = CompactedQueues(fs, metadata, compacted or {})
+        #: Chains of the static queues this broker holds links of.
+        self.static = StaticQueues(metadata)
         #: Per compact queue, built on its first key lookup: the latest offset of each key
         #: written past its compacted log (kept current by `append`).
         self.dirty_keys: dict[tuple[int, int], dict[bytes, int]] = {}
@@ -354,6 +359,7 @@ class MessageStore:
         self._meta.mark_deleted(info.id, self._clock.now_ms())
         del self._topics[name]
         self._producers.drop_topic(info.id)
+        self.static.drop_topic(info.id)
         for q in range(info.queues):
             self.compacted.drop((info.id, q))
             self.dirty_keys.pop((info.id, q), None)
@@ -401,6 +407,11 @@ class MessageStore:
         written."""
         self._check_open()
         info, index = self._index(topic, queue_id)
+        if self.static.read_only and (info.id, queue_id) in self.static.read_only:
+            raise QueueMoved(
+                f"queue {queue_id} of static topic {topic!r} is sealed on this broker: its "
+                "write end is on another broker (or being switched); refresh the routes"
+            )
         if len(payload) > self.config.max_batch_bytes:
             raise BatchTooLarge(
                 f"batch of {len(payload)} bytes exceeds max_batch_bytes "
@@ -599,6 +610,36 @@ class MessageStore:
         compact queue's may have holes)."""
         info, index = self._index(topic, queue_id)
         return self._min_offset(info, queue_id, index), index.next_offset
+
+    def static_chain(self, topic: str, queue_id: int) -> QueueChain | None:
+        """The chain of a static queue this broker holds links of (None: not static)."""
+        info, _ = self._index(topic, queue_id)
+        return self.static.get(info.id, queue_id)
+
+    def set_static_chain(
+        self, topic: str, queue_id: int, chain: QueueChain, *, writable: bool
+    ) -> None:
+        info, _ = self._index(topic, queue_id)
+        self.static.set(info.id, queue_id, chain, writable=writable)
+
+    def seal_static_queue(
+        self, topic: str, queue_id: int, sealed: Callable[[int], QueueChain]
+    ) -> QueueChain:
+        """Seal a static queue: refuse appends from now on, make what it holds durable,
+        and store the chain `sealed(end)` builds from the queue's next offset, all in one
+        call (nothing is appended in between)."""
+        info, index = self._index(topic, queue_id)
+        key = (info.id, queue_id)
+        self.static.read_only.add(key)
+        try:
+            self.flush()
+            chain = sealed(index.next_offset)
+            self.static.set(info.id, queue_id, chain, writable=False)
+        except BaseException:
+            if (have := self.static.get(*key)) is None or have.write_end is not None:
+                self.static.read_only.discard(key)
+            raise
+        return chain
 
     def compacted_end(self, topic: str, queue_id: int) -> int:
         """Offsets below this are served from the queue's compacted log (0: none)."""

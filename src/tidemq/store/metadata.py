@@ -82,6 +82,11 @@ CREATE TABLE IF NOT EXISTS compacted_logs (
     start_offset INTEGER NOT NULL, end_offset INTEGER NOT NULL,
     PRIMARY KEY (topic_id, queue_id)
 );
+CREATE TABLE IF NOT EXISTS static_chains (
+    topic_id INTEGER NOT NULL, queue_id INTEGER NOT NULL, writable INTEGER NOT NULL,
+    chain BLOB NOT NULL,
+    PRIMARY KEY (topic_id, queue_id)
+);
 CREATE TABLE IF NOT EXISTS consumer_offsets (
     group_name TEXT NOT NULL, topic TEXT NOT NULL, queue_id INTEGER NOT NULL,
     next_offset INTEGER NOT NULL, updated_ms INTEGER NOT NULL,
@@ -316,6 +321,7 @@ class Metadata:
             self._db.execute("DELETE FROM queue_state WHERE topic_id = ?", (topic_id,))
             self._db.execute("DELETE FROM queue_index_end WHERE topic_id = ?", (topic_id,))
             self._db.execute("DELETE FROM compacted_logs WHERE topic_id = ?", (topic_id,))
+            self._db.execute("DELETE FROM static_chains WHERE topic_id = ?", (topic_id,))
             self._db.execute("DELETE FROM producer_state WHERE topic_id = ?", (topic_id,))
 
     # ------------------------------------------------------------------ queue state
@@ -368,6 +374,19 @@ class Metadata:
                 "INSERT INTO queue_state VALUES (?, ?, ?) ON CONFLICT (topic_id, queue_id)"
                 " DO UPDATE SET min_offset = MAX(min_offset, excluded.min_offset)",
                 (topic_id, queue_id, end),
+            )
+
+    def static_chains(self) -> dict[tuple[int, int], tuple[bool, bytes]]:
+        """(writable here, encoded chain) of each static queue this broker holds links of."""
+        rows = self._db.execute("SELECT topic_id, queue_id, writable, chain FROM static_chains")
+        return {(t, q): (bool(w), bytes(c)) for t, q, w, c in rows}
+
+    @_writes
+    def set_static_chain(self, topic_id: int, queue_id: int, writable: bool, chain: bytes) -> None:
+        with self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO static_chains VALUES (?, ?, ?, ?)",
+                (topic_id, queue_id, int(writable), chain),
             )
 
     # ------------------------------------------------------------------ consumer offsets

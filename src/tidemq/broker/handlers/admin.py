@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from tidemq.broker.config import BrokerConfig
+from tidemq.broker.static_service import LinkView
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topic_config import HOSTED_QUEUES_KEY
 from tidemq.broker.topics import TopicTable, check_user_topic
@@ -40,7 +41,13 @@ def _public_config(info: TopicInfo) -> dict[str, str]:
 
 class AdminHandlers:
     def __init__(
-        self, config: BrokerConfig, gateway: StoreGateway, topics: TopicTable, address: str
+        self,
+        config: BrokerConfig,
+        gateway: StoreGateway,
+        topics: TopicTable,
+        address: str,
+        *,
+        static_view: Callable[[str, int], LinkView | None] = lambda topic, queue: None,
     ) -> None:
         self._config = config
         self._gateway = gateway
@@ -48,13 +55,20 @@ class AdminHandlers:
         self.address = address
         self._started = time.monotonic()
         self.connections: Callable[[], int] = lambda: 0
+        #: A static queue's chain view: describe speaks logical offsets.
+        self.static_view = static_view
 
     async def _describe(self, info: TopicInfo) -> TopicInfoMsg:
         hosted = self._topics.hosted(info.name)
+        views = {q: self.static_view(info.name, q) for q in hosted}
+
+        def logical(q: int, lo: int, hi: int) -> tuple[int, int]:
+            view = views[q]
+            return (lo, hi) if view is None else view.bounds(lo, hi)
 
         def bounds(store: MessageStore) -> list[tuple[int, int, int]]:
             return [
-                (*store.queue_bounds(info.name, q), store.compacted_end(info.name, q))
+                (*logical(q, *store.queue_bounds(info.name, q)), store.compacted_end(info.name, q))
                 for q in hosted
             ]
 

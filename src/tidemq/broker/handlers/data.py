@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import time
+from typing import Any
+
+import msgspec
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.filters import compile_filter, filter_mask, summary_mask
 from tidemq.broker.long_polling import LongPolling
+from tidemq.broker.static_service import LinkView, StaticService
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import HALF_TOPIC, TIMER_TOPIC
 from tidemq.broker.timer_service import TimerService
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction_service import TransactionService
-from tidemq.core.errors import BatchTooLarge, InvalidRequest, MessageTypeMismatch
+from tidemq.core.errors import BatchTooLarge, InvalidRequest, MessageTypeMismatch, Unsupported
 from tidemq.net.budget import ConnectionBudget
 from tidemq.protocol.commands import (
     FetchRequest,
@@ -42,6 +46,7 @@ class DataHandlers:
         *,
         timers: TimerService,
         transactions: TransactionService,
+        static: StaticService,
     ) -> None:
         self._config = config
         self._gateway = gateway
@@ -49,6 +54,7 @@ class DataHandlers:
         self._polling = polling
         self._timers = timers
         self._transactions = transactions
+        self._static = static
 
     async def produce(self, req: ProduceRequest, body: bytes | memoryview) -> ProduceResponse:
         """`body`: the batch payload; a view of the request's own buffer when large (the
@@ -62,6 +68,12 @@ class DataHandlers:
             )
         kind = _message_kind(req)
         _check_type(req.topic, info.message_type, kind)
+        view = self._static.view(req.topic, req.queue)
+        if view is not None and kind is not MessageType.NORMAL:
+            raise Unsupported(
+                f"topic {req.topic!r} is static: delayed and transactional sends to static "
+                "topics are not supported yet (docs/guide/static-topics.md)"
+            )
         if kind is not MessageType.NORMAL and info.cleanup_policy is not CleanupPolicy.DELETE:
             # At the send, not when the timer or the commit appends it much later: every
             # message of a compact topic needs a key (the store checks its own appends).
@@ -91,8 +103,14 @@ class DataHandlers:
                 raise InvalidRequest("an idempotent produce needs epoch and base_sequence >= 0")
             stamp = ProducerStamp(req.producer_id, req.epoch, req.base_sequence)
         result = await self._gateway.append(req.topic, req.queue, body, producer=stamp)
+        base = result.base_offset
+        if view is not None:
+            # The chain may have been sealed while the append waited for its flush: the
+            # record is below the seal's end either way, so its link is known.
+            view = self._static.view(req.topic, req.queue) or view
+            base = view.logical(base)
         return ProduceResponse(
-            base_offset=result.base_offset,
+            base_offset=base,
             count=result.count,
             duplicate=result.duplicate,
             store_time_ms=result.store_time_ms,
@@ -112,6 +130,46 @@ class DataHandlers:
             raise InvalidRequest(f"max_wait_ms must be 0..{self._config.max_fetch_wait_ms}")
         if req.offset < 0:
             raise InvalidRequest(f"offset must be >= 0, got {req.offset}")
+        view = self._static.view(req.topic, req.queue)
+        if view is not None:
+            return await self._fetch_static(req, view, budget)
+        return await self._fetch(req, req.offset, budget)
+
+    async def _fetch_static(
+        self, req: FetchRequest, view: LinkView, budget: ConnectionBudget | None
+    ) -> tuple[FetchResponse, bytes]:
+        """A static queue's fetch: the link holding the logical offset is read at its
+        physical offset; the answer speaks logical offsets (records rebased)."""
+        link, physical = view.physical(req.offset)
+        if not link.is_open:
+            req = msgspec.structs.replace(req, max_wait_ms=0)  # a sealed link has it all
+        response, records = await self._fetch(req, physical, budget, join=False)
+        kept = view.records(link, records)
+        # Past a sealed link's end lies the same physical queue's later link, if any.
+        next_offset = view.logical(response.next_offset)
+        if link.logical_end is not None:
+            next_offset = min(next_offset, link.logical_end)
+        low, high = view.bounds(response.min_offset, response.max_offset)
+        response = msgspec.structs.replace(
+            response,
+            next_offset=next_offset,
+            min_offset=low,
+            max_offset=high,
+            record_sizes=[len(r) for r in kept],
+            masks=response.masks[: len(kept)],
+        )
+        return response, b"".join(kept)
+
+    async def _fetch(
+        self,
+        req: FetchRequest,
+        offset: int,
+        budget: ConnectionBudget | None,
+        *,
+        join: bool = True,
+    ) -> tuple[FetchResponse, Any]:
+        """The fetch of `offset` (physical) in the queue; the body joined, or (`join`
+        False) the list of records."""
         key = (req.topic, req.queue)
         deadline = time.monotonic() + req.max_wait_ms / 1000
 
@@ -121,9 +179,7 @@ class DataHandlers:
         max_bytes = req.max_bytes
 
         def read(store: MessageStore) -> ReadResult:
-            return store.read(
-                req.topic, req.queue, req.offset, max_bytes=max_bytes, tag_mask=tag_mask
-            )
+            return store.read(req.topic, req.queue, offset, max_bytes=max_bytes, tag_mask=tag_mask)
 
         while True:
             seen = self._polling.version(key)
@@ -132,7 +188,7 @@ class DataHandlers:
             result = await self._gateway.call(read)
             if budget is not None:
                 budget.hold(sum(len(b.record) for b in result.batches))
-            if result.status is not ReadStatus.NO_NEW_MESSAGE or result.next_offset != req.offset:
+            if result.status is not ReadStatus.NO_NEW_MESSAGE or result.next_offset != offset:
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not await self._polling.wait(key, seen, remaining):
@@ -152,16 +208,24 @@ class DataHandlers:
             record_sizes=[len(r) for r in records],
             masks=masks,
         )
-        return response, b"".join(records)
+        return response, (b"".join(records) if join else records)
 
     async def list_offsets(self, req: ListOffsetsRequest) -> ListOffsetsResponse:
         await self._topics.check_queue(req.topic, req.queue)
+
+        view = self._static.view(req.topic, req.queue)
 
         def run(store: MessageStore) -> ListOffsetsResponse:
             lo, hi = store.queue_bounds(req.topic, req.queue)
             at = None
             if req.timestamp_ms is not None:
                 at = store.offset_for_time(req.topic, req.queue, req.timestamp_ms)
+            if view is not None:
+                if at is not None:
+                    at = view.logical(max(at, lo))
+                lo, hi = view.bounds(lo, hi)
+                if at is not None:
+                    at = min(max(at, lo), hi)
             return ListOffsetsResponse(min_offset=lo, max_offset=hi, offset_for_time=at)
 
         return await self._gateway.call(run)

@@ -1,0 +1,275 @@
+"""A broker's side of static topics: open links, seal its write end, learn newer chains
+(STATIC_OPEN, STATIC_SEAL, STATIC_UPDATE), and the views the data handlers use to speak
+logical offsets over its physical queues.
+
+The switch protocol (docs/design/static-topics.md): the admin seals the write end on the
+old broker (epoch + 1, target named), which refuses appends from that moment, makes its
+queue durable and stores the sealed chain; then it opens the new link on the target with
+that chain plus one open link starting at the sealed logical end. Both requests are
+idempotent, so a switch that failed half-way is finished by repeating them
+(`tidemq topic remap --repair`). A queue never has two writable links: the target opens
+only a chain whose previous link is sealed, and a broker's write end is fenced by the
+epoch (a seal must name the next epoch, an open must be newer than what the broker has).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import msgspec
+
+from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.topics import TopicTable, check_user_topic
+from tidemq.core.clock import Clock
+from tidemq.core.errors import InvalidRequest, QueueMoved, TopicAlreadyExists, TopicNotFound
+from tidemq.core.record import parse_header, rebase_record
+from tidemq.core.static_chain import (
+    Link,
+    QueueChain,
+    check_chain,
+    link_for,
+    to_logical,
+)
+from tidemq.protocol.static_messages import (
+    StaticChainsResponse,
+    StaticOpenRequest,
+    StaticSealRequest,
+    StaticUpdateRequest,
+)
+from tidemq.store.message_store import MessageStore
+from tidemq.store.metadata import TopicInfo
+
+__all__ = ["LinkView", "StaticService"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkView:
+    """One queue's chain as seen from this broker: logical <-> physical offsets."""
+
+    chain: QueueChain
+    broker: str
+
+    def physical(self, offset: int) -> tuple[Link, int]:
+        """This broker's link holding logical `offset` and the physical offset there.
+        Raises QueueMoved when another broker's link holds it (or none does yet)."""
+        link = link_for(self.chain, offset)
+        if link is None or link.broker != self.broker:
+            where = f"broker {link.broker}" if link is not None else "no broker yet"
+            raise QueueMoved(
+                f"offset {offset} of queue {self.chain.queue} is held by {where} (chain "
+                f"epoch {self.chain.epoch}); refresh the routes"
+            )
+        return link, link.physical_start + offset - link.logical_start
+
+    def logical(self, physical: int) -> int:
+        found = to_logical(self.chain, self.broker, physical)
+        if found is None:
+            raise InvalidRequest(f"physical offset {physical} is in no link of this broker")
+        return found
+
+    def bounds(self, lo: int, hi: int) -> tuple[int, int]:
+        """The logical (min, max) to report for physical bounds [lo, hi): the min is the
+        chain's start unless this broker holds the first link; the max is where this
+        broker's part ends (the write end's next offset when it is here)."""
+        first = self.chain.links[0]
+        low = (
+            self.logical(max(lo, first.physical_start))
+            if first.broker == self.broker
+            else (first.logical_start)
+        )
+        own = [link for link in self.chain.links if link.broker == self.broker]
+        last = own[-1]
+        high = self.logical(hi) if last.is_open else last.logical_end
+        assert high is not None
+        return low, high
+
+    def records(self, link: Link, records: list[bytes | memoryview]) -> list[bytes]:
+        """`records` read from `link`'s physical queue, cut at its end and rebased onto
+        logical offsets (the header only; the payload is not touched)."""
+        out: list[bytes] = []
+        for record in records:
+            base = parse_header(record).base_offset
+            if not link.is_open and base >= link.physical_end:
+                break  # the same physical queue's later link: not this one's
+            out.append(rebase_record(record, link.logical_start + base - link.physical_start))
+        return out
+
+
+class StaticService:
+    def __init__(
+        self, broker_name: str, gateway: StoreGateway, topics: TopicTable, clock: Clock
+    ) -> None:
+        self._me = broker_name
+        self._gateway = gateway
+        self._topics = topics
+        self._clock = clock
+
+    @property
+    def _store(self) -> MessageStore:
+        return self._gateway.store
+
+    def view(self, topic: str, queue: int) -> LinkView | None:
+        """The chain view of a static queue (None for a queue of an ordinary topic)."""
+        if not self._topics.is_static(topic):
+            return None
+        chain = self._store.static_chain(topic, queue)
+        if chain is None:
+            raise QueueMoved(f"queue {queue} of static topic {topic!r} has no link here")
+        return LinkView(chain, self._me)
+
+    def chains(self, topic: str) -> list[QueueChain]:
+        info = self._topics.get(topic)
+        found = self._store.static.of_topic(info.id)
+        return [found[q] for q in sorted(found)]
+
+    # ------------------------------------------------------------------ requests
+
+    async def open(self, req: StaticOpenRequest) -> StaticChainsResponse:
+        check_user_topic(req.topic)
+        if not req.chains or len({c.queue for c in req.chains}) != len(req.chains):
+            raise InvalidRequest("STATIC_OPEN needs one chain per queue to open, at least one")
+        for chain in req.chains:
+            end = chain.write_end
+            if end is None or end.broker != self._me:
+                raise InvalidRequest(
+                    f"chain of queue {chain.queue}: its last link must be open on {self._me}"
+                )
+            check_chain(_with_start(chain, 0), req.queues)
+        await self._ensure_topic(req)
+        opened = [self._open_one(req.topic, chain) for chain in req.chains]
+        self._topics.on_change()
+        return StaticChainsResponse(chains=opened)
+
+    async def _ensure_topic(self, req: StaticOpenRequest) -> None:
+        queues = sorted(c.queue for c in req.chains)
+        try:
+            info: TopicInfo | None = self._topics.get(req.topic)
+        except TopicNotFound:
+            info = None
+        if info is None:
+            try:
+                await self._topics.create(
+                    req.topic,
+                    req.queues,
+                    message_type=req.message_type,
+                    config=dict(req.config),
+                    hosted=queues,
+                    static=True,
+                )
+                return
+            except TopicAlreadyExists:
+                info = self._topics.get(req.topic)
+        if not self._topics.is_static(req.topic):
+            raise TopicAlreadyExists(f"topic {req.topic!r} exists on {self._me} and is not static")
+        if info.queues != req.queues:
+            raise InvalidRequest(
+                f"static topic {req.topic!r} has {info.queues} queues here, not {req.queues}"
+            )
+        hosted = sorted(set(self._topics.hosted(req.topic)) | set(queues))
+        if hosted != self._topics.hosted(req.topic):
+            await self._topics.alter(req.topic, queues=None, config={}, hosted=hosted)
+
+    def _open_one(self, topic: str, chain: QueueChain) -> QueueChain:
+        store = self._store
+        have = store.static_chain(topic, chain.queue)
+        if have is not None:
+            end = have.write_end
+            if have.version == chain.version and end is not None and end.broker == self._me:
+                return have  # opened already: a repeated request
+            if have.version >= chain.version:
+                raise InvalidRequest(
+                    f"queue {chain.queue} of {topic!r}: this broker has chain epoch "
+                    f"{have.epoch} with {len(have.links)} links, newer than the one to open"
+                )
+            if have.write_end is not None and have.write_end.broker == self._me:
+                raise InvalidRequest(
+                    f"queue {chain.queue} of {topic!r} is writable here already; seal it first"
+                )
+        start = store.queue_bounds(topic, chain.queue)[1]
+        opened = _with_start(chain, start, opened_ms=self._clock.now_ms())
+        store.set_static_chain(topic, chain.queue, opened, writable=True)
+        log.info(
+            "static topic %s queue %d: write end opened here at logical %d (epoch %d)",
+            topic,
+            chain.queue,
+            opened.links[-1].logical_start,
+            opened.epoch,
+        )
+        return opened
+
+    async def seal(self, req: StaticSealRequest) -> StaticChainsResponse:
+        store = self._store
+        self._topics.get(req.topic)
+        have = store.static_chain(req.topic, req.queue)
+        if have is None:
+            raise QueueMoved(f"queue {req.queue} of {req.topic!r} has no link here")
+        if have.epoch == req.epoch and have.target == req.target and have.write_end is None:
+            return StaticChainsResponse(chains=[have])  # sealed already: a repeated request
+        end = have.write_end
+        if end is None or end.broker != self._me:
+            raise QueueMoved(
+                f"queue {req.queue} of {req.topic!r}: this broker does not hold its write end"
+            )
+        if req.epoch != have.epoch + 1:
+            raise InvalidRequest(
+                f"queue {req.queue} of {req.topic!r} is at epoch {have.epoch}; a seal must "
+                f"name epoch {have.epoch + 1}, got {req.epoch} (another remap ran meanwhile?)"
+            )
+        if not req.target or req.target == self._me:
+            raise InvalidRequest("a seal must name another broker as its target")
+        now = self._clock.now_ms()
+
+        def sealed(physical_end: int) -> QueueChain:
+            last = msgspec.structs.replace(end, physical_end=physical_end, sealed_ms=now)
+            return msgspec.structs.replace(
+                have, epoch=req.epoch, target=req.target, links=(*have.links[:-1], last)
+            )
+
+        chain = await self._gateway.call(
+            lambda s: s.seal_static_queue(req.topic, req.queue, sealed)
+        )
+        log.info(
+            "static topic %s queue %d: sealed here at logical %s (epoch %d, next on %s)",
+            req.topic,
+            req.queue,
+            chain.logical_end,
+            chain.epoch,
+            req.target,
+        )
+        self._topics.on_change()
+        return StaticChainsResponse(chains=[chain])
+
+    async def update(self, req: StaticUpdateRequest) -> StaticChainsResponse:
+        info = self._topics.get(req.topic)
+        store = self._store
+        out = []
+        for chain in req.chains:
+            check_chain(chain, info.queues)
+            have = store.static_chain(req.topic, chain.queue)
+            if have is None:
+                raise InvalidRequest(f"queue {chain.queue} of {req.topic!r} has no link here")
+            if chain.version > have.version:
+                own = [link for link in have.links if link.broker == self._me]
+                if [link for link in chain.links if link.broker == self._me] != own:
+                    raise InvalidRequest(
+                        f"queue {chain.queue} of {req.topic!r}: the chain changes this "
+                        "broker's own links (open and seal do that)"
+                    )
+                writable = have.write_end is not None and chain.write_end == have.write_end
+                store.set_static_chain(req.topic, chain.queue, chain, writable=writable)
+                have = chain
+            out.append(have)
+        self._topics.on_change()
+        return StaticChainsResponse(chains=out)
+
+
+def _with_start(chain: QueueChain, physical_start: int, *, opened_ms: int = 0) -> QueueChain:
+    """`chain` with its last (open) link starting at `physical_start` here."""
+    last = chain.links[-1]
+    filled = msgspec.structs.replace(
+        last, physical_start=physical_start, opened_ms=opened_ms or last.opened_ms
+    )
+    return msgspec.structs.replace(chain, links=(*chain.links[:-1], filled), target="")

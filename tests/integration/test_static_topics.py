@@ -1,0 +1,199 @@
+"""Static topics on three brokers behind a name server (in this process, real sockets):
+create over two brokers, remap onto the third and back while keyed messages keep coming,
+then read everything from offset 0: dense logical offsets, per-key order, every key in its
+queue, nothing lost or duplicated; and the bad input a remap must refuse."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from tests.integration.conftest import start_cluster
+
+from tidemq import aio
+from tidemq.cluster.route import queue_for_key
+from tidemq.core.errors import (
+    ConfigError,
+    InvalidRequest,
+    TopicAlreadyExists,
+)
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import ClusterEnv, Loop
+
+pytestmark = pytest.mark.timeout(120)
+
+TOPIC = "orders"
+QUEUES = 4
+KEYS = 24
+
+
+@pytest.fixture
+def cluster3(loop: Loop, tmp_path: Path) -> Iterator[ClusterEnv]:
+    yield from start_cluster(loop, tmp_path, ("broker-a", "broker-b", "broker-c"))
+
+
+async def _send_round(producer: aio.Producer, round_no: int) -> list[tuple[bytes, bytes, int]]:
+    """One message per key; (key, value, queue) of each acknowledged one."""
+    sent = []
+    for k in range(KEYS):
+        key = f"k{k}".encode()
+        value = f"{round_no}:{k}".encode()
+        result = await producer.send(TOPIC, value, key=key)
+        assert result.queue == queue_for_key(key, QUEUES)
+        sent.append((key, value, result.queue))
+    return sent
+
+
+async def _read_all(bootstrap: str, expected: int) -> dict[int, list[tuple[int, bytes, bytes]]]:
+    """Every message of the topic from offset 0: queue -> [(offset, key, value)]."""
+    got: dict[int, list[tuple[int, bytes, bytes]]] = {q: [] for q in range(QUEUES)}
+    consumer = aio.StreamConsumer(bootstrap, start="earliest", fetch_wait_ms=50)
+    try:
+        consumer.assign([(TOPIC, q) for q in range(QUEUES)])
+        total = 0
+        for _ in range(400):
+            for m in await consumer.poll(200):
+                assert m.key is not None
+                got[m.queue].append((m.offset, m.key, m.value))
+                total += 1
+            if total >= expected:
+                break
+    finally:
+        await consumer.close()
+    return got
+
+
+def test_remap_onto_another_broker_and_back_keeps_every_message(
+    loop: Loop, cluster3: ClusterEnv
+) -> None:
+    async def main() -> None:
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            info = await admin.create_topic(
+                TOPIC, QUEUES, static=True, brokers=["broker-a", "broker-b"]
+            )
+            assert info.static
+            assert [c.links[0].broker for c in info.chains] == [
+                "broker-a",
+                "broker-b",
+                "broker-a",
+                "broker-b",
+            ]
+            sent = await _send_round(producer, 0)
+            report = await admin.remap_topic(TOPIC, brokers=["broker-c"])
+            assert sorted(s.queue for s in report.switches) == list(range(QUEUES))
+            sent += await _send_round(producer, 1)
+            back = await admin.remap_topic(TOPIC, brokers=["broker-a", "broker-b"])
+            assert len(back.switches) == QUEUES
+            sent += await _send_round(producer, 2)
+            one = await admin.remap_topic(TOPIC, queue=0, to="broker-c")
+            assert [(s.queue, s.target) for s in one.switches] == [(0, "broker-c")]
+            sent += await _send_round(producer, 3)
+            described = await admin.describe_topic(TOPIC)
+            assert len(described.chains[0].links) == 4
+            assert described.chains[0].epoch == 4
+            assert [qi.max_offset for qi in described.queue_info] == [
+                sum(1 for _, _, q in sent if q == queue) for queue in range(QUEUES)
+            ]
+
+        got = await _read_all(cluster3.bootstrap, len(sent))
+        for queue, messages in got.items():
+            offsets = [o for o, _, _ in messages]
+            assert offsets == list(range(len(offsets))), f"queue {queue} not dense"
+            wanted = [(k, v) for k, v, q in sent if q == queue]
+            assert [(k, v) for _, k, v in messages] == wanted
+
+    loop.run(main())
+
+
+def test_reads_by_time_and_bounds_span_links(loop: Loop, cluster3: ClusterEnv) -> None:
+    async def main() -> None:
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            await admin.create_topic(TOPIC, QUEUES, static=True, brokers=["broker-a"])
+            await _send_round(producer, 0)
+            await admin.remap_topic(TOPIC, brokers=["broker-b"])
+            second = await producer.send(TOPIC, b"late", key=b"k0")
+        consumer = aio.StreamConsumer(cluster3.bootstrap, start="earliest")
+        try:
+            tq = (TOPIC, second.queue)
+            consumer.assign([tq])
+            await consumer.seek_to_end(*tq)
+            assert consumer.position(*tq) == second.offset + 1
+            await consumer.seek_to_beginning(*tq)
+            assert consumer.position(*tq) == 0
+        finally:
+            await consumer.close()
+
+    loop.run(main())
+
+
+def test_bad_remaps_are_refused_and_change_nothing(loop: Loop, cluster3: ClusterEnv) -> None:
+    async def main() -> None:
+        async with aio.Admin(cluster3.bootstrap) as admin:
+            await admin.create_topic(TOPIC, QUEUES, static=True, brokers=["broker-a"])
+            await admin.create_topic("plain", 2)
+            with pytest.raises(ConfigError, match="no live broker named broker-x"):
+                await admin.remap_topic(TOPIC, brokers=["broker-x"])
+            with pytest.raises(InvalidRequest, match="holds the write end of queue 1 already"):
+                await admin.remap_topic(TOPIC, queue=1, to="broker-a")
+            with pytest.raises(InvalidRequest, match="is not static"):
+                await admin.remap_topic("plain", brokers=["broker-b"])
+            with pytest.raises(ConfigError, match="queues are fixed"):
+                await admin.alter_topic(TOPIC, queues=8)
+            with pytest.raises(TopicAlreadyExists):
+                await admin.create_topic(TOPIC, 2, static=True)
+            with pytest.raises(TopicAlreadyExists):
+                await admin.create_topic("plain", 2, static=True)
+            info = await admin.describe_topic(TOPIC)
+            assert all(len(c.links) == 1 and c.epoch == 1 for c in info.chains)
+            # Nothing to move: already where asked.
+            report = await admin.remap_topic(TOPIC, brokers=["broker-a"])
+            assert report.switches == ()
+
+    loop.run(main())
+
+
+def test_remap_half_done_is_repaired(loop: Loop, cluster3: ClusterEnv) -> None:
+    """A seal whose open never came (the admin died between them) leaves the queue with no
+    writable link; describe shows it, a remap refuses, repair finishes it."""
+
+    async def main() -> None:
+        from tidemq.protocol.static_messages import StaticChainsResponse, StaticSealRequest
+
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            await admin.create_topic(TOPIC, QUEUES, static=True, brokers=["broker-a"])
+            sent = await _send_round(producer, 0)
+            a = cluster3.addresses[0]
+            seal = StaticSealRequest(topic=TOPIC, queue=2, epoch=2, target="broker-b")
+            await admin._cluster.call(a, seal, StaticChainsResponse)
+            info = await admin.describe_topic(TOPIC)
+            assert info.chains[2].write_end is None
+            assert info.chains[2].target == "broker-b"
+            with pytest.raises(InvalidRequest, match="--repair"):
+                await admin.remap_topic(TOPIC, brokers=["broker-c"])
+            # A send to that queue waits and retries while the switch is unfinished.
+            key = next(k for k, _, q in sent if q == 2)
+            pending = asyncio.ensure_future(producer.send(TOPIC, b"during", key=key))
+            await asyncio.sleep(0.3)
+            assert not pending.done()
+            report = await admin.remap_topic(TOPIC, repair=True)
+            assert [(s.queue, s.target) for s in report.switches] == [(2, "broker-b")]
+            result = await asyncio.wait_for(pending, 30)
+            assert result.offset == sum(1 for _, _, q in sent if q == 2)
+            info = await admin.describe_topic(TOPIC)
+            assert info.chains[2].write_end is not None
+            assert info.chains[2].write_end.broker == "broker-b"
+
+    loop.run(main())
