@@ -14,12 +14,14 @@ import pytest
 from tests.integration.conftest import start_cluster
 
 from tidemq import aio
+from tidemq.client.cluster import ClusterClient
 from tidemq.cluster.route import queue_for_key
 from tidemq.core.errors import (
     ConfigError,
     InvalidRequest,
     TopicAlreadyExists,
 )
+from tidemq.protocol.static_messages import StaticChainsResponse, StaticSealRequest
 
 if TYPE_CHECKING:
     from tests.integration.conftest import ClusterEnv, Loop
@@ -58,6 +60,7 @@ async def _read_all(bootstrap: str, expected: int) -> dict[int, list[tuple[int, 
         for _ in range(400):
             for m in await consumer.poll(200):
                 assert m.key is not None
+                assert m.value is not None
                 got[m.queue].append((m.offset, m.key, m.value))
                 total += 1
             if total >= expected:
@@ -167,8 +170,6 @@ def test_remap_half_done_is_repaired(loop: Loop, cluster3: ClusterEnv) -> None:
     writable link; describe shows it, a remap refuses, repair finishes it."""
 
     async def main() -> None:
-        from tidemq.protocol.static_messages import StaticChainsResponse, StaticSealRequest
-
         async with (
             aio.Admin(cluster3.bootstrap) as admin,
             aio.Producer(cluster3.bootstrap) as producer,
@@ -177,7 +178,11 @@ def test_remap_half_done_is_repaired(loop: Loop, cluster3: ClusterEnv) -> None:
             sent = await _send_round(producer, 0)
             a = cluster3.addresses[0]
             seal = StaticSealRequest(topic=TOPIC, queue=2, epoch=2, target="broker-b")
-            await admin._cluster.call(a, seal, StaticChainsResponse)
+            client = ClusterClient(cluster3.bootstrap)
+            try:
+                await client.call(a, seal, StaticChainsResponse)
+            finally:
+                await client.close()
             info = await admin.describe_topic(TOPIC)
             assert info.chains[2].write_end is None
             assert info.chains[2].target == "broker-b"
