@@ -34,6 +34,11 @@ from tidemq.protocol.acl_messages import (
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import REQUESTS
 from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
+from tidemq.protocol.static_messages import (
+    StaticOpenRequest,
+    StaticSealRequest,
+    StaticUpdateRequest,
+)
 from tidemq.store.config import StoreConfig
 
 if TYPE_CHECKING:
@@ -115,6 +120,9 @@ SAMPLES: dict[RequestCode, msgspec.Struct] = {
     RequestCode.ACL_LIST: AclListRequest(),
     RequestCode.KV_GET: KvGetRequest(topic=T, queue=0, key=b"k"),
     RequestCode.COMPACT: CompactRequest(topic=T),
+    RequestCode.STATIC_OPEN: StaticOpenRequest(topic=T, queues=1),
+    RequestCode.STATIC_SEAL: StaticSealRequest(topic=T, queue=0, epoch=2, target="b"),
+    RequestCode.STATIC_UPDATE: StaticUpdateRequest(topic=T),
 }
 #: Codes that stay refused to a user with every ACL entry: user management is for the
 #: super users only (the Authenticator's own check).

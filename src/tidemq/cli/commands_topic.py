@@ -1,4 +1,4 @@
-"""`tidemq topic create / list / describe / alter / compact / delete`."""
+"""`tidemq topic create / list / describe / alter / remap / compact / delete`."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from tidemq.cli.common import (
     parse_pairs,
     say,
 )
+from tidemq.cli.static_view import show_chains, show_remap
 from tidemq.client.results import TopicInfo
 from tidemq.client.sync import Admin
 
@@ -100,6 +101,17 @@ def _show(topic: TopicInfo, output: Output) -> None:
             f"Config: {_config_text(topic.config)}"
         ),
     )
+    if topic.chains:
+        show_chains(topic)
+
+
+def _names(text: str | None, option: str) -> list[str] | None:
+    if text is None:
+        return None
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise CliUsageError(f"{option} needs at least one broker name")
+    return names
 
 
 @command(app)
@@ -126,12 +138,31 @@ def create(
             help="No error if the topic exists (it is left as it is, even if it differs).",
         ),
     ] = False,
+    static: Annotated[
+        bool,
+        typer.Option(
+            "--static",
+            help="A static topic: its queue count never changes and its queues move "
+            "between brokers without moving data (tidemq topic remap).",
+        ),
+    ] = False,
+    brokers: Annotated[
+        str | None,
+        typer.Option(
+            "--brokers",
+            metavar="B1,B2",
+            help="With --static: the brokers (names) its queues start on; default all.",
+            show_default=False,
+        ),
+    ] = None,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     output: OutputOpt = Output.TABLE,
 ) -> None:
     """Create a topic."""
     name = topic_name(topic, topic_opt)
     configs = parse_pairs(config or (), "--config")
+    if brokers is not None and not static:
+        raise CliUsageError("--brokers places a static topic's queues; add --static")
     with _admin(bootstrap) as admin:
         existed = False
         if if_not_exists:
@@ -144,6 +175,8 @@ def create(
             message_type=topic_type.value.upper(),
             config=configs,
             exist_ok=if_not_exists,
+            static=static,
+            brokers=_names(brokers, "--brokers"),
         )
     if output is Output.JSON:
         emit_json(created)
@@ -153,7 +186,8 @@ def create(
         kind = created.message_type
         say(f"Topic {name!r} exists already ({created.queues} queue{plural}, {kind}).")
     else:
-        say(f"Created topic {name!r} with {created.queues} queue{plural}.")
+        kind = "static topic" if created.static else "topic"
+        say(f"Created {kind} {name!r} with {created.queues} queue{plural}.")
 
 
 @command(app, "list")
@@ -215,6 +249,54 @@ def alter(
         emit_json(altered)
     else:
         say(f"Altered topic {name!r}: {altered.queues} queues, {_config_text(altered.config)}.")
+
+
+@command(app)
+def remap(
+    *,
+    topic: TopicArg = None,
+    topic_opt: TopicOpt = None,
+    brokers: Annotated[
+        str | None,
+        typer.Option(
+            "--brokers",
+            metavar="B1,B2",
+            help="Spread the write ends over these brokers (as few queues move as possible).",
+            show_default=False,
+        ),
+    ] = None,
+    queue: Annotated[
+        int | None,
+        typer.Option(
+            "--queue", min=0, help="Move one queue's write end (with --to).", show_default=False
+        ),
+    ] = None,
+    to: Annotated[
+        str | None,
+        typer.Option("--to", metavar="BROKER", help="Where --queue goes.", show_default=False),
+    ] = None,
+    repair: Annotated[
+        bool,
+        typer.Option("--repair", help="Finish the switches a failed remap left half-way."),
+    ] = False,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Move a static topic's write ends to other brokers; no data moves."""
+    name = topic_name(topic, topic_opt)
+    given = sum(x for x in (brokers is not None, queue is not None, repair))
+    if given != 1:
+        raise CliUsageError("give one of --brokers B1,B2, --queue Q --to BROKER, or --repair")
+    if (queue is None) != (to is None):
+        raise CliUsageError("--queue and --to go together")
+    with _admin(bootstrap) as admin:
+        report = admin.remap_topic(
+            name, brokers=_names(brokers, "--brokers"), queue=queue, to=to, repair=repair
+        )
+    if output is Output.JSON:
+        emit_json(report)
+    else:
+        show_remap(report)
 
 
 @command(app)

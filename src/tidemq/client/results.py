@@ -120,6 +120,7 @@ def topic_info_from_wire(msg: wire.TopicInfoMsg) -> TopicInfo:
         message_type=msg.message_type,
         config=dict(msg.config),
         queue_info=tuple(queue_info_from_wire(q) for q in msg.queue_info),
+        chains=tuple(msg.chains),
     )
 
 

@@ -222,6 +222,8 @@ class TopicInfoMsg(_Msg):
     message_type: str
     config: dict[str, str] = {}
     queue_info: list[QueueInfo] = []
+    #: A static topic: the chains of the queues this broker holds links of.
+    chains: list[QueueChain] = []
 
 
 class CreateTopicRequest(_Msg):

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.static_service import LinkView
 from tidemq.broker.store_gateway import StoreGateway
-from tidemq.broker.topic_config import HOSTED_QUEUES_KEY
 from tidemq.broker.topics import TopicTable, check_user_topic
 from tidemq.core.version import __version__
 from tidemq.protocol.commands import (
@@ -30,7 +29,8 @@ __all__ = ["AdminHandlers"]
 
 
 def _public_config(info: TopicInfo) -> dict[str, str]:
-    config = {k: v for k, v in info.config.items() if k != HOSTED_QUEUES_KEY}
+    # Internal keys (tidemq.hosted.queues, tidemq.static) are the broker's own.
+    config = {k: v for k, v in info.config.items() if not k.startswith("tidemq.")}
     config["cleanup.policy"] = info.cleanup_policy.value
     if info.retention_ms is not None:
         config["retention.ms"] = str(info.retention_ms)
@@ -88,6 +88,7 @@ class AdminHandlers:
                 )
                 for q, (lo, hi, compacted) in zip(hosted, ranges, strict=True)
             ],
+            chains=[v.chain for v in views.values() if v is not None],
         )
 
     async def create_topic(self, req: CreateTopicRequest) -> TopicInfoMsg:
