@@ -20,6 +20,7 @@ from tidemq.core.errors import (
     ConfigError,
     InvalidRequest,
     TopicAlreadyExists,
+    Unsupported,
 )
 from tidemq.protocol.static_messages import StaticChainsResponse, StaticSealRequest
 
@@ -200,5 +201,66 @@ def test_remap_half_done_is_repaired(loop: Loop, cluster3: ClusterEnv) -> None:
             info = await admin.describe_topic(TOPIC)
             assert info.chains[2].write_end is not None
             assert info.chains[2].write_end.broker == "broker-b"
+
+    loop.run(main())
+
+
+def test_group_consumer_reads_exactly_once_across_two_remaps(
+    loop: Loop, cluster3: ClusterEnv
+) -> None:
+    """A group consumer commits logical offsets while the topic is remapped twice; a
+    second consumer of the group resumes from the commits: every message once."""
+
+    async def consume(count: int, seen: list[bytes]) -> None:
+        consumer = aio.GroupConsumer(
+            cluster3.bootstrap, "g-static", [TOPIC], start="earliest", auto_commit=False
+        )
+        try:
+            for _ in range(600):
+                for m in await consumer.poll(100):
+                    assert m.value is not None
+                    seen.append(m.value)
+                await consumer.commit()
+                if len(seen) >= count:
+                    break
+        finally:
+            await consumer.close()
+
+    async def main() -> None:
+        seen: list[bytes] = []
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            await admin.create_topic(TOPIC, QUEUES, static=True, brokers=["broker-a"])
+            sent = await _send_round(producer, 0)
+            await consume(len(sent), seen)
+            await admin.remap_topic(TOPIC, brokers=["broker-b", "broker-c"])
+            sent += await _send_round(producer, 1)
+            await admin.remap_topic(TOPIC, brokers=["broker-a"])
+            sent += await _send_round(producer, 2)
+        await consume(len(sent), seen)
+        assert sorted(seen) == sorted(v for _, v, _ in sent)
+
+    loop.run(main())
+
+
+def test_what_static_topics_do_not_support_yet_is_refused_clearly(
+    loop: Loop, cluster3: ClusterEnv
+) -> None:
+    async def main() -> None:
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            await admin.create_topic(TOPIC, QUEUES, static=True)
+            with pytest.raises(Unsupported, match="delayed and transactional sends"):
+                await producer.send(TOPIC, b"later", key=b"k", delay=5.0)
+        simple = aio.SimpleConsumer(cluster3.bootstrap, "g-pop", {TOPIC: "*"}, await_duration=0.1)
+        try:
+            with pytest.raises(Unsupported, match="pop consumption"):
+                await simple.receive()
+        finally:
+            await simple.close()
 
     loop.run(main())

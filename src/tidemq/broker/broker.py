@@ -60,6 +60,7 @@ from tidemq.core.errors import (
     TidemqError,
     TopicAlreadyExists,
     TopicNotFound,
+    Unsupported,
 )
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
 from tidemq.net.tls import client_context, server_context
@@ -364,7 +365,15 @@ class Broker:
         return queue in self._topics.hosted(topic)
 
     def _hosted_queues(self, topic: str) -> list[int]:
+        """The queues pop consumers of `topic` read here."""
         self._topics.get(topic)  # TopicNotFound for an unknown topic
+        if self._topics.is_static(topic):
+            # Pop leases and their offsets live on one broker; a static queue's older
+            # links are on others. Refused until pop follows the chain.
+            raise Unsupported(
+                f"topic {topic!r} is static: pop consumption (SimpleConsumer) of static "
+                "topics is not supported yet; read it with a GroupConsumer or StreamConsumer"
+            )
         return self._topics.hosted(topic)
 
     async def _ensure_topic(self, topic: str) -> None:

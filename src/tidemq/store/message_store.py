@@ -616,6 +616,11 @@ class MessageStore:
         info, _ = self._index(topic, queue_id)
         return self.static.get(info.id, queue_id)
 
+    def static_writable(self, topic: str, queue_id: int) -> bool:
+        """Whether this broker holds the write end of a static queue."""
+        info, _ = self._index(topic, queue_id)
+        return self.static.is_writable(info.id, queue_id)
+
     def set_static_chain(
         self, topic: str, queue_id: int, chain: QueueChain, *, writable: bool
     ) -> None:

@@ -27,6 +27,9 @@ class StaticQueues:
     def get(self, topic_id: int, queue: int) -> QueueChain | None:
         return self._chains.get((topic_id, queue))
 
+    def is_writable(self, topic_id: int, queue: int) -> bool:
+        return (topic_id, queue) in self._chains and (topic_id, queue) not in self.read_only
+
     def of_topic(self, topic_id: int) -> dict[int, QueueChain]:
         return {q: c for (t, q), c in self._chains.items() if t == topic_id}
 

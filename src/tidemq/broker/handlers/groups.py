@@ -169,6 +169,14 @@ class GroupHandlers:
         def commit(store: MessageStore) -> None:
             for t, q in local:
                 end = store.queue_bounds(t, q)[1]
+                chain = store.static_chain(t, q) if self._topics.is_static(t) else None
+                if chain is not None:
+                    # A static queue: offsets are logical; its end is known only where
+                    # its write end is (a sealed link here is not the end).
+                    last = chain.write_end
+                    if last is None or not store.static_writable(t, q):
+                        continue
+                    end = last.logical_start + end - last.physical_start
                 if offsets[(t, q)] > end:
                     raise OffsetOutOfRange(
                         f"offset {offsets[(t, q)]} for {t}/{q} is past the queue's end "
