@@ -143,7 +143,7 @@ async def _read_all(bootstrap: str, until: dict[int, int]) -> dict[int, list[tup
             for m in await consumer.poll(300):
                 assert m.value is not None
                 got[m.queue].append((m.offset, m.value))
-            if all(consumer.position(TOPIC, q) >= until.get(q, 0) for q in range(QUEUES)):
+            if all((consumer.position(TOPIC, q) or 0) >= until.get(q, 0) for q in range(QUEUES)):
                 break
     finally:
         await consumer.close()
