@@ -69,6 +69,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) benchmarks/bench_pop.py
 	$(PY) benchmarks/bench_spark.py
 	$(PY) benchmarks/bench_compaction.py --json benchmarks/results/compaction.json
+	$(PY) benchmarks/bench_static_remap.py --json benchmarks/results/static_remap.json
 	$(PY) benchmarks/bench_serde.py --json benchmarks/results/serde.json
 
 soak: $(STAMP)

@@ -110,6 +110,8 @@ class ClusterClient:
         self._have_routes = False
         #: When (monotonic s) the routes are due for a refresh; 0: at the next lookup.
         self._refresh_due = 0.0
+        #: A request said the routes are wrong (QueueMoved): the next lookup awaits a refresh.
+        self._stale = False
         self._routes_lock: asyncio.Lock | None = None
         self._refresher: asyncio.Task[RouteTable] | None = None
         #: Address -> when (monotonic s) its connection failed.
@@ -234,6 +236,8 @@ class ClusterClient:
         reached, the known routes are returned (the first fetch raises instead)."""
         # The common case, fresh routes, answers at once (one call per message sent).
         self._check_connections()
+        if self._stale:
+            self._stale, force = False, True
         if not force and time.monotonic() < self._refresh_due:
             return self._routes
         if self._closed:
@@ -386,6 +390,10 @@ class ClusterClient:
             error, (TopicNotFound, QueueNotFound, QueueMoved, BrokerNotAvailable, RequestTimeout)
         ):
             self._refresh_due = 0.0
+        if isinstance(error, QueueMoved):
+            # The known routes are wrong for that queue: the next lookup waits for fresh
+            # ones instead of answering the old ones while refreshing in the background.
+            self._stale = True
         if isinstance(error, BrokerNotAvailable):
             for address, conn in list(self._conns.items()):
                 if not conn.is_open:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from tidemq.client.cluster import ClusterClient
 from tidemq.client.producer_config import ProducerConfig
 from tidemq.core.batch import MessageRecord, encode_batch
-from tidemq.core.errors import OutOfOrderSequence, RequestTimeout, TidemqError
+from tidemq.core.errors import OutOfOrderSequence, QueueMoved, RequestTimeout, TidemqError
 from tidemq.core.message import BatchReceipts, Receipt
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.codec import decode_response
@@ -510,6 +510,10 @@ class QueueSender:
         if isinstance(exc, OutOfOrderSequence):
             for b in self._waiting:
                 b.stamp = None
+        if isinstance(exc, QueueMoved) and attempt == 1:
+            # A static queue's write end moved: the routes (refreshed now) name the new
+            # broker already, unless the switch is still under way (then back off).
+            return attempt
         await asyncio.sleep(self._ctx.cluster.backoff_s(attempt))
         return attempt
 
