@@ -22,6 +22,7 @@ from tidemq.core.errors import (
     TopicAlreadyExists,
     Unsupported,
 )
+from tidemq.protocol.commands import AlterTopicRequest, TopicInfoMsg
 from tidemq.protocol.static_messages import StaticChainsResponse, StaticSealRequest
 
 if TYPE_CHECKING:
@@ -262,5 +263,56 @@ def test_what_static_topics_do_not_support_yet_is_refused_clearly(
                 await simple.receive()
         finally:
             await simple.close()
+
+    loop.run(main())
+
+
+def test_a_broker_leaves_once_its_links_expired(loop: Loop, cluster3: ClusterEnv) -> None:
+    a_address = cluster3.addresses[0]
+    broker_a = cluster3.brokers[0]
+
+    async def main() -> None:
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            await admin.create_topic("plain", 3)
+            await producer.send("plain", b"held", queue=0)  # queue 0 is on broker-a
+            with pytest.raises(InvalidRequest, match="holds messages of topic 'plain'"):
+                await admin.remove_broker("broker-a")
+            await admin.delete_topic("plain")
+
+            await admin.create_topic(TOPIC, QUEUES, static=True, brokers=["broker-a"])
+            first = await _send_round(producer, 0)
+            with pytest.raises(InvalidRequest, match="holds its write end"):
+                await admin.remove_broker("broker-a")
+            await admin.remap_topic(TOPIC, brokers=["broker-b"])
+            second = await _send_round(producer, 1)
+            with pytest.raises(InvalidRequest, match="still holds readable data"):
+                await admin.remove_broker("broker-a")
+            # Retention on broker-a removes everything it holds.
+            client = ClusterClient(cluster3.bootstrap)
+            try:
+                alter = AlterTopicRequest(name=TOPIC, config={"retention.bytes": "0"})
+                await client.call(a_address, alter, TopicInfoMsg)
+            finally:
+                await client.close()
+            await broker_a._gateway.call(lambda s: s.enforce_retention())
+            pruned = await admin.remove_broker("broker-a")
+            per_queue = {q: sum(1 for _, _, qq in first if qq == q) for q in range(QUEUES)}
+            assert sorted((p.queue, p.links, p.starts_at) for p in pruned) == [
+                (q, 1, per_queue[q]) for q in range(QUEUES)
+            ]
+            info = await admin.describe_topic(TOPIC)
+            assert all(
+                [link.broker for link in c.links] == ["broker-b"] and c.pruned == 1
+                for c in info.chains
+            )
+        got = await _read_all(cluster3.bootstrap, len(second))
+        for q, messages in got.items():
+            assert [o for o, _, _ in messages] == list(
+                range(per_queue[q], per_queue[q] + len(messages))
+            )
+            assert [(k, v) for _, k, v in messages] == [(k, v) for k, v, qq in second if qq == q]
 
     loop.run(main())

@@ -17,6 +17,7 @@ from tidemq.core.static_chain import (
     link_for,
     newest,
     plan_remap,
+    prune_through,
     to_logical,
 )
 
@@ -127,3 +128,30 @@ def test_rebase_rewrites_the_header_only() -> None:
     assert moved[32:] == record[32:]  # everything after the base offset, payload included
     assert verify_payload(parsed, moved).count == 2
     assert parse_header(record).base_offset == 7  # the original is not touched
+
+
+def test_pruning_drops_leading_links_and_makes_a_newer_chain() -> None:
+    moved = QueueChain(
+        queue=1,
+        epoch=4,
+        links=(
+            *CHAIN.links[:2],
+            Link(broker="a", logical_start=15, physical_start=10, physical_end=20),
+            Link(broker="c", logical_start=25, physical_start=0),
+        ),
+    )
+    pruned = prune_through(moved, "a")  # a's last link is the third: all three go
+    assert [link.broker for link in pruned.links] == ["c"]
+    assert pruned.pruned == 3
+    check_chain(pruned, 4)
+    assert pruned.version > moved.version
+    assert newest([moved, pruned])[1] is pruned
+    assert prune_through(moved, "b").links == moved.links[2:]
+    assert prune_through(moved, "x") is moved
+    with pytest.raises(InvalidRequest, match="holds its write end"):
+        prune_through(moved, "c")
+    with pytest.raises(InvalidRequest, match="holds its write end"):
+        prune_through(CHAIN, "a")
+    pending = QueueChain(queue=1, epoch=4, links=CHAIN.links[:2], target="a")
+    with pytest.raises(InvalidRequest, match="switch to it"):
+        prune_through(pending, "b")

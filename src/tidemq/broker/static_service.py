@@ -80,7 +80,9 @@ class LinkView:
             if first.broker == self.broker
             else (first.logical_start)
         )
-        own = [link for link in self.chain.links if link.broker == self.broker]
+        own = _own(self.chain, self.broker)
+        if not own:
+            return first.logical_start, first.logical_start  # pruned away from here
         last = own[-1]
         high = self.logical(hi) if last.is_open else last.logical_end
         assert high is not None
@@ -242,6 +244,26 @@ class StaticService:
         self._topics.on_change()
         return StaticChainsResponse(chains=[chain])
 
+    def _check_own_links(self, topic: str, have: QueueChain, chain: QueueChain) -> None:
+        """A newer chain may change this broker's links only by dropping leading sealed
+        ones whose data has expired here (pruning); opening and sealing have their own
+        requests."""
+        mine, theirs = _own(have, self._me), _own(chain, self._me)
+        dropped = mine[: len(mine) - len(theirs)]
+        if mine[len(dropped) :] != theirs:
+            raise InvalidRequest(
+                f"queue {chain.queue} of {topic!r}: the chain changes this broker's own "
+                "links (open and seal do that)"
+            )
+        low = self._store.queue_bounds(topic, chain.queue)[0]
+        held = [link for link in dropped if link.is_open or link.physical_end > low]
+        if held:
+            raise InvalidRequest(
+                f"queue {chain.queue} of {topic!r}: {self._me} still holds readable data of "
+                f"logical offsets from {held[0].logical_start} (retention has not removed "
+                "it yet)"
+            )
+
     async def update(self, req: StaticUpdateRequest) -> StaticChainsResponse:
         info = self._topics.get(req.topic)
         store = self._store
@@ -252,18 +274,17 @@ class StaticService:
             if have is None:
                 raise InvalidRequest(f"queue {chain.queue} of {req.topic!r} has no link here")
             if chain.version > have.version:
-                own = [link for link in have.links if link.broker == self._me]
-                if [link for link in chain.links if link.broker == self._me] != own:
-                    raise InvalidRequest(
-                        f"queue {chain.queue} of {req.topic!r}: the chain changes this "
-                        "broker's own links (open and seal do that)"
-                    )
+                self._check_own_links(req.topic, have, chain)
                 writable = have.write_end is not None and chain.write_end == have.write_end
                 store.set_static_chain(req.topic, chain.queue, chain, writable=writable)
                 have = chain
             out.append(have)
         self._topics.on_change()
         return StaticChainsResponse(chains=out)
+
+
+def _own(chain: QueueChain, broker: str) -> list[Link]:
+    return [link for link in chain.links if link.broker == broker]
 
 
 def _with_start(chain: QueueChain, physical_start: int, *, opened_ms: int = 0) -> QueueChain:

@@ -1,4 +1,4 @@
-"""`tidemq cluster list / status`."""
+"""`tidemq cluster list / status / remove-broker`."""
 
 from __future__ import annotations
 
@@ -145,4 +145,24 @@ def _emit_limits(broker: str, s: dict[str, Any]) -> None:
         ["LIMIT", "KEY (broker.)", "VALUE", "IN USE / EVENTS"],
         (cells(*row) for row in _LIMIT_ROWS),
         title=f"{broker}: connection limits ({refused} connections refused since start)",
+    )
+
+
+@command(app, "remove-broker")
+def remove_broker(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The broker's name.")],
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Take a broker out of every static topic's chains, once all it holds has expired
+    (refused while it holds readable data or a write end); then stop it for good."""
+    with _admin(bootstrap) as admin:
+        pruned = admin.remove_broker(name)
+    if output is Output.JSON:
+        emit_json(pruned)
+        return
+    emit_table(
+        ["TOPIC", "QUEUE", "LINKS DROPPED", "CHAIN STARTS AT"],
+        ((p.topic, p.queue, p.links, p.starts_at) for p in pruned),
+        title=f"Broker {name} holds no readable data and no link any more; stop it.",
     )

@@ -228,6 +228,11 @@ class AsyncAdmin:
             return await static_admin.repair(self._cluster, name)
         return await static_admin.remap(self._cluster, name, brokers=brokers, queue=queue, to=to)
 
+    async def remove_broker(self, name: str) -> list[static_admin.PrunedQueue]:
+        """Take broker `name` out of every static topic's chains once it holds no readable
+        data (refused, naming what it still holds, otherwise); then it can be stopped."""
+        return await static_admin.remove_broker(self._cluster, name)
+
     async def _create_topic(
         self,
         name: str,

@@ -36,7 +36,7 @@ from tidemq.client.results import (
     UserInfo,
 )
 from tidemq.client.simple_consumer import AsyncReceivedMessage, AsyncSimpleConsumer, Filter
-from tidemq.client.static_admin import RemapReport
+from tidemq.client.static_admin import PrunedQueue, RemapReport
 from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
 from tidemq.client.table_view import AsyncTableView, TableListener
 from tidemq.client.transaction import (
@@ -609,6 +609,10 @@ class Admin:
                 brokers=brokers,
             )
         )
+
+    def remove_broker(self, name: str) -> list[PrunedQueue]:
+        """See `AsyncAdmin.remove_broker`."""
+        return run(self._a.remove_broker(name))
 
     def remap_topic(
         self,

@@ -16,8 +16,9 @@ covers a range of logical offsets::
 * A broker may hold several links of a queue (a queue that moved away and came back): its
   physical queue just goes on, so its links cover disjoint, increasing physical ranges.
 * `epoch` grows by one at every switch of the write end; a chain is newer than another
-  when its (epoch, number of links) is larger (a switch writes the sealed chain and the
-  opened one under the same epoch, the opened one has one link more).
+  when its `version` (epoch, links ever opened, links pruned) is larger: a switch writes
+  the sealed chain and the opened one under the same epoch, the opened one has one link
+  more; pruning expired links from the front keeps the count of links ever opened.
 * `target`: the last link was sealed toward this broker and the new link is not opened
   yet (a switch in progress, or one that failed half-way: `topic remap --repair` opens it).
 
@@ -46,6 +47,7 @@ __all__ = [
     "newest",
     "own_link_for_logical",
     "plan_remap",
+    "prune_through",
     "to_logical",
 ]
 
@@ -92,6 +94,8 @@ class QueueChain(msgspec.Struct, frozen=True, kw_only=True):
     links: tuple[Link, ...]
     #: Sealed toward this broker, not opened there yet ("": no switch in progress).
     target: str = ""
+    #: Links dropped from the front so far (their data had expired; `prune_through`).
+    pruned: int = 0
 
     @property
     def write_end(self) -> Link | None:
@@ -99,8 +103,11 @@ class QueueChain(msgspec.Struct, frozen=True, kw_only=True):
         return last if last is not None and last.is_open else None
 
     @property
-    def version(self) -> tuple[int, int]:
-        return (self.epoch, len(self.links))
+    def version(self) -> tuple[int, int, int]:
+        """Newer chains compare larger: a switch raises the epoch; within one, the opened
+        chain has a link more than the sealed one; pruning keeps the count of links ever
+        opened and breaks the tie."""
+        return (self.epoch, self.pruned + len(self.links), self.pruned)
 
     @property
     def logical_end(self) -> int | None:
@@ -189,6 +196,22 @@ def newest(chains: Iterable[QueueChain]) -> dict[int, QueueChain]:
         if have is None or chain.version > have.version:
             found[chain.queue] = chain
     return found
+
+
+def prune_through(chain: QueueChain, broker: str) -> QueueChain:
+    """`chain` without its leading links up to and including `broker`'s last one (a broker
+    leaving the cluster once their data has expired). Raises InvalidRequest when that
+    would take the write end or a switch's target away."""
+    own = [n for n, link in enumerate(chain.links) if link.broker == broker]
+    if not own:
+        return chain
+    if chain.target == broker or chain.links[own[-1]].is_open or own[-1] == len(chain.links) - 1:
+        raise InvalidRequest(
+            f"queue {chain.queue}: broker {broker} holds its write end (or a switch to it "
+            "is unfinished); remap the queue elsewhere first"
+        )
+    keep = chain.links[own[-1] + 1 :]
+    return msgspec.structs.replace(chain, links=keep, pruned=chain.pruned + own[-1] + 1)
 
 
 def plan_remap(write_ends: Mapping[int, str], targets: list[str]) -> dict[int, str]:
