@@ -137,7 +137,9 @@ def _throughput(bootstrap: str, queues: int, target: str) -> dict[str, float]:
         read_s = time.perf_counter() - start
     finally:
         consumer.close()
-    print(f"  {target}: produce {sent / produce_s / 1e6:.0f} MB/s, read {got / read_s / 1e6:.0f} MB/s")
+    print(
+        f"  {target}: produce {sent / produce_s / 1e6:.0f} MB/s, read {got / read_s / 1e6:.0f} MB/s"
+    )
     return {"produce_mb_s": sent / produce_s / 1e6, "read_mb_s": got / read_s / 1e6}
 
 
