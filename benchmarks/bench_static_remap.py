@@ -36,6 +36,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import itertools
+
 import peers
 import tidemq
 
@@ -107,7 +109,7 @@ class Load:
         gaps = []
         for acks in self.acks.values():
             done = [start] + [d for _, d in acks if start <= d <= end] + [end]
-            gaps.append(max(b - a for a, b in zip(done, done[1:], strict=False)) * 1000)
+            gaps.append(max(b - a for a, b in itertools.pairwise(done)) * 1000)
         latencies.sort()
         return {
             "acks": len(latencies),
