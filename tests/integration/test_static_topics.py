@@ -316,3 +316,42 @@ def test_a_broker_leaves_once_its_links_expired(loop: Loop, cluster3: ClusterEnv
             assert [(k, v) for _, k, v in messages] == [(k, v) for k, v, qq in second if qq == q]
 
     loop.run(main())
+
+
+def test_broadcast_members_each_read_everything_across_a_remap(
+    loop: Loop, cluster3: ClusterEnv
+) -> None:
+    async def read(member: str, count: int) -> list[bytes]:
+        consumer = aio.BroadcastConsumer(
+            cluster3.bootstrap, "g-bcast", [TOPIC], member=member, start="earliest"
+        )
+        seen: list[bytes] = []
+        try:
+            for _ in range(600):
+                for m in await consumer.poll(100):
+                    assert m.value is not None
+                    seen.append(m.value)
+                await consumer.commit()
+                if len(seen) >= count:
+                    break
+        finally:
+            await consumer.close()
+        return seen
+
+    async def main() -> None:
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            await admin.create_topic(TOPIC, QUEUES, static=True, brokers=["broker-a"])
+            sent = await _send_round(producer, 0)
+            first = await read("m1", len(sent))
+            await admin.remap_topic(TOPIC, brokers=["broker-c"])
+            sent += await _send_round(producer, 1)
+        first += await read("m1", len(sent) - len(first))
+        second = await read("m2", len(sent))
+        values = sorted(v for _, v, _ in sent)
+        assert sorted(first) == values
+        assert sorted(second) == values
+
+    loop.run(main())

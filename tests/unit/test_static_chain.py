@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tidemq.broker.static_service import LinkView
 from tidemq.core.batch import MessageRecord, encode_batch, parse_envelope
 from tidemq.core.errors import InvalidRequest
 from tidemq.core.record import encode_header, parse_header, rebase_record, verify_payload
@@ -155,3 +156,28 @@ def test_pruning_drops_leading_links_and_makes_a_newer_chain() -> None:
     pending = QueueChain(queue=1, epoch=4, links=CHAIN.links[:2], target="a")
     with pytest.raises(InvalidRequest, match="switch to it"):
         prune_through(pending, "b")
+
+
+def test_a_brokers_view_reports_the_readable_start_past_empty_and_expired_links() -> None:
+    """Found by the kill -9 test: an empty first link (a remap right after create) on a
+    broker that got the queue back later made the queue's min offset that later link's."""
+    chain = QueueChain(
+        queue=3,
+        epoch=4,
+        links=(
+            Link(broker="a", logical_start=0, physical_start=0, physical_end=0),
+            Link(broker="b", logical_start=0, physical_start=0, physical_end=16),
+            Link(broker="a", logical_start=16, physical_start=0, physical_end=32),
+            Link(broker="c", logical_start=48, physical_start=0),
+        ),
+    )
+    a = LinkView(chain, "a")
+    assert a.bounds(0, 32) == (0, 48)  # b's link is readable from its start
+    assert a.bounds(32, 32) == (0, 48)  # a's own empty link, then b's
+    c = LinkView(chain, "c")
+    assert c.bounds(0, 10) == (0, 58)
+    expired = QueueChain(queue=3, epoch=4, links=chain.links[2:])
+    assert LinkView(expired, "a").bounds(20, 32) == (36, 48)
+    assert LinkView(expired, "a").bounds(32, 32) == (48, 48)
+    link, physical = a.physical(20)
+    assert (link, physical) == (chain.links[2], 4)

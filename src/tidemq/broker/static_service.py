@@ -71,22 +71,28 @@ class LinkView:
         return found
 
     def bounds(self, lo: int, hi: int) -> tuple[int, int]:
-        """The logical (min, max) to report for physical bounds [lo, hi): the min is the
-        chain's start unless this broker holds the first link; the max is where this
-        broker's part ends (the write end's next offset when it is here)."""
-        first = self.chain.links[0]
-        low = (
-            self.logical(max(lo, first.physical_start))
-            if first.broker == self.broker
-            else (first.logical_start)
-        )
+        """The logical (min, max) to report for this broker's physical bounds [lo, hi):
+        the min is the start of the first link still readable as far as this broker
+        knows (another broker's link counts as readable from its start); the max is where
+        this broker's part ends (the write end's next offset when it is here)."""
         own = _own(self.chain, self.broker)
         if not own:
+            first = self.chain.links[0]
             return first.logical_start, first.logical_start  # pruned away from here
         last = own[-1]
-        high = self.logical(hi) if last.is_open else last.logical_end
+        high = last.logical_start + hi - last.physical_start if last.is_open else last.logical_end
         assert high is not None
-        return low, high
+        return self._low(lo), high
+
+    def _low(self, lo: int) -> int:
+        for link in self.chain.links:
+            if link.broker != self.broker or lo <= link.physical_start:
+                return link.logical_start
+            if link.is_open or lo < link.physical_end:
+                return link.logical_start + lo - link.physical_start
+            # This own link's data has expired entirely: the next link.
+        end = self.chain.logical_end
+        return end if end is not None else self.chain.links[-1].logical_start
 
     def records(self, link: Link, records: list[bytes | memoryview]) -> list[bytes]:
         """`records` read from `link`'s physical queue, cut at its end and rebased onto

@@ -138,9 +138,14 @@ class RouteWait:
             send = line.popleft()
             try:
                 queue = send.queue
-                if queue is None:
-                    queue = routes.select_queue(topic, send.key, next(self._round_robin))
-            except TidemqError as exc:  # this key's queue has no live broker
+                if queue is None and send.key is not None:
+                    # Its queue even if no broker serves it this moment (a broker away, a
+                    # static queue between two links): the queue's sender retries within
+                    # the delivery time, as for a send that names its queue.
+                    queue = routes.key_queue(topic, send.key)
+                elif queue is None:
+                    queue = routes.select_queue(topic, None, next(self._round_robin))
+            except TidemqError as exc:  # no queue of the topic has a live broker
                 send.fail(exc)
                 continue
             send.deliver(queue)

@@ -173,6 +173,11 @@ class RouteTable:
             return found.served.get(queue)
         return self._brokers.get(link.broker)
 
+    def key_queue(self, topic: str, key: bytes) -> int:
+        """The queue a keyed message of `topic` goes to, served now or not (its sender
+        waits for a broker within the delivery time); raises TopicNotFound."""
+        return queue_for_key(key, self._topic(topic).queue_count)
+
     def select_queue(self, topic: str, key: bytes | None, round_robin_counter: int) -> int:
         """The queue a message goes to: by key hash over all queues, else the served queue
         at `round_robin_counter` (any int; the caller increments it per message). Raises

@@ -145,8 +145,9 @@ class DataHandlers:
             req = msgspec.structs.replace(req, max_wait_ms=0)  # a sealed link has it all
         response, records = await self._fetch(req, physical, budget, join=False)
         kept = view.records(link, records)
-        # Past a sealed link's end lies the same physical queue's later link, if any.
-        next_offset = view.logical(response.next_offset)
+        # Within the link read (a later link of the same physical queue starts where a
+        # sealed one ends).
+        next_offset = link.logical_start + response.next_offset - link.physical_start
         if link.logical_end is not None:
             next_offset = min(next_offset, link.logical_end)
         low, high = view.bounds(response.min_offset, response.max_offset)
