@@ -61,9 +61,8 @@ async def _read_all(bootstrap: str, expected: int) -> dict[int, list[tuple[int, 
         total = 0
         for _ in range(400):
             for m in await consumer.poll(200):
-                assert m.key is not None
                 assert m.value is not None
-                got[m.queue].append((m.offset, m.key, m.value))
+                got[m.queue].append((m.offset, m.key or b"", m.value))
                 total += 1
             if total >= expected:
                 break
@@ -255,7 +254,7 @@ def test_what_static_topics_do_not_support_yet_is_refused_clearly(
             aio.Producer(cluster3.bootstrap) as producer,
         ):
             await admin.create_topic(TOPIC, QUEUES, static=True)
-            with pytest.raises(Unsupported, match="delayed and transactional sends"):
+            with pytest.raises(Unsupported, match="delayed sends to static topics"):
                 await producer.send(TOPIC, b"later", key=b"k", delay=5.0)
         simple = aio.SimpleConsumer(cluster3.bootstrap, "g-pop", {TOPIC: "*"}, await_duration=0.1)
         try:
@@ -353,5 +352,44 @@ def test_broadcast_members_each_read_everything_across_a_remap(
         values = sorted(v for _, v, _ in sent)
         assert sorted(first) == values
         assert sorted(second) == values
+
+    loop.run(main())
+
+
+def test_transactions_publish_to_static_queues_and_a_seal_waits_for_them(
+    loop: Loop, cluster3: ClusterEnv
+) -> None:
+    """A transaction holding a batch for a queue makes that queue's seal wait until it
+    ends (its commit publishes there); the receipts carry logical offsets."""
+
+    async def main() -> None:
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+            aio.TransactionProducer(cluster3.bootstrap, "g-txn") as txns,
+        ):
+            await admin.create_topic(TOPIC, QUEUES, static=True, brokers=["broker-a"])
+            await admin.remap_topic(TOPIC, queue=0, to="broker-b")  # an empty first link
+            before = await producer.send(TOPIC, b"plain", queue=0)
+            txn = await txns.begin()
+            await txn.send(TOPIC, b"t1", queue=0)
+            await txn.send(TOPIC, b"t2", queue=0)
+            remap = asyncio.ensure_future(admin.remap_topic(TOPIC, queue=0, to="broker-c"))
+            await asyncio.sleep(0.2)  # the seal is under way; it must not finish on its own
+            assert not remap.done()
+            receipts = await txn.commit()
+            report = await asyncio.wait_for(remap, 30)
+            assert [r.offset for r in receipts] == [before.offset + 1, before.offset + 2]
+            assert report.switches[0].at == before.offset + 3
+            after = await producer.send(TOPIC, b"after", queue=0)
+            assert after.offset == before.offset + 3
+            txn = await txns.begin()
+            await txn.send(TOPIC, b"t3", queue=0)
+            (late,) = await txn.commit()
+            assert late.offset == after.offset + 1
+        got = await _read_all(cluster3.bootstrap, 5)
+        assert [(o, v) for o, _, v in got[0]] == [
+            (0, b"plain"), (1, b"t1"), (2, b"t2"), (3, b"after"), (4, b"t3"),
+        ]  # fmt: skip
 
     loop.run(main())

@@ -7,7 +7,7 @@
   remap, then a restart and `remap --repair`: after every cycle each queue has exactly one
   writable link, and at the end every acknowledged message is read once from offset 0, in
   per-key order, with dense logical offsets. The seed is printed; `TIDEMQ_STATIC_SEED`
-  replays a run, `TIDEMQ_SOAK=1` runs more cycles.
+  replays a run; `make soak` (TIDEMQ_SOAK=1) runs 100 cycles.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ TOPIC = "changes"
 QUEUES = 4
 KEYS = 16
 BROKERS = ("broker-a", "broker-b", "broker-c")
-CYCLES = 60 if os.environ.get("TIDEMQ_SOAK") else 20
+CYCLES = 20
+#: `make soak` (TIDEMQ_SOAK=1) runs the long variant.
+SOAK_CYCLES = 100
 _CLI = [sys.executable, "-m", "tidemq.cli.main"]
 _FAST = ["--set", "broker.broker_heartbeat_interval_ms=200", "--set", "broker.broker_ttl_ms=1500"]
 #: How long a command of the CLI may take here.
@@ -215,7 +217,18 @@ def test_remap_copies_no_data_and_keeps_every_message(cluster: Cluster) -> None:
 
 
 def test_kill9_during_remaps_then_repair_loses_nothing(cluster: Cluster) -> None:
-    env = cluster
+    _kill9_cycles(cluster, CYCLES)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_kill9_during_remaps_soak(cluster: Cluster) -> None:
+    if not os.environ.get("TIDEMQ_SOAK"):
+        pytest.skip("TIDEMQ_SOAK=1 runs the long variant")
+    _kill9_cycles(cluster, SOAK_CYCLES)
+
+
+def _kill9_cycles(env: Cluster, cycles: int) -> None:
     seed = int(os.environ.get("TIDEMQ_STATIC_SEED", random.randrange(1 << 30)))
     print(f"static-topic kill -9 seed: {seed} (TIDEMQ_STATIC_SEED={seed} replays it)")
     rng = random.Random(seed)
@@ -226,7 +239,7 @@ def test_kill9_during_remaps_then_repair_loses_nothing(cluster: Cluster) -> None
     async def main() -> None:
         sender = Sender(env.bootstrap)
         finished = 0
-        for cycle in range(CYCLES):
+        for cycle in range(cycles):
             targets = sorted(rng.sample(BROKERS, rng.randint(1, 2)))
             remap = subprocess.Popen(
                 [*_CLI, "topic", "remap", TOPIC, "--brokers", ",".join(targets),
@@ -246,7 +259,7 @@ def test_kill9_during_remaps_then_repair_loses_nothing(cluster: Cluster) -> None
             _check_chains(env)
             await sender.send_some(KEYS * 2)
         await sender.producer.close()
-        print(f"{CYCLES} cycles, {finished} half-done remaps finished by --repair, "
+        print(f"{cycles} cycles, {finished} half-done remaps finished by --repair, "
               f"{len(sender.acked)} of {sender.sent} sends acknowledged")  # fmt: skip
         assert sender.acked, "nothing was acknowledged"
         await _verify(env, sender)

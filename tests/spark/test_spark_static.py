@@ -1,5 +1,5 @@
-"""Spark on static topics remapped while it reads them: a stream with the exactly-once
-topic sink (output = input, each message once), and the db-sync pipeline running
+"""Spark on static topics remapped while it reads and writes them: a stream with the
+exactly-once topic sink from one static topic to another (output = input, each once), and the db-sync pipeline running
 continuously (the shards end equal to the reference state)."""
 
 from __future__ import annotations
@@ -103,13 +103,13 @@ def test_stream_reads_a_static_topic_across_two_remaps_exactly_once(
 
     checkpoint = tmp_path / "checkpoint"
     with Admin(cluster.bootstrap) as admin, Producer(cluster.bootstrap) as producer:
-        # An ordinary target (the sink writes in transactions, which static topics do not
-        # take yet), spread over both brokers.
-        admin.create_topic(target, 2)
+        # The sink writes in transactions, to a static topic remapped too.
+        admin.create_topic(target, 2, static=True, brokers=["broker-a"])
         admin.create_topic(source, 2, static=True, brokers=["broker-a"])
         _fill(producer, source, 0, 60)
         query()
         admin.remap_topic(source, brokers=["broker-b"])
+        admin.remap_topic(target, brokers=["broker-b"])
         _fill(producer, source, 60, 60)
         query()
         admin.remap_topic(source, brokers=["broker-a"])

@@ -260,7 +260,9 @@ class Broker:
             session_timeout_ms_min=cfg.group_session_timeout_ms_min,
             session_timeout_ms_max=cfg.group_session_timeout_ms_max,
         )
-        self._static = StaticService(cfg.broker_name, self._gateway, self._topics, self._clock)
+        self._static = StaticService(
+            cfg.broker_name, self._gateway, self._topics, self._clock, self._transactions
+        )
         self._data = DataHandlers(
             cfg,
             self._gateway,
@@ -270,7 +272,12 @@ class Broker:
             transactions=self._transactions,
             static=self._static,
         )
-        self._special = SpecialHandlers(self._timers, self._transactions, cfg.txn_check_delay_ms)
+        self._special = SpecialHandlers(
+            self._timers,
+            self._transactions,
+            cfg.txn_check_delay_ms,
+            static_view=self._static.view,
+        )
         self._admin = AdminHandlers(
             cfg, self._gateway, self._topics, self.address, static_view=self._static.view
         )

@@ -16,13 +16,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topics import TopicTable, check_user_topic
+from tidemq.broker.transaction_service import TransactionService
 from tidemq.core.clock import Clock
-from tidemq.core.errors import InvalidRequest, QueueMoved, TopicAlreadyExists, TopicNotFound
+from tidemq.core.errors import (
+    InvalidRequest,
+    QueueMoved,
+    RequestTimeout,
+    TopicAlreadyExists,
+    TopicNotFound,
+)
 from tidemq.core.record import parse_header, rebase_record
 from tidemq.core.static_chain import (
     Link,
@@ -40,9 +48,13 @@ from tidemq.protocol.static_messages import (
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import TopicInfo
 
-__all__ = ["LinkView", "StaticService"]
+__all__ = ["SEAL_TRANSACTIONS_WAIT_S", "LinkView", "StaticService"]
 
 log = logging.getLogger(__name__)
+
+#: How long a seal waits for the transactions holding batches for its queue (they
+#: publish there when committed) before it gives up, sealing nothing.
+SEAL_TRANSACTIONS_WAIT_S: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +63,12 @@ class LinkView:
 
     chain: QueueChain
     broker: str
+
+    @property
+    def writable(self) -> bool:
+        """Whether this broker holds the queue's write end."""
+        end = self.chain.write_end
+        return end is not None and end.broker == self.broker
 
     def physical(self, offset: int) -> tuple[Link, int]:
         """This broker's link holding logical `offset` and the physical offset there.
@@ -108,12 +126,21 @@ class LinkView:
 
 class StaticService:
     def __init__(
-        self, broker_name: str, gateway: StoreGateway, topics: TopicTable, clock: Clock
+        self,
+        broker_name: str,
+        gateway: StoreGateway,
+        topics: TopicTable,
+        clock: Clock,
+        transactions: TransactionService,
     ) -> None:
         self._me = broker_name
         self._gateway = gateway
         self._topics = topics
         self._clock = clock
+        self._transactions = transactions
+        #: Queues being sealed: new sends are refused (QueueMoved) while the seal waits
+        #: for the transactions that will publish to them.
+        self.sealing: set[tuple[str, int]] = set()
 
     @property
     def _store(self) -> MessageStore:
@@ -228,6 +255,27 @@ class StaticService:
             )
         if not req.target or req.target == self._me:
             raise InvalidRequest("a seal must name another broker as its target")
+        key = (req.topic, req.queue)
+        self.sealing.add(key)
+        try:
+            return await self._seal(req, have, end)
+        finally:
+            self.sealing.discard(key)
+
+    async def _seal(
+        self, req: StaticSealRequest, have: QueueChain, end: Link
+    ) -> StaticChainsResponse:
+        # A committed transaction publishes to the queue here: let those that hold
+        # batches for it end first (no new ones start: sends are refused meanwhile).
+        held = await self._transactions.wait_none_holding(
+            req.topic, req.queue, SEAL_TRANSACTIONS_WAIT_S
+        )
+        if held:
+            raise RequestTimeout(
+                f"queue {req.queue} of {req.topic!r} has {held} transaction(s) on {self._me} "
+                f"still open after {SEAL_TRANSACTIONS_WAIT_S:g} s; nothing was sealed, try "
+                "the remap again when they have ended"
+            )
         now = self._clock.now_ms()
 
         def sealed(physical_end: int) -> QueueChain:

@@ -149,6 +149,8 @@ class TransactionService:
         self._runner: asyncio.Task[None] | None = None
         #: Decisions recovered with halves still to publish (finished by `start`).
         self._to_publish: list[tuple[int, list[_Txn]]] = []
+        #: Set whenever a transaction finishes (a static queue's seal waits on it).
+        self._a_txn_finished = asyncio.Event()
 
     # ------------------------------------------------------------------ recovery
 
@@ -472,7 +474,31 @@ class TransactionService:
                 await asyncio.sleep(_RETRY_DELAY_S)
         self._op_done.mark(op_offset, 1)
 
+    def holding(self, topic: str, queue: int) -> int:
+        """Transactions not finished that have (or may be sending) batches for the queue:
+        their commit appends there."""
+        return sum(
+            1
+            for t in self._txns.values()
+            if t.sending or any(h.topic == topic and h.queue == queue for h in t.halves)
+        )
+
+    async def wait_none_holding(self, topic: str, queue: int, timeout_s: float) -> int:
+        """Until no transaction holds batches for the queue, at most `timeout_s`; returns
+        how many still do (0: none)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while held := self.holding(topic, queue):
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return held
+            self._a_txn_finished.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._a_txn_finished.wait()
+        return 0
+
     def _finish(self, txns: list[_Txn], state: TxnState) -> None:
+        self._a_txn_finished.set()
         for t in txns:
             t.state = state
             t.idle.set()

@@ -444,30 +444,51 @@ class QueueSender:
         return header
 
     async def _send_special(self, batch: Batch) -> None:
-        """Send the special batch at the head, alone; answer it either way."""
+        """Send the special batch at the head, alone; answer it either way. Retried only
+        when refused with QueueMoved (a static queue's write end moved: nothing was
+        stored), within the batch's delivery time."""
         assert batch.special is not None
         ctx = self._ctx
-        try:
-            async with _bounded(batch.attempt_s(ctx.request_timeout_s), "a special send"):
-                address = await ctx.cluster.broker_for(self._topic, self._queue)
-                txn_id = await batch.special.txn(address) if batch.special.txn else ""
-                request = ProduceRequest(
-                    topic=self._topic,
-                    queue=self._queue,
-                    deliver_at_ms=batch.special.deliver_at_ms,
-                    txn_id=txn_id,
-                )
-                response, _ = await ctx.cluster.request(
-                    address, request, ProduceResponse, batch.payload
-                )
-        except Exception as exc:
-            self._waiting.popleft()
-            if isinstance(exc, TidemqError):
+        attempt = 0
+        while True:
+            try:
+                response = await self._special_once(batch)
+            except QueueMoved as exc:
                 ctx.cluster.invalidate(exc)
-            batch.fail(exc)
+                attempt += 1
+                if batch.deadline > time.monotonic() and attempt <= ctx.cluster.config.retries:
+                    if attempt > 1:
+                        await asyncio.sleep(ctx.cluster.backoff_s(attempt - 1))
+                    continue
+                self._waiting.popleft()
+                batch.fail(exc)
+                return
+            except Exception as exc:
+                self._waiting.popleft()
+                if isinstance(exc, TidemqError):
+                    ctx.cluster.invalidate(exc)
+                batch.fail(exc)
+                return
+            self._waiting.popleft()
+            batch.resolve(response)
             return
-        self._waiting.popleft()
-        batch.resolve(response)
+
+    async def _special_once(self, batch: Batch) -> ProduceResponse:
+        assert batch.special is not None
+        ctx = self._ctx
+        async with _bounded(batch.attempt_s(ctx.request_timeout_s), "a special send"):
+            address = await ctx.cluster.broker_for(self._topic, self._queue)
+            txn_id = await batch.special.txn(address) if batch.special.txn else ""
+            request = ProduceRequest(
+                topic=self._topic,
+                queue=self._queue,
+                deliver_at_ms=batch.special.deliver_at_ms,
+                txn_id=txn_id,
+            )
+            response, _ = await ctx.cluster.request(
+                address, request, ProduceResponse, batch.payload
+            )
+        return response
 
     async def _settle(self) -> list[tuple[Batch, BaseException | None]]:
         """Wait for every request in flight; resolve the ones that succeeded."""

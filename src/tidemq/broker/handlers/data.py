@@ -16,7 +16,13 @@ from tidemq.broker.system_topics import HALF_TOPIC, TIMER_TOPIC
 from tidemq.broker.timer_service import TimerService
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction_service import TransactionService
-from tidemq.core.errors import BatchTooLarge, InvalidRequest, MessageTypeMismatch, Unsupported
+from tidemq.core.errors import (
+    BatchTooLarge,
+    InvalidRequest,
+    MessageTypeMismatch,
+    QueueMoved,
+    Unsupported,
+)
 from tidemq.net.budget import ConnectionBudget
 from tidemq.protocol.commands import (
     FetchRequest,
@@ -69,11 +75,19 @@ class DataHandlers:
         kind = _message_kind(req)
         _check_type(req.topic, info.message_type, kind)
         view = self._static.view(req.topic, req.queue)
-        if view is not None and kind is not MessageType.NORMAL:
-            raise Unsupported(
-                f"topic {req.topic!r} is static: delayed and transactional sends to static "
-                "topics are not supported yet (docs/guide/static-topics.md)"
-            )
+        if view is not None:
+            if kind is MessageType.DELAY:
+                raise Unsupported(
+                    f"topic {req.topic!r} is static: delayed sends to static topics are not "
+                    "supported yet (docs/guide/static-topics.md)"
+                )
+            if not view.writable or (req.topic, req.queue) in self._static.sealing:
+                # Checked here for every kind (the store refuses plain appends itself; a
+                # transaction's half would be accepted and fail to publish later).
+                raise QueueMoved(
+                    f"queue {req.queue} of static topic {req.topic!r} is being switched to "
+                    "another broker; refresh the routes"
+                )
         if kind is not MessageType.NORMAL and info.cleanup_policy is not CleanupPolicy.DELETE:
             # At the send, not when the timer or the commit appends it much later: every
             # message of a compact topic needs a key (the store checks its own appends).
