@@ -1,6 +1,7 @@
 """Spark on static topics remapped while it reads and writes them: a stream with the
-exactly-once topic sink from one static topic to another (output = input, each once), and the db-sync pipeline running
-continuously (the shards end equal to the reference state)."""
+exactly-once topic sink from one static topic to another (output = input, each once),
+and the db-sync pipeline running continuously (the shards end equal to the reference
+state)."""
 
 from __future__ import annotations
 
