@@ -254,11 +254,14 @@ def test_what_static_topics_do_not_support_yet_is_refused_clearly(
             aio.Producer(cluster3.bootstrap) as producer,
         ):
             await admin.create_topic(TOPIC, QUEUES, static=True)
+            await admin.create_topic("fifo-static", 2, static=True, message_type="FIFO")
             with pytest.raises(Unsupported, match="delayed sends to static topics"):
                 await producer.send(TOPIC, b"later", key=b"k", delay=5.0)
-        simple = aio.SimpleConsumer(cluster3.bootstrap, "g-pop", {TOPIC: "*"}, await_duration=0.1)
+        simple = aio.SimpleConsumer(
+            cluster3.bootstrap, "g-pop", {"fifo-static": "*"}, await_duration=0.1
+        )
         try:
-            with pytest.raises(Unsupported, match="pop consumption"):
+            with pytest.raises(Unsupported, match="static FIFO topic: pop consumption"):
                 await simple.receive()
         finally:
             await simple.close()
@@ -391,5 +394,56 @@ def test_transactions_publish_to_static_queues_and_a_seal_waits_for_them(
         assert [(o, v) for o, _, v in got[0]] == [
             (0, b"plain"), (1, b"t1"), (2, b"t2"), (3, b"after"), (4, b"t3"),
         ]  # fmt: skip
+
+    loop.run(main())
+
+
+def test_pop_consumer_reads_every_message_across_two_remaps(
+    loop: Loop, cluster3: ClusterEnv
+) -> None:
+    """Each broker pops its own links: messages left on a sealed link are still leased
+    there; offsets and ids are logical, also for a message retried after a nack."""
+
+    async def main() -> None:
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            await admin.create_topic(TOPIC, QUEUES, static=True, brokers=["broker-a"])
+            sent = await _send_round(producer, 0)
+            ids = {}
+            consumer = aio.SimpleConsumer(
+                cluster3.bootstrap, "g-pop", {TOPIC: "*"}, await_duration=0.2
+            )
+            try:
+                got: dict[bytes, list[str]] = {}
+                first = await consumer.receive(4)
+                assert first
+                nacked = first[0]
+                await nacked.nack()  # back through the retry topic, due at once
+                await admin.remap_topic(TOPIC, brokers=["broker-b"])
+                sent += await _send_round(producer, 1)
+                await admin.remap_topic(TOPIC, brokers=["broker-c"])
+                sent += await _send_round(producer, 2)
+                for m in first[1:]:
+                    got.setdefault(m.value or b"", []).append(m.message_id)
+                    await m.ack()
+                for _ in range(300):
+                    for m in await consumer.receive(16):
+                        assert m.value is not None
+                        got.setdefault(m.value, []).append(m.message_id)
+                        ids[m.value] = (m.queue, m.offset)
+                        await m.ack()
+                    if len(got) >= len(sent):
+                        break
+            finally:
+                await consumer.close()
+        assert sorted(got) == sorted(v for _, v, _ in sent)
+        assert all(len(v) == 1 for v in got.values())
+        # The retried message kept its logical place and id.
+        assert got[nacked.value or b""] == [nacked.message_id]
+        reread = await _read_all(cluster3.bootstrap, len(sent))
+        by_value = {v: (q, o) for q, ms in reread.items() for o, _, v in ms}
+        assert all(by_value[v] == place for v, place in ids.items())
 
     loop.run(main())

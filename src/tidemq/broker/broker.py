@@ -35,7 +35,7 @@ from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import ProducerOwners
-from tidemq.broker.static_service import StaticService
+from tidemq.broker.static_service import StaticService, rebase_popped
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import (
     HALF_TOPIC,
@@ -70,6 +70,8 @@ from tidemq.protocol.commands import (
     Empty,
     PopNackRequest,
     PopQueueStatus,
+    PopReceiveRequest,
+    PopReceiveResponse,
     PopStatusResponse,
     StaticTopicReg,
     StatusResponse,
@@ -229,6 +231,7 @@ class Broker:
             schedule=lambda topic, queue, payload, due, lease: self._timers.schedule(
                 topic, queue, payload, due, finishes=lease
             ),
+            logical_offset=self._logical_offset,
         )
         self._rebuild_services(store)
         self._auth = Authenticator(cfg, self._gateway, self._clock)
@@ -372,16 +375,24 @@ class Broker:
         return queue in self._topics.hosted(topic)
 
     def _hosted_queues(self, topic: str) -> list[int]:
-        """The queues pop consumers of `topic` read here."""
-        self._topics.get(topic)  # TopicNotFound for an unknown topic
-        if self._topics.is_static(topic):
-            # Pop leases and their offsets live on one broker; a static queue's older
-            # links are on others. Refused until pop follows the chain.
+        """The queues pop consumers of `topic` read here: a static topic's, every queue
+        with a link here (each broker pops its own links)."""
+        info = self._topics.get(topic)  # TopicNotFound for an unknown topic
+        if self._topics.is_static(topic) and info.message_type is MessageType.FIFO:
+            # A message group's order runs across links on several brokers.
             raise Unsupported(
-                f"topic {topic!r} is static: pop consumption (SimpleConsumer) of static "
-                "topics is not supported yet; read it with a GroupConsumer or StreamConsumer"
+                f"topic {topic!r} is a static FIFO topic: pop consumption of it is not "
+                "supported yet; read it with a GroupConsumer or StreamConsumer"
             )
         return self._topics.hosted(topic)
+
+    def _logical_offset(self, topic: str, queue: int, offset: int) -> int:
+        # The static service is made after the pop service, which calls this later.
+        return self._static.logical_offset(topic, queue, offset)
+
+    async def _pop_receive(self, req: PopReceiveRequest) -> tuple[PopReceiveResponse, bytes]:
+        response, body = await self._pop.receive(req)
+        return rebase_popped(response, body, self._static.view)
 
     async def _ensure_topic(self, topic: str) -> None:
         """Create an internal per-group topic (%DLQ%<group>) on first use."""
@@ -540,7 +551,7 @@ class Broker:
             RequestCode.END_TXN: plain(self._special.end),
             RequestCode.SINK_MARKER: plain(self._special.sink_marker),
             RequestCode.TXN_STATUS: plain(self._special.txn_status),
-            RequestCode.POP_RECEIVE: plain(self._pop.receive),
+            RequestCode.POP_RECEIVE: plain(self._pop_receive),
             RequestCode.POP_ACK: plain(lambda r: self._pop.ack(r.group, r.handles)),
             RequestCode.POP_CHANGE_INVISIBLE: plain(
                 lambda r: self._pop.change_invisible(r.group, r.handle, r.invisible_ms)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
+import dataclasses
 import heapq
 import logging
 import time
@@ -272,7 +273,11 @@ class PopService:
         ensure_topic: Callable[[str], Awaitable[None]],
         is_fifo: Callable[[str], bool],
         schedule: Scheduler,
+        logical_offset: Callable[[str, int, int], int] = lambda topic, queue, offset: offset,
     ) -> None:
+        """`logical_offset`: a static topic's offset as clients know it (its chain's
+        logical offset; the identity for other topics); retry and dead-letter headers
+        name messages by it."""
         self._config = config
         self._clock = clock
         self._gateway = gateway
@@ -281,6 +286,7 @@ class PopService:
         self._ensure_topic = ensure_topic
         self._is_fifo = is_fifo
         self._schedule = schedule
+        self._logical_offset = logical_offset
         self._tables: dict[tuple[str, str, int], _PopQueue] = {}
         #: Retries and dead letters being written: the saved state's scan position stays
         #: at or before each until its lease is finished in the tables.
@@ -419,6 +425,19 @@ class PopService:
         return self._epoch
 
     # ------------------------------------------------------------------ receive
+
+    def _first_stored(
+        self,
+        topic: str,
+        queue: int,
+        offset: int,
+        found: tuple[MessageRecord, tuple[str, int, int] | None],
+    ) -> _Origin:
+        """Where the message was first stored, by the offset clients know it by."""
+        origin = _first_stored_here(topic, queue, offset, found)
+        if topic.startswith(RETRY_PREFIX):
+            return origin  # its headers carry the first place, as clients know it
+        return dataclasses.replace(origin, offset=self._logical_offset(topic, queue, offset))
 
     async def receive(self, req: PopReceiveRequest) -> tuple[PopReceiveResponse, bytes]:
         cfg = self._config
@@ -620,7 +639,7 @@ class PopService:
                 continue
             m, _ = found
             lease = table.leases.get(offset)
-            origin = _first_stored(topic, queue, offset, found)
+            origin = self._first_stored(topic, queue, offset, found)
             extra = (
                 ("tidemq.dlq.topic", origin.topic.encode()),
                 ("tidemq.dlq.queue", str(origin.queue).encode()),
@@ -678,10 +697,12 @@ class PopService:
             if g != group:
                 continue
             at = offset
-            if q != queue or topic_hash(topic) != wanted_hash:
-                if not topic.startswith(RETRY_PREFIX):
-                    continue
-                # A retried message is known by the id it had before its first retry.
+            ours = q == queue and topic_hash(topic) == wanted_hash
+            if not ours and not topic.startswith(RETRY_PREFIX):
+                continue
+            if not ours or self._logical_offset(topic, q, offset) != offset:
+                # A retried message is known by the id it had before its first retry; a
+                # static topic's by its logical offset.
                 at = next(
                     (
                         o
@@ -833,7 +854,7 @@ class PopService:
         if found is None:
             raise InvalidRequest(f"{topic}/{queue} offset {offset} is no longer stored")
         m, _ = found
-        origin = _first_stored(topic, queue, offset, found)
+        origin = self._first_stored(topic, queue, offset, found)
         headers = tuple(h for h in m.headers if not h[0].startswith(RETRY_HEADER_PREFIX))
         headers += (
             (RETRY_TOPIC_HEADER, origin.topic.encode()),
@@ -900,8 +921,8 @@ class PopService:
         if topic.startswith(RETRY_PREFIX):
             found = _read_message(self._gateway.store, topic, queue, offset)
             if found is not None:
-                return _first_stored(topic, queue, offset, found).message_id
-        return message_id(topic, queue, offset)
+                return self._first_stored(topic, queue, offset, found).message_id
+        return message_id(topic, queue, self._logical_offset(topic, queue, offset))
 
     def groups(self) -> Iterable[str]:
         return sorted({g for g, _, _ in self._tables})
@@ -1135,7 +1156,7 @@ def _read_message(
     return messages[i], None if origin is None else (origin[0], origin[1], origin[2] + i)
 
 
-def _first_stored(
+def _first_stored_here(
     topic: str,
     queue: int,
     offset: int,

@@ -15,6 +15,7 @@ epoch (a seal must name the next epoch, an open must be newer than what the brok
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -39,6 +40,7 @@ from tidemq.core.static_chain import (
     link_for,
     to_logical,
 )
+from tidemq.protocol.commands import PopReceiveResponse
 from tidemq.protocol.static_messages import (
     StaticChainsResponse,
     StaticOpenRequest,
@@ -48,7 +50,7 @@ from tidemq.protocol.static_messages import (
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import TopicInfo
 
-__all__ = ["SEAL_TRANSACTIONS_WAIT_S", "LinkView", "StaticService"]
+__all__ = ["SEAL_TRANSACTIONS_WAIT_S", "LinkView", "StaticService", "rebase_popped"]
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +156,11 @@ class StaticService:
         if chain is None:
             raise QueueMoved(f"queue {queue} of static topic {topic!r} has no link here")
         return LinkView(chain, self._me)
+
+    def logical_offset(self, topic: str, queue: int, physical: int) -> int:
+        """`physical` as clients know it: its logical offset on a static queue."""
+        view = self.view(topic, queue) if self._topics.is_static(topic) else None
+        return physical if view is None else view.logical(physical)
 
     def chains(self, topic: str) -> list[QueueChain]:
         info = self._topics.get(topic)
@@ -348,3 +355,30 @@ def _with_start(chain: QueueChain, physical_start: int, *, opened_ms: int = 0) -
         last, physical_start=physical_start, opened_ms=opened_ms or last.opened_ms
     )
     return msgspec.structs.replace(chain, links=(*chain.links[:-1], filled), target="")
+
+
+def rebase_popped(
+    response: PopReceiveResponse,
+    body: bytes,
+    view_of: Callable[[str, int], LinkView | None],
+) -> tuple[PopReceiveResponse, bytes]:
+    """A pop answer with the records and leased offsets of static queues in logical
+    offsets (leases and handles stay physical: they never leave this broker's view)."""
+    views = {(r.topic, r.queue): view_of(r.topic, r.queue) for r in response.records}
+    if not any(views.values()):
+        return response, body
+    parts: list[bytes] = []
+    pos = 0
+    for rec in response.records:
+        record = body[pos : pos + rec.size]
+        pos += rec.size
+        view = views[(rec.topic, rec.queue)]
+        if view is not None:
+            record = rebase_record(record, view.logical(parse_header(record).base_offset))
+        parts.append(record)
+    messages = []
+    for m in response.messages:
+        view = views.get((m.topic, m.queue)) or view_of(m.topic, m.queue)
+        offset = m.offset if view is None else view.logical(m.offset)
+        messages.append(msgspec.structs.replace(m, offset=offset))
+    return msgspec.structs.replace(response, messages=messages), b"".join(parts)

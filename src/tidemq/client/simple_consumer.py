@@ -199,6 +199,15 @@ class AsyncSimpleConsumer:
         addresses = {
             routes.broker_for(t, q) for t in topics if t in routes for q in routes.queues(t)
         }
+        # A static topic's sealed links are popped on their own brokers too.
+        for t in topics:
+            chains = (
+                [routes.chain(t, q) for q in range(routes.queue_count(t))] if t in routes else []
+            )
+            for chain in chains:
+                if chain is not None:
+                    addresses.update(routes.brokers.get(link.broker) for link in chain.links)
+
         found = sorted(a for a in addresses if a)
         if not found:
             missing = [t for t in topics if t not in routes]
