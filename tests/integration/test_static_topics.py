@@ -447,3 +447,50 @@ def test_pop_consumer_reads_every_message_across_two_remaps(
         assert all(by_value[v] == place for v, place in ids.items())
 
     loop.run(main())
+
+
+def test_retention_prunes_expired_links_and_later_remaps_keep_them_out(
+    loop: Loop, cluster3: ClusterEnv
+) -> None:
+    a_address = cluster3.addresses[0]
+    broker_a = cluster3.brokers[0]
+
+    async def pruned_in_routes(admin: aio.Admin) -> list[int]:
+        for _ in range(200):
+            chains = (await admin.describe_topic(TOPIC)).chains
+            if all(c.pruned for c in chains):
+                return [c.pruned for c in chains]
+            await asyncio.sleep(0.02)  # the broker re-registers at once; polling it
+        raise AssertionError("the pruned chains did not reach the routes")
+
+    async def main() -> None:
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            await admin.create_topic(TOPIC, QUEUES, static=True, brokers=["broker-a"])
+            first = await _send_round(producer, 0)
+            await admin.remap_topic(TOPIC, brokers=["broker-b"])
+            second = await _send_round(producer, 1)
+            client = ClusterClient(cluster3.bootstrap)
+            try:
+                alter = AlterTopicRequest(name=TOPIC, config={"retention.bytes": "0"})
+                await client.call(a_address, alter, TopicInfoMsg)
+            finally:
+                await client.close()
+            await broker_a._gateway.call(lambda s: s.enforce_retention())
+            assert broker_a._static.prune_expired() == QUEUES
+            assert await pruned_in_routes(admin) == [1] * QUEUES
+            await admin.remap_topic(TOPIC, brokers=["broker-c"])
+            info = await admin.describe_topic(TOPIC)
+            assert all(
+                [link.broker for link in c.links] == ["broker-b", "broker-c"] for c in info.chains
+            )
+            assert await admin.remove_broker("broker-a") == []
+        per_queue = {q: sum(1 for _, _, qq in first if qq == q) for q in range(QUEUES)}
+        got = await _read_all(cluster3.bootstrap, len(second))
+        for q, messages in got.items():
+            assert [o for o, _, _ in messages][:1] in ([per_queue[q]], [])
+            assert [(k, v) for _, k, v in messages] == [(k, v) for k, v, qq in second if qq == q]
+
+    loop.run(main())

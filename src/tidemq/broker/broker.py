@@ -264,7 +264,12 @@ class Broker:
             session_timeout_ms_max=cfg.group_session_timeout_ms_max,
         )
         self._static = StaticService(
-            cfg.broker_name, self._gateway, self._topics, self._clock, self._transactions
+            cfg.broker_name,
+            self._gateway,
+            self._topics,
+            self._clock,
+            transactions=self._transactions,
+            register_now=self._register_now,
         )
         self._data = DataHandlers(
             cfg,
@@ -482,6 +487,12 @@ class Broker:
             return {r.topic: r.queues for r in self.nameserver.routes(topics)}
         return await self._registration.queue_counts(topics)
 
+    async def _register_now(self) -> None:
+        if self.nameserver is not None:
+            self._register_local()
+        else:
+            await self._registration.register_once()
+
     def _register_local(self) -> None:
         assert self.nameserver is not None
         self.nameserver.register(
@@ -512,6 +523,7 @@ class Broker:
                 deleted = await self._gateway.call(lambda s: s.enforce_retention())
                 if deleted:
                     log.info("retention deleted %d commit-log segments", deleted)
+                self._static.prune_expired()
             except Exception:
                 log.exception("retention failed")
 

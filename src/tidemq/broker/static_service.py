@@ -15,7 +15,7 @@ epoch (a seal must name the next epoch, an open must be newer than what the brok
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -133,9 +133,14 @@ class StaticService:
         gateway: StoreGateway,
         topics: TopicTable,
         clock: Clock,
+        *,
         transactions: TransactionService,
+        register_now: Callable[[], Awaitable[None]],
     ) -> None:
+        """`register_now`: registers this broker with its name servers and returns when
+        they have the registration, so a remap's answer means the routes show it."""
         self._me = broker_name
+        self._register_now = register_now
         self._gateway = gateway
         self._topics = topics
         self._clock = clock
@@ -162,6 +167,42 @@ class StaticService:
         view = self.view(topic, queue) if self._topics.is_static(topic) else None
         return physical if view is None else view.logical(physical)
 
+    def prune_expired(self) -> int:
+        """After retention: drop from each static chain its leading links that are this
+        broker's, sealed, and entirely expired here (a chain's start moves on without
+        them, and this broker stops being named for data it no longer has). Returns how
+        many links were dropped."""
+        store = self._store
+        dropped = 0
+        for info in self._topics.all():
+            if not self._topics.is_static(info.name):
+                continue
+            for queue, chain in store.static.of_topic(info.id).items():
+                low = store.queue_bounds(info.name, queue)[0]
+                n = 0
+                for link in chain.links[:-1]:  # never the last link
+                    if link.broker != self._me or link.is_open or link.physical_end > low:
+                        break
+                    n += 1
+                if n:
+                    pruned = msgspec.structs.replace(
+                        chain, links=chain.links[n:], pruned=chain.pruned + n
+                    )
+                    writable = store.static_writable(info.name, queue)
+                    store.set_static_chain(info.name, queue, pruned, writable=writable)
+                    dropped += n
+                    log.info(
+                        "static topic %s queue %d: %d expired link(s) pruned; it now starts "
+                        "at logical offset %d",
+                        info.name,
+                        queue,
+                        n,
+                        pruned.links[0].logical_start,
+                    )
+        if dropped:
+            self._topics.on_change()
+        return dropped
+
     def chains(self, topic: str) -> list[QueueChain]:
         info = self._topics.get(topic)
         found = self._store.static.of_topic(info.id)
@@ -182,7 +223,7 @@ class StaticService:
             check_chain(_with_start(chain, 0), req.queues)
         await self._ensure_topic(req)
         opened = [self._open_one(req.topic, chain) for chain in req.chains]
-        self._topics.on_change()
+        await self._register_now()
         return StaticChainsResponse(chains=opened)
 
     async def _ensure_topic(self, req: StaticOpenRequest) -> None:
@@ -262,6 +303,16 @@ class StaticService:
             )
         if not req.target or req.target == self._me:
             raise InvalidRequest("a seal must name another broker as its target")
+        given = req.chain
+        if (
+            given is not None
+            and given.queue == req.queue
+            and given.epoch == have.epoch
+            and given.write_end == end
+            and given.version > have.version
+        ):
+            check_chain(given, self._topics.get(req.topic).queues)
+            have = given  # pruned elsewhere since this broker stored its chain
         key = (req.topic, req.queue)
         self.sealing.add(key)
         try:
@@ -302,7 +353,7 @@ class StaticService:
             chain.epoch,
             req.target,
         )
-        self._topics.on_change()
+        await self._register_now()
         return StaticChainsResponse(chains=[chain])
 
     def _check_own_links(self, topic: str, have: QueueChain, chain: QueueChain) -> None:
@@ -340,7 +391,7 @@ class StaticService:
                 store.set_static_chain(req.topic, chain.queue, chain, writable=writable)
                 have = chain
             out.append(have)
-        self._topics.on_change()
+        await self._register_now()
         return StaticChainsResponse(chains=out)
 
 

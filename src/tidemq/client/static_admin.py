@@ -277,7 +277,7 @@ class _Switch:
         end = chain.write_end
         assert end is not None
         request = StaticSealRequest(
-            topic=self._topic, queue=chain.queue, epoch=chain.epoch + 1, target=to
+            topic=self._topic, queue=chain.queue, epoch=chain.epoch + 1, target=to, chain=chain
         )
         # One try: a failure is reported and finished by repair, never guessed at.
         answer, _ = await self._cluster.request(

@@ -45,6 +45,10 @@ class StaticSealRequest(_Msg):
     queue: int
     epoch: int
     target: str
+    #: The newest chain the admin knows (from the routes): the sealed chain is built on it
+    #: when it is newer than this broker's but has the same write end (links pruned by
+    #: other brokers since).
+    chain: QueueChain | None = None
 
 
 class StaticUpdateRequest(_Msg):
