@@ -494,3 +494,49 @@ def test_retention_prunes_expired_links_and_later_remaps_keep_them_out(
             assert [(k, v) for _, k, v in messages] == [(k, v) for k, v, qq in second if qq == q]
 
     loop.run(main())
+
+
+def test_time_lookups_and_filters_work_across_links(loop: Loop, cluster3: ClusterEnv) -> None:
+    """seek_to_time finds a message on an older link or on the write end; a tag filter
+    evaluated on each link's broker returns the matching messages of every link."""
+
+    async def main() -> None:
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            await admin.create_topic(TOPIC, 1, static=True, brokers=["broker-a"])
+            for i in range(10):
+                await producer.send(TOPIC, b"a%d" % i, tag="paid" if i % 2 else "new",
+                                    timestamp=1_000.0 + i)  # fmt: skip
+            await admin.remap_topic(TOPIC, brokers=["broker-b"])
+            for i in range(10):
+                await producer.send(TOPIC, b"b%d" % i, tag="paid" if i % 2 else "new",
+                                    timestamp=2_000.0 + i)  # fmt: skip
+        consumer = aio.StreamConsumer(cluster3.bootstrap, start="none")
+        try:
+            consumer.assign([(TOPIC, 0)])
+            await consumer.seek_to_time(1_005.0, TOPIC, 0)
+            assert consumer.position(TOPIC, 0) == 5
+            await consumer.seek_to_time(1_500.0, TOPIC, 0)
+            assert consumer.position(TOPIC, 0) == 10
+            await consumer.seek_to_time(2_003.0, TOPIC, 0)
+            assert consumer.position(TOPIC, 0) == 13
+            await consumer.seek_to_time(9_999.0, TOPIC, 0)
+            assert consumer.position(TOPIC, 0) == 20
+        finally:
+            await consumer.close()
+        paid = aio.StreamConsumer(cluster3.bootstrap, start="earliest", tags=["paid"])
+        try:
+            paid.assign([(TOPIC, 0)])
+            seen: list[tuple[int, bytes]] = []
+            for _ in range(50):
+                seen += [(m.offset, m.value or b"") for m in await paid.poll(200)]
+                if len(seen) >= 10:
+                    break
+        finally:
+            await paid.close()
+        assert [o for o, _ in seen] == [1, 3, 5, 7, 9, 11, 13, 15, 17, 19]
+        assert [v for _, v in seen][4:6] == [b"a9", b"b1"]
+
+    loop.run(main())
