@@ -71,6 +71,36 @@ async def _read_all(bootstrap: str, expected: int) -> dict[int, list[tuple[int, 
     return got
 
 
+async def _poll_committing(
+    consumer: aio.GroupConsumer | aio.BroadcastConsumer, count: int
+) -> list[bytes]:
+    """Values polled (committing after each poll) until `count` came; closes `consumer`."""
+    seen: list[bytes] = []
+    try:
+        for _ in range(600):
+            for m in await consumer.poll(100):
+                assert m.value is not None
+                seen.append(m.value)
+            await consumer.commit()
+            if len(seen) >= count:
+                break
+    finally:
+        await consumer.close()
+    return seen
+
+
+async def _expire_everything_on(cluster: ClusterEnv, n: int) -> None:
+    """Retention removes every message of TOPIC on the n-th broker (retention.bytes 0
+    there only), now."""
+    client = ClusterClient(cluster.bootstrap)
+    try:
+        alter = AlterTopicRequest(name=TOPIC, config={"retention.bytes": "0"})
+        await client.call(cluster.addresses[n], alter, TopicInfoMsg)
+    finally:
+        await client.close()
+    await cluster.brokers[n]._gateway.call(lambda s: s.enforce_retention())
+
+
 def test_remap_onto_another_broker_and_back_keeps_every_message(
     loop: Loop, cluster3: ClusterEnv
 ) -> None:
@@ -215,16 +245,7 @@ def test_group_consumer_reads_exactly_once_across_two_remaps(
         consumer = aio.GroupConsumer(
             cluster3.bootstrap, "g-static", [TOPIC], start="earliest", auto_commit=False
         )
-        try:
-            for _ in range(600):
-                for m in await consumer.poll(100):
-                    assert m.value is not None
-                    seen.append(m.value)
-                await consumer.commit()
-                if len(seen) >= count:
-                    break
-        finally:
-            await consumer.close()
+        seen += await _poll_committing(consumer, count - len(seen))
 
     async def main() -> None:
         seen: list[bytes] = []
@@ -270,9 +291,6 @@ def test_what_static_topics_do_not_support_yet_is_refused_clearly(
 
 
 def test_a_broker_leaves_once_its_links_expired(loop: Loop, cluster3: ClusterEnv) -> None:
-    a_address = cluster3.addresses[0]
-    broker_a = cluster3.brokers[0]
-
     async def main() -> None:
         async with (
             aio.Admin(cluster3.bootstrap) as admin,
@@ -293,13 +311,7 @@ def test_a_broker_leaves_once_its_links_expired(loop: Loop, cluster3: ClusterEnv
             with pytest.raises(InvalidRequest, match="still holds readable data"):
                 await admin.remove_broker("broker-a")
             # Retention on broker-a removes everything it holds.
-            client = ClusterClient(cluster3.bootstrap)
-            try:
-                alter = AlterTopicRequest(name=TOPIC, config={"retention.bytes": "0"})
-                await client.call(a_address, alter, TopicInfoMsg)
-            finally:
-                await client.close()
-            await broker_a._gateway.call(lambda s: s.enforce_retention())
+            await _expire_everything_on(cluster3, 0)
             pruned = await admin.remove_broker("broker-a")
             per_queue = {q: sum(1 for _, _, qq in first if qq == q) for q in range(QUEUES)}
             assert sorted((p.queue, p.links, p.starts_at) for p in pruned) == [
@@ -327,18 +339,7 @@ def test_broadcast_members_each_read_everything_across_a_remap(
         consumer = aio.BroadcastConsumer(
             cluster3.bootstrap, "g-bcast", [TOPIC], member=member, start="earliest"
         )
-        seen: list[bytes] = []
-        try:
-            for _ in range(600):
-                for m in await consumer.poll(100):
-                    assert m.value is not None
-                    seen.append(m.value)
-                await consumer.commit()
-                if len(seen) >= count:
-                    break
-        finally:
-            await consumer.close()
-        return seen
+        return await _poll_committing(consumer, count)
 
     async def main() -> None:
         async with (
@@ -452,7 +453,6 @@ def test_pop_consumer_reads_every_message_across_two_remaps(
 def test_retention_prunes_expired_links_and_later_remaps_keep_them_out(
     loop: Loop, cluster3: ClusterEnv
 ) -> None:
-    a_address = cluster3.addresses[0]
     broker_a = cluster3.brokers[0]
 
     async def pruned_in_routes(admin: aio.Admin) -> list[int]:
@@ -472,13 +472,7 @@ def test_retention_prunes_expired_links_and_later_remaps_keep_them_out(
             first = await _send_round(producer, 0)
             await admin.remap_topic(TOPIC, brokers=["broker-b"])
             second = await _send_round(producer, 1)
-            client = ClusterClient(cluster3.bootstrap)
-            try:
-                alter = AlterTopicRequest(name=TOPIC, config={"retention.bytes": "0"})
-                await client.call(a_address, alter, TopicInfoMsg)
-            finally:
-                await client.close()
-            await broker_a._gateway.call(lambda s: s.enforce_retention())
+            await _expire_everything_on(cluster3, 0)
             assert broker_a._static.prune_expired() == QUEUES
             assert await pruned_in_routes(admin) == [1] * QUEUES
             await admin.remap_topic(TOPIC, brokers=["broker-c"])
