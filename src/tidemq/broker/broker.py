@@ -287,7 +287,12 @@ class Broker:
             static_view=self._static.view,
         )
         self._admin = AdminHandlers(
-            cfg, self._gateway, self._topics, self.address, static_view=self._static.view
+            cfg,
+            self._gateway,
+            self._topics,
+            self.address,
+            static_view=self._static.view,
+            register_now=self._register_now,
         )
         self._admin.connections = lambda: self._server.connections
         if self._embedded:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.static_service import LinkView
@@ -39,6 +39,10 @@ def _public_config(info: TopicInfo) -> dict[str, str]:
     return config
 
 
+async def _nothing() -> None:
+    return None
+
+
 class AdminHandlers:
     def __init__(
         self,
@@ -48,7 +52,10 @@ class AdminHandlers:
         address: str,
         *,
         static_view: Callable[[str, int], LinkView | None] = lambda topic, queue: None,
+        register_now: Callable[[], Awaitable[None]] = _nothing,
     ) -> None:
+        """`register_now`: registers the broker with its name servers, returning once they
+        have it (topic changes are answered after it)."""
         self._config = config
         self._gateway = gateway
         self._topics = topics
@@ -57,6 +64,7 @@ class AdminHandlers:
         self.connections: Callable[[], int] = lambda: 0
         #: A static queue's chain view: describe speaks logical offsets.
         self.static_view = static_view
+        self._register_now = register_now
 
     async def _describe(self, info: TopicInfo) -> TopicInfoMsg:
         hosted = self._topics.hosted(info.name)
@@ -100,16 +108,21 @@ class AdminHandlers:
             config=dict(req.config),
             hosted=list(req.hosted_queues),
         )
+        # Answered once the name servers route the topic: a client that sends right after
+        # the create must not be told the topic does not exist.
+        await self._register_now()
         return await self._describe(info)
 
     async def alter_topic(self, req: AlterTopicRequest) -> TopicInfoMsg:
         info = await self._topics.alter(
             req.name, queues=req.queues, config=dict(req.config), hosted=list(req.hosted_queues)
         )
+        await self._register_now()
         return await self._describe(info)
 
     async def delete_topic(self, req: DeleteTopicRequest) -> Empty:
         await self._topics.delete(req.name)
+        await self._register_now()
         return Empty()
 
     async def list_topics(self, req: ListTopicsRequest) -> ListTopicsResponse:
