@@ -534,3 +534,39 @@ def test_time_lookups_and_filters_work_across_links(loop: Loop, cluster3: Cluste
         assert [v for _, v in seen][4:6] == [b"a9", b"b1"]
 
     loop.run(main())
+
+
+def test_push_consumer_handles_every_message_across_a_remap(
+    loop: Loop, cluster3: ClusterEnv
+) -> None:
+    async def main() -> None:
+        handled: list[bytes] = []
+        enough = asyncio.Event()
+        sent: list[tuple[bytes, bytes, int]] = []
+
+        async def handler(msg: aio.ReceivedMessage) -> None:
+            handled.append(msg.value or b"")
+            if len(handled) >= len(sent) == 3 * KEYS:
+                enough.set()
+
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            await admin.create_topic(TOPIC, QUEUES, static=True, brokers=["broker-a"])
+            sent += await _send_round(producer, 0)
+            consumer = aio.PushConsumer(cluster3.bootstrap, "g-push", {TOPIC: "*"}, handler)
+            await consumer.start()
+            try:
+                await admin.remap_topic(TOPIC, brokers=["broker-b"])
+                sent += await _send_round(producer, 1)
+                await admin.remap_topic(TOPIC, brokers=["broker-a", "broker-c"])
+                sent += await _send_round(producer, 2)
+                if len(handled) >= len(sent):
+                    enough.set()
+                await asyncio.wait_for(enough.wait(), 60)
+            finally:
+                await consumer.close()
+        assert sorted(handled) == sorted(v for _, v, _ in sent)
+
+    loop.run(main())
