@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tidemq.broker.static_service import LinkView
+from tidemq.broker.static_view import LinkView
 from tidemq.core.batch import MessageRecord, encode_batch, parse_envelope
 from tidemq.core.errors import InvalidRequest
 from tidemq.core.record import encode_header, parse_header, rebase_record, verify_payload

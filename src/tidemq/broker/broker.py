@@ -35,7 +35,8 @@ from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import ProducerOwners
-from tidemq.broker.static_service import StaticService, rebase_popped
+from tidemq.broker.static_service import StaticService
+from tidemq.broker.static_view import rebase_popped
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import (
     HALF_TOPIC,

@@ -1,6 +1,7 @@
 """A broker's side of static topics: open links, seal its write end, learn newer chains
-(STATIC_OPEN, STATIC_SEAL, STATIC_UPDATE), and the views the data handlers use to speak
-logical offsets over its physical queues.
+(STATIC_OPEN, STATIC_SEAL, STATIC_UPDATE), prune expired links, and give the data
+handlers each static queue's view (`static_view.LinkView`: logical offsets over this
+broker's physical queue).
 
 The switch protocol (docs/design/static-topics.md): the admin seals the write end on the
 old broker (epoch + 1, target named), which refuses appends from that moment, makes its
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Final
 
 import msgspec
 
+from tidemq.broker.static_view import LinkView, own_links
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topics import TopicTable, check_user_topic
 from tidemq.broker.transaction_service import TransactionService
@@ -32,15 +33,11 @@ from tidemq.core.errors import (
     TopicAlreadyExists,
     TopicNotFound,
 )
-from tidemq.core.record import parse_header, rebase_record
 from tidemq.core.static_chain import (
     Link,
     QueueChain,
     check_chain,
-    link_for,
-    to_logical,
 )
-from tidemq.protocol.commands import PopReceiveResponse
 from tidemq.protocol.static_messages import (
     StaticChainsResponse,
     StaticOpenRequest,
@@ -50,80 +47,14 @@ from tidemq.protocol.static_messages import (
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import TopicInfo
 
-__all__ = ["SEAL_TRANSACTIONS_WAIT_S", "LinkView", "StaticService", "rebase_popped"]
+__all__ = ["SEAL_TRANSACTIONS_WAIT_S", "StaticService"]
+
 
 log = logging.getLogger(__name__)
 
 #: How long a seal waits for the transactions holding batches for its queue (they
 #: publish there when committed) before it gives up, sealing nothing.
 SEAL_TRANSACTIONS_WAIT_S: Final = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class LinkView:
-    """One queue's chain as seen from this broker: logical <-> physical offsets."""
-
-    chain: QueueChain
-    broker: str
-
-    @property
-    def writable(self) -> bool:
-        """Whether this broker holds the queue's write end."""
-        end = self.chain.write_end
-        return end is not None and end.broker == self.broker
-
-    def physical(self, offset: int) -> tuple[Link, int]:
-        """This broker's link holding logical `offset` and the physical offset there.
-        Raises QueueMoved when another broker's link holds it (or none does yet)."""
-        link = link_for(self.chain, offset)
-        if link is None or link.broker != self.broker:
-            where = f"broker {link.broker}" if link is not None else "no broker yet"
-            raise QueueMoved(
-                f"offset {offset} of queue {self.chain.queue} is held by {where} (chain "
-                f"epoch {self.chain.epoch}); refresh the routes"
-            )
-        return link, link.physical_start + offset - link.logical_start
-
-    def logical(self, physical: int) -> int:
-        found = to_logical(self.chain, self.broker, physical)
-        if found is None:
-            raise InvalidRequest(f"physical offset {physical} is in no link of this broker")
-        return found
-
-    def bounds(self, lo: int, hi: int) -> tuple[int, int]:
-        """The logical (min, max) to report for this broker's physical bounds [lo, hi):
-        the min is the start of the first link still readable as far as this broker
-        knows (another broker's link counts as readable from its start); the max is where
-        this broker's part ends (the write end's next offset when it is here)."""
-        own = _own(self.chain, self.broker)
-        if not own:
-            first = self.chain.links[0]
-            return first.logical_start, first.logical_start  # pruned away from here
-        last = own[-1]
-        high = last.logical_start + hi - last.physical_start if last.is_open else last.logical_end
-        assert high is not None
-        return self._low(lo), high
-
-    def _low(self, lo: int) -> int:
-        for link in self.chain.links:
-            if link.broker != self.broker or lo <= link.physical_start:
-                return link.logical_start
-            if link.is_open or lo < link.physical_end:
-                return link.logical_start + lo - link.physical_start
-            # This own link's data has expired entirely: the next link.
-        end = self.chain.logical_end
-        return end if end is not None else self.chain.links[-1].logical_start
-
-    def records(self, link: Link, records: list[bytes | memoryview]) -> list[bytes]:
-        """`records` read from `link`'s physical queue, cut at its end and rebased onto
-        logical offsets (the header only; the payload is not touched)."""
-        out: list[bytes] = []
-        for record in records:
-            base = parse_header(record).base_offset
-            if not link.is_open and base >= link.physical_end:
-                break  # the same physical queue's later link: not this one's
-            out.append(rebase_record(record, link.logical_start + base - link.physical_start))
-        return out
 
 
 class StaticService:
@@ -360,7 +291,7 @@ class StaticService:
         """A newer chain may change this broker's links only by dropping leading sealed
         ones whose data has expired here (pruning); opening and sealing have their own
         requests."""
-        mine, theirs = _own(have, self._me), _own(chain, self._me)
+        mine, theirs = own_links(have, self._me), own_links(chain, self._me)
         dropped = mine[: len(mine) - len(theirs)]
         if mine[len(dropped) :] != theirs:
             raise InvalidRequest(
@@ -395,10 +326,6 @@ class StaticService:
         return StaticChainsResponse(chains=out)
 
 
-def _own(chain: QueueChain, broker: str) -> list[Link]:
-    return [link for link in chain.links if link.broker == broker]
-
-
 def _with_start(chain: QueueChain, physical_start: int, *, opened_ms: int = 0) -> QueueChain:
     """`chain` with its last (open) link starting at `physical_start` here."""
     last = chain.links[-1]
@@ -406,30 +333,3 @@ def _with_start(chain: QueueChain, physical_start: int, *, opened_ms: int = 0) -
         last, physical_start=physical_start, opened_ms=opened_ms or last.opened_ms
     )
     return msgspec.structs.replace(chain, links=(*chain.links[:-1], filled), target="")
-
-
-def rebase_popped(
-    response: PopReceiveResponse,
-    body: bytes,
-    view_of: Callable[[str, int], LinkView | None],
-) -> tuple[PopReceiveResponse, bytes]:
-    """A pop answer with the records and leased offsets of static queues in logical
-    offsets (leases and handles stay physical: they never leave this broker's view)."""
-    views = {(r.topic, r.queue): view_of(r.topic, r.queue) for r in response.records}
-    if not any(views.values()):
-        return response, body
-    parts: list[bytes] = []
-    pos = 0
-    for rec in response.records:
-        record = body[pos : pos + rec.size]
-        pos += rec.size
-        view = views[(rec.topic, rec.queue)]
-        if view is not None:
-            record = rebase_record(record, view.logical(parse_header(record).base_offset))
-        parts.append(record)
-    messages = []
-    for m in response.messages:
-        view = views.get((m.topic, m.queue)) or view_of(m.topic, m.queue)
-        offset = m.offset if view is None else view.logical(m.offset)
-        messages.append(msgspec.structs.replace(m, offset=offset))
-    return msgspec.structs.replace(response, messages=messages), b"".join(parts)

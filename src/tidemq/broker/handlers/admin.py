@@ -6,7 +6,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from tidemq.broker.config import BrokerConfig
-from tidemq.broker.static_service import LinkView
+from tidemq.broker.static_view import LinkView
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topics import TopicTable, check_user_topic
 from tidemq.core.version import __version__

@@ -10,7 +10,8 @@ import msgspec
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.filters import compile_filter, filter_mask, summary_mask
 from tidemq.broker.long_polling import LongPolling
-from tidemq.broker.static_service import LinkView, StaticService
+from tidemq.broker.static_service import StaticService
+from tidemq.broker.static_view import LinkView
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import HALF_TOPIC, TIMER_TOPIC
 from tidemq.broker.timer_service import TimerService

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from tidemq.broker.static_service import LinkView
+from tidemq.broker.static_view import LinkView
 from tidemq.broker.timer_service import TimerService
 from tidemq.broker.transaction_service import TransactionService
 from tidemq.net.server import ServerConnection
