@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -33,6 +34,7 @@ from tidemq.broker.handlers.data import DataHandlers
 from tidemq.broker.handlers.groups import GroupHandlers
 from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
+from tidemq.broker.metrics import MetricsSnapshot
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import ProducerOwners
 from tidemq.broker.static_service import StaticService
@@ -492,6 +494,39 @@ class Broker:
         if self.nameserver is not None:
             return {r.topic: r.queues for r in self.nameserver.routes(topics)}
         return await self._registration.queue_counts(topics)
+
+    def metrics(self) -> MetricsSnapshot:
+        """Counters and gauges for the HTTP listener's /metrics (on the broker's loop)."""
+        store = self._gateway.store
+        topics = {t.name: t for t in self._topics.all()}
+        groups = sorted(set(store.groups()) | set(self._coordinator.groups()))
+        lag: dict[tuple[str, str], int] = {}
+        for group in store.groups():
+            for (topic, queue), committed in store.committed_offsets(group).items():
+                if topic not in topics or queue not in self._topics.hosted(topic):
+                    continue
+                lo, hi = store.queue_bounds(topic, queue)
+                view = self._static.view(topic, queue) if self._topics.is_static(topic) else None
+                if view is not None:
+                    if not view.writable:
+                        continue  # the end is where the write end is
+                    lo, hi = view.bounds(lo, hi)
+                key = (group, topic)
+                lag[key] = lag.get(key, 0) + max(0, hi - max(committed, lo))
+        txns = self._transactions.status()
+        traffic = self._data.traffic.topics
+        return MetricsSnapshot(
+            traffic={
+                name: dataclasses.replace(traffic[name]) for name in topics if name in traffic
+            },
+            groups=groups,
+            lag=lag,
+            half_messages=sum(t.messages for t in txns.open),
+            transactions_committed=txns.committed,
+            transactions_rolled_back=txns.rolled_back,
+            timer_pending={t.topic: t.pending_messages for t in self._timers.status().topics},
+            log_bytes=store.end_position - store.log.start_position,
+        )
 
     async def _register_now(self) -> None:
         if self.nameserver is not None:

@@ -39,7 +39,10 @@ class Node:
         elif self._http.enabled:
             host = self._http.host or self.broker.config.host
             self.listener = HttpListener(
-                self._bootstrap or address, host=host, port=self._http.port
+                self._bootstrap or address,
+                host=host,
+                port=self._http.port,
+                metrics=self.broker.metrics,
             )
             http_address = await self.listener.start()
             # A line of its own, like "serving on": scripts and tests read the port.

@@ -12,11 +12,14 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Callable
 
 import uvicorn
 from starlette.applications import Starlette
 
+from tidemq.broker.metrics import MetricsSnapshot
 from tidemq.client.cluster import ClientConfig
+from tidemq.http.metrics_api import metrics_routes
 from tidemq.http.registry_api import registry_routes
 from tidemq.http.registry_service import RegistryService
 
@@ -33,9 +36,14 @@ class HttpListener:
         host: str = "127.0.0.1",
         port: int = 8085,
         client_config: ClientConfig | None = None,
+        metrics: Callable[[], MetricsSnapshot] | None = None,
     ) -> None:
+        """`metrics`: the broker's snapshot for `/metrics` (None: no such path)."""
         self.registry = RegistryService(bootstrap, client_config=client_config)
-        self.app = Starlette(routes=registry_routes(self.registry))
+        routes = registry_routes(self.registry)
+        if metrics is not None:
+            routes += metrics_routes(metrics)
+        self.app = Starlette(routes=routes)
         self._config = uvicorn.Config(
             self.app,
             host=host,
@@ -73,7 +81,7 @@ class HttpListener:
         host, port = sock.getsockname()[:2]
         self.address = f"{host}:{port}"
         self._task = asyncio.get_running_loop().create_task(self._server.main_loop())
-        log.info("HTTP (schema registry) on %s", self.address)
+        log.info("HTTP (schema registry, metrics) on %s", self.address)
         return self.address
 
     async def stop(self) -> None:

@@ -10,6 +10,7 @@ import msgspec
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.filters import compile_filter, filter_mask, summary_mask
 from tidemq.broker.long_polling import LongPolling
+from tidemq.broker.metrics import Traffic
 from tidemq.broker.static_service import StaticService
 from tidemq.broker.static_view import LinkView
 from tidemq.broker.store_gateway import StoreGateway
@@ -62,6 +63,8 @@ class DataHandlers:
         self._timers = timers
         self._transactions = transactions
         self._static = static
+        #: Messages and bytes in and out per topic (the HTTP listener's /metrics).
+        self.traffic = Traffic()
 
     async def produce(self, req: ProduceRequest, body: bytes | memoryview) -> ProduceResponse:
         """`body`: the batch payload; a view of the request's own buffer when large (the
@@ -98,6 +101,7 @@ class DataHandlers:
             result = await self._timers.schedule(
                 req.topic, req.queue, bytes(body), req.deliver_at_ms
             )
+            self.traffic.stored(req.topic, result.count, len(body))
             return ProduceResponse(
                 base_offset=result.base_offset,
                 count=result.count,
@@ -106,6 +110,7 @@ class DataHandlers:
             )
         if kind is MessageType.TRANSACTION:
             result = await self._transactions.send(req.txn_id, req.topic, req.queue, bytes(body))
+            self.traffic.stored(req.topic, result.count, len(body))
             return ProduceResponse(
                 base_offset=result.base_offset,
                 count=result.count,
@@ -118,6 +123,8 @@ class DataHandlers:
                 raise InvalidRequest("an idempotent produce needs epoch and base_sequence >= 0")
             stamp = ProducerStamp(req.producer_id, req.epoch, req.base_sequence)
         result = await self._gateway.append(req.topic, req.queue, body, producer=stamp)
+        if not result.duplicate:
+            self.traffic.stored(req.topic, result.count, len(body))
         base = result.base_offset
         if view is not None:
             # The chain may have been sealed while the append waited for its flush: the
@@ -211,11 +218,16 @@ class DataHandlers:
                 break
         records = [b.record for b in result.batches]
         masks: list[bytes] = []
+        count = sum(b.count for b in result.batches)
         if flt is not None:
             # Per message, on the broker; records where nothing matches are left out.
-            kept = [(r, filter_mask(r, flt)) for r in records]
-            kept = [(r, m) for r, m in kept if not m or any(m)]
-            records, masks = [r for r, _ in kept], [m for _, m in kept]
+            kept = [(b, filter_mask(b.record, flt)) for b in result.batches]
+            kept = [(b, m) for b, m in kept if not m or any(m)]
+            records, masks = [b.record for b, _ in kept], [m for _, m in kept]
+            count = sum(int.from_bytes(m, "little").bit_count() if m else b.count
+                        for b, m in kept)  # fmt: skip
+        if records:
+            self.traffic.sent(req.topic, count, sum(len(r) for r in records))
         response = FetchResponse(
             status=result.status.value,
             next_offset=result.next_offset,

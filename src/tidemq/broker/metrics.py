@@ -1,0 +1,66 @@
+"""The broker's traffic counters, kept as plain integers on the data path and read by the
+HTTP listener's `/metrics` when Prometheus scrapes (`tidemq.http.metrics_api`).
+
+No Prometheus object is touched per request: a produce adds to two dict entries, a fetch
+to two, and the exporter turns them into samples at scrape time. Series are per topic
+(bounded by the topic limit); per-queue series are not kept.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+__all__ = ["TopicTraffic", "Traffic"]
+
+
+@dataclass(slots=True)
+class TopicTraffic:
+    messages_in: int = 0
+    bytes_in: int = 0
+    messages_out: int = 0
+    bytes_out: int = 0
+
+
+@dataclass(slots=True)
+class Traffic:
+    """Per topic: messages and bytes stored by produce requests (delayed and half
+    messages when they are sent) and read by fetches (what left the broker)."""
+
+    topics: defaultdict[str, TopicTraffic] = field(
+        default_factory=lambda: defaultdict(TopicTraffic)
+    )
+
+    def stored(self, topic: str, messages: int, size: int) -> None:
+        t = self.topics[topic]
+        t.messages_in += messages
+        t.bytes_in += size
+
+    def sent(self, topic: str, messages: int, size: int) -> None:
+        t = self.topics[topic]
+        t.messages_out += messages
+        t.bytes_out += size
+
+    def forget(self, topic: str) -> None:
+        """A deleted topic's series end."""
+        self.topics.pop(topic, None)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """What `/metrics` reports, read from the broker in one step on its loop."""
+
+    #: Per existing user topic.
+    traffic: dict[str, TopicTraffic]
+    #: Consumer groups known here (committed offsets or members).
+    groups: list[str]
+    #: (group, topic) -> messages behind, over the topic's queues stored here.
+    lag: dict[tuple[str, str], int]
+    #: Messages of open transactions (half messages not yet committed or rolled back).
+    half_messages: int
+    transactions_committed: int
+    transactions_rolled_back: int
+    #: Delayed messages waiting for their time, per topic.
+    timer_pending: dict[str, int]
+    #: Bytes of the commit log from its first segment to its end.
+    log_bytes: int

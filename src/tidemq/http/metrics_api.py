@@ -1,0 +1,100 @@
+"""`GET /metrics`: the broker's counters and gauges in Prometheus text format, with
+RocketMQ's metric names and labels where they exist (`rocketmq_messages_in_total`,
+`topic`, `consumer_group`) and `tidemq_...` for the rest.
+
+Everything is read at scrape time from one `Broker.metrics()` snapshot (the data path
+only adds to plain integers, `tidemq.broker.metrics`); series are per topic and per
+(group, topic), never per queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tidemq.broker.metrics import MetricsSnapshot
+
+__all__ = ["CONTENT_TYPE", "metrics_routes"]
+
+#: Prometheus text exposition format 0.0.4.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _BrokerCollector(Collector):
+    def __init__(self, snapshot: Callable[[], MetricsSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._snapshot()
+        yield from _traffic(s)
+        yield GaugeMetricFamily("rocketmq_topic_number", "Topics on this broker.", len(s.traffic))
+        yield GaugeMetricFamily(
+            "rocketmq_consumer_group_number", "Consumer groups known here.", len(s.groups)
+        )
+        lag = GaugeMetricFamily(
+            "rocketmq_consumer_lag_messages",
+            "Messages not yet consumed (committed) by the group, over the topic's queues "
+            "stored on this broker.",
+            labels=["consumer_group", "topic"],
+        )
+        for (group, topic), behind in sorted(s.lag.items()):
+            lag.add_metric([group, topic], behind)
+        yield lag
+        yield GaugeMetricFamily(
+            "rocketmq_half_messages", "Messages of open transactions.", s.half_messages
+        )
+        yield CounterMetricFamily(
+            "tidemq_transactions_committed", "Transactions committed.", s.transactions_committed
+        )
+        yield CounterMetricFamily(
+            "tidemq_transactions_rolled_back",
+            "Transactions rolled back (by the producer or after failed check-backs).",
+            s.transactions_rolled_back,
+        )
+        timers = GaugeMetricFamily(
+            "tidemq_timer_pending_messages", "Delayed messages not yet due.", labels=["topic"]
+        )
+        for topic, pending in sorted(s.timer_pending.items()):
+            timers.add_metric([topic], pending)
+        yield timers
+        yield GaugeMetricFamily(
+            "tidemq_commit_log_bytes", "Bytes of the commit log kept on disk.", s.log_bytes
+        )
+
+
+def _traffic(s: MetricsSnapshot) -> Iterator[Metric]:
+    families = {
+        "messages_in": CounterMetricFamily(
+            "rocketmq_messages_in", "Messages stored by produce requests.", labels=["topic"]
+        ),
+        "messages_out": CounterMetricFamily(
+            "rocketmq_messages_out", "Messages sent to consumers.", labels=["topic"]
+        ),
+        "bytes_in": CounterMetricFamily(
+            "rocketmq_throughput_in", "Bytes of produce requests stored.", labels=["topic"]
+        ),
+        "bytes_out": CounterMetricFamily(
+            "rocketmq_throughput_out", "Bytes of records sent to consumers.", labels=["topic"]
+        ),
+    }
+    for topic, t in sorted(s.traffic.items()):
+        for attr, family in families.items():
+            family.add_metric([topic], getattr(t, attr))
+    yield from families.values()
+
+
+def metrics_routes(snapshot: Callable[[], MetricsSnapshot]) -> list[Route]:
+    """The `/metrics` route, reading `snapshot()` at each scrape."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_BrokerCollector(snapshot))
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE)
+
+    return [Route("/metrics", metrics, methods=["GET"])]

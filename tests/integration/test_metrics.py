@@ -1,0 +1,79 @@
+"""`GET /metrics` on a `tidemq server`'s HTTP listener: Prometheus text that
+`prometheus_client.parser` reads, with values that match the traffic the test made."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tests.support.server_process import server_process
+
+import tidemq
+
+pytestmark = pytest.mark.timeout(120)
+
+TOPIC = "metered"
+N = 120
+
+
+def _scrape(http: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://{http}/metrics", timeout=10) as answer:
+        assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = answer.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_metrics_match_the_traffic(tmp_path: Path) -> None:
+    with server_process(tmp_path) as server:
+        b = server.address
+        with tidemq.Admin(b) as admin:
+            admin.create_topic(TOPIC, 2)
+        with tidemq.Producer(b) as producer:
+            for i in range(N):
+                producer.send(TOPIC, b"%03d" % i + b"x" * 97, key=b"k%d" % i)
+            producer.send(TOPIC, b"later", queue=0, delay=3600.0)
+        with tidemq.TransactionProducer(b, "g-tx") as txns:
+            txn = txns.begin()
+            txn.send(TOPIC, b"half", queue=1)
+            with tidemq.StreamConsumer(b, start="earliest") as consumer:
+                consumer.assign([(TOPIC, 0), (TOPIC, 1)])
+                got = 0
+                for _ in range(100):
+                    got += len(consumer.poll(500))
+                    if got >= N:
+                        break
+            assert got == N
+            with tidemq.GroupConsumer(
+                b, "g-metered", [TOPIC], start="earliest", auto_commit=False
+            ) as group:
+                read = 0
+                for _ in range(100):
+                    read += len(group.poll(500))
+                    if read:
+                        break
+                # Lag counts the queues with a committed offset (as Kafka's tools do).
+                group.commit({(TOPIC, 0): 5, (TOPIC, 1): 5})
+            m = _scrape(server.http_address)
+            txn.rollback()
+        t = (("topic", TOPIC),)
+        assert m[("rocketmq_messages_in_total", t)] == N + 2  # the delayed and the half
+        assert m[("rocketmq_throughput_in_total", t)] > N * 100
+        # Sent to consumers: the group's consumer fetches ahead of what it polled.
+        assert N + read <= m[("rocketmq_messages_out_total", t)] <= 2 * N
+        assert m[("rocketmq_throughput_out_total", t)] > (N + read) * 100
+        assert m[("rocketmq_topic_number", ())] == 1
+        assert m[("rocketmq_consumer_group_number", ())] >= 1
+        lag = (("consumer_group", "g-metered"), ("topic", TOPIC))
+        assert m[("rocketmq_consumer_lag_messages", lag)] == N - 10
+        assert m[("rocketmq_half_messages", ())] == 1
+        assert m[("tidemq_timer_pending_messages", t)] == 1
+        assert m[("tidemq_commit_log_bytes", ())] > N * 100
+        after = _scrape(server.http_address)
+        assert after[("tidemq_transactions_rolled_back_total", ())] == 1
+        assert after[("rocketmq_half_messages", ())] == 0
