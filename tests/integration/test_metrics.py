@@ -74,6 +74,14 @@ def test_metrics_match_the_traffic(tmp_path: Path) -> None:
         assert m[("rocketmq_half_messages", ())] == 1
         assert m[("tidemq_timer_pending_messages", t)] == 1
         assert m[("tidemq_commit_log_bytes", ())] > N * 100
+        produce = (("kind", "PRODUCE"),)
+        assert m[("tidemq_request_duration_seconds_count", produce)] >= N + 1
+        inf = (("kind", "PRODUCE"), ("le", "+Inf"))
+        assert (
+            m[("tidemq_request_duration_seconds_bucket", inf)]
+            == m[("tidemq_request_duration_seconds_count", produce)]
+        )
+        assert 0 < m[("tidemq_request_duration_seconds_sum", produce)] < 60
         after = _scrape(server.http_address)
         assert after[("tidemq_transactions_rolled_back_total", ())] == 1
         assert after[("rocketmq_half_messages", ())] == 0

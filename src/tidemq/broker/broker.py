@@ -34,7 +34,7 @@ from tidemq.broker.handlers.data import DataHandlers
 from tidemq.broker.handlers.groups import GroupHandlers
 from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
-from tidemq.broker.metrics import MetricsSnapshot
+from tidemq.broker.metrics import Durations, MetricsSnapshot, RequestTimes
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import ProducerOwners
 from tidemq.broker.static_service import StaticService
@@ -147,6 +147,8 @@ class Broker:
         self._bootstrap_password = bootstrap_password
         self._cluster_key = None if cluster_secret is None else check_secret(cluster_secret)
         self._clock = clock or SystemClock()
+        #: Server-side time per request kind (the HTTP listener's /metrics).
+        self.request_times = RequestTimes()
         self._fs = fs
         self._embedded = embedded_nameserver
         self.address = ""
@@ -526,6 +528,10 @@ class Broker:
             transactions_rolled_back=txns.rolled_back,
             timer_pending={t.topic: t.pending_messages for t in self._timers.status().topics},
             log_bytes=store.end_position - store.log.start_position,
+            request_times={
+                kind: Durations(list(d.counts), d.total_s)
+                for kind, d in self.request_times.kinds.items()
+            },
         )
 
     async def _register_now(self) -> None:
@@ -658,7 +664,11 @@ class Broker:
         principal = conn.principal
         if principal is not None and code is RequestCode.PRODUCE and header.producer_id >= 0:
             self._producer_owners.check(header.producer_id, principal)
-        answer, body = await self._serve(code, header, frame, conn)
+        started = time.perf_counter()
+        try:
+            answer, body = await self._serve(code, header, frame, conn)
+        finally:
+            self.request_times.observe(code.name, time.perf_counter() - started)
         if principal is not None and code is RequestCode.INIT_PRODUCER:
             self._producer_owners.issued(answer.producer_id, principal)
         if authz.enabled and code in FILTERED_CODES:

@@ -8,10 +8,18 @@ to two, and the exporter turns them into samples at scrape time. Series are per 
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-__all__ = ["TopicTraffic", "Traffic"]
+__all__ = [
+    "DURATION_BUCKETS",
+    "Durations",
+    "MetricsSnapshot",
+    "RequestTimes",
+    "TopicTraffic",
+    "Traffic",
+]
 
 
 @dataclass(slots=True)
@@ -64,3 +72,36 @@ class MetricsSnapshot:
     timer_pending: dict[str, int]
     #: Bytes of the commit log from its first segment to its end.
     log_bytes: int
+    #: Request kind -> its durations (copied).
+    request_times: dict[str, Durations]
+
+
+#: Upper bounds (seconds) of the request-duration buckets (Prometheus' `le`); the last
+#: bucket, +Inf, is implicit.
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class Durations:
+    """A histogram of request durations: per bucket counts (the last one +Inf), the sum."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
+    total_s: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+        self.total_s += seconds
+
+
+@dataclass(slots=True)
+class RequestTimes:
+    """Server-side time per request kind, from decode to answer (a fetch includes its
+    long-poll wait)."""
+
+    kinds: defaultdict[str, Durations] = field(default_factory=lambda: defaultdict(Durations))
+
+    def observe(self, kind: str, seconds: float) -> None:
+        self.kinds[kind].observe(seconds)

@@ -9,16 +9,22 @@ only adds to plain integers, `tidemq.broker.metrics`); series are per topic and 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidemq.broker.metrics import MetricsSnapshot
+from tidemq.broker.metrics import DURATION_BUCKETS, MetricsSnapshot
 
 __all__ = ["CONTENT_TYPE", "metrics_routes"]
 
@@ -66,6 +72,21 @@ class _BrokerCollector(Collector):
         yield GaugeMetricFamily(
             "tidemq_commit_log_bytes", "Bytes of the commit log kept on disk.", s.log_bytes
         )
+        yield _durations(s)
+
+
+def _durations(s: MetricsSnapshot) -> Metric:
+    family = HistogramMetricFamily(
+        "tidemq_request_duration_seconds",
+        "Server-side time per request kind, from decode to answer (a fetch includes its "
+        "long-poll wait).",
+        labels=["kind"],
+    )
+    bounds = [*(str(b) for b in DURATION_BUCKETS), "+Inf"]
+    for kind, d in sorted(s.request_times.items()):
+        cumulative = list(itertools.accumulate(d.counts))
+        family.add_metric([kind], list(zip(bounds, cumulative, strict=True)), d.total_s)
+    return family
 
 
 def _traffic(s: MetricsSnapshot) -> Iterator[Metric]:
