@@ -519,3 +519,22 @@ def test_timer_and_txn_status_and_cancel(server: Server) -> None:
     assert txns["open"] == []
     assert txns["max_checks"] == 15
     assert "committed" in ok("txn", "status", "-n", b).stdout
+
+
+def test_message_get_by_id_offset_and_time(server: Server) -> None:
+    b = server.address
+    ok("topic", "create", "t-lookup", "--queues", "1", "-n", b)
+    with Producer(b) as producer:
+        receipt = producer.send("t-lookup", b"hello", key=b"k1", timestamp=1_700_000_000.0)
+    by_id = ok("message", "get", receipt.message_id, "-n", b, "-o", "json").json()
+    assert (by_id["value"], by_id["key"], by_id["offset"]) == ("hello", "k1", receipt.offset)
+    by_offset = ok("message", "get", "-t", "t-lookup", "--queue", "0", "--offset", "0", "-n", b)
+    assert "hello" in by_offset.stdout
+    by_time = ok("message", "get", "-t", "t-lookup", "--queue", "0",
+                 "--at", "2023-11-14T00:00:00+00:00", "-n", b, "-o", "json").json()  # fmt: skip
+    assert by_time["id"] == receipt.message_id
+    missing = cli("message", "get", "-t", "t-lookup", "--queue", "0", "--offset", "9", "-n", b)
+    assert missing.code == 1
+    assert "no message is stored there" in missing.stderr
+    both = cli("message", "get", receipt.message_id, "--offset", "0", "-n", b)
+    assert both.code == 2

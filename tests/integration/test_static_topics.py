@@ -20,6 +20,7 @@ from tidemq.core.errors import (
     ConfigError,
     InvalidRequest,
     TopicAlreadyExists,
+    UnknownMessage,
     Unsupported,
 )
 from tidemq.protocol.commands import AlterTopicRequest, TopicInfoMsg
@@ -568,5 +569,37 @@ def test_push_consumer_handles_every_message_across_a_remap(
             finally:
                 await consumer.close()
         assert sorted(handled) == sorted(v for _, v, _ in sent)
+
+    loop.run(main())
+
+
+def test_messages_are_found_by_id_offset_and_time_after_a_remap(
+    loop: Loop, cluster3: ClusterEnv
+) -> None:
+    async def main() -> None:
+        async with (
+            aio.Admin(cluster3.bootstrap) as admin,
+            aio.Producer(cluster3.bootstrap) as producer,
+        ):
+            await admin.create_topic(TOPIC, 1, static=True, brokers=["broker-a"])
+            old = await producer.send(TOPIC, b"old", key=b"k", timestamp=1_000.0)
+            await admin.remap_topic(TOPIC, brokers=["broker-b"])
+            new = await producer.send(TOPIC, b"new", key=b"k", timestamp=2_000.0)
+            for receipt, value in ((old, b"old"), (new, b"new")):
+                found = await admin.get_message(receipt.message_id)
+                assert found is not None
+                assert (found.value, found.offset) == (value, receipt.offset)
+                at = await admin.message_at(TOPIC, 0, offset=receipt.offset)
+                assert at is not None
+                assert at.message_id == receipt.message_id
+            later = await admin.message_at(TOPIC, 0, at=1_500.0)
+            assert later is not None
+            assert later.value == b"new"
+            assert await admin.message_at(TOPIC, 0, offset=2) is None
+            assert await admin.message_at(TOPIC, 0, at=3_000.0) is None
+            with pytest.raises(UnknownMessage, match="topic hash"):
+                await admin.get_message("FFFFFFFF" + "0000" + "0" * 16)
+            with pytest.raises(InvalidRequest, match="28 hex digits"):
+                await admin.get_message("nope")
 
     loop.run(main())

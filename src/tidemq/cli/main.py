@@ -17,6 +17,7 @@ from tidemq.cli import (
     commands_dlq,
     commands_group,
     commands_kv,
+    commands_message,
     commands_pipeline,
     commands_pipeline_analytics,
     commands_pipeline_dbsync,
@@ -79,6 +80,7 @@ app.add_typer(commands_pop.app, name="pop")
 app.add_typer(commands_user.app, name="user")
 app.add_typer(commands_acl.app, name="acl")
 app.add_typer(commands_kv.app, name="kv")
+app.add_typer(commands_message.app, name="message")
 app.add_typer(commands_schema.app, name="schema")
 # the pipeline commands register on pipeline_common.app when their modules are imported
 _ = (commands_pipeline, commands_pipeline_analytics, commands_pipeline_dbsync)

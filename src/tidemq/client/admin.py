@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from tidemq.client import acls as acls_api
-from tidemq.client import checks, kv, static_admin
+from tidemq.client import checks, kv, lookup, static_admin
 from tidemq.client.acls import Acl
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer import AsyncProducer
@@ -227,6 +227,23 @@ class AsyncAdmin:
                 raise ConfigError("repair takes no brokers or queue: it finishes what was begun")
             return await static_admin.repair(self._cluster, name)
         return await static_admin.remap(self._cluster, name, brokers=brokers, queue=queue, to=to)
+
+    async def get_message(self, message_id: str) -> Message | None:
+        """The message with this id (None: no longer stored). See `tidemq.client.lookup`."""
+        return await lookup.message_by_id(self._cluster, message_id)
+
+    async def message_at(
+        self, topic: str, queue: int, *, offset: int | None = None, at: float | None = None
+    ) -> Message | None:
+        """The message at `offset` of the queue, or (`at`, seconds since the epoch) its
+        first message stored with a timestamp at or after it; None when there is none."""
+        checks.check_topic_name(topic, "topic")
+        if (offset is None) == (at is None):
+            raise ConfigError("give offset= or at=, one of them")
+        if at is not None:
+            return await lookup.message_at_time(self._cluster, topic, queue, int(at * 1000))
+        assert offset is not None
+        return await lookup.message_at(self._cluster, topic, queue, offset)
 
     async def remove_broker(self, name: str) -> list[static_admin.PrunedQueue]:
         """Take broker `name` out of every static topic's chains once it holds no readable

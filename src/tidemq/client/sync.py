@@ -610,6 +610,16 @@ class Admin:
             )
         )
 
+    def get_message(self, message_id: str) -> Message | None:
+        """See `AsyncAdmin.get_message`."""
+        return run(self._a.get_message(message_id))
+
+    def message_at(
+        self, topic: str, queue: int, *, offset: int | None = None, at: float | None = None
+    ) -> Message | None:
+        """See `AsyncAdmin.message_at`."""
+        return run(self._a.message_at(topic, queue, offset=offset, at=at))
+
     def remove_broker(self, name: str) -> list[PrunedQueue]:
         """See `AsyncAdmin.remove_broker`."""
         return run(self._a.remove_broker(name))

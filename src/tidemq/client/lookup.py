@@ -1,0 +1,77 @@
+"""Finding one message: by its id, by (topic, queue, offset), or by time.
+
+A message id names (topic hash, queue, offset) (`core.message.message_id`): the topic is
+found among the cluster's topics by its hash, then the message is read at its offset like
+any consumer reads it (static topics included: their offsets are logical). Ids of delayed
+and transactional messages name their internal origin instead; they are refused with what
+to use.
+"""
+
+from __future__ import annotations
+
+from tidemq.client.cluster import ClusterClient
+from tidemq.client.stream_consumer import AsyncStreamConsumer
+from tidemq.core.errors import InvalidRequest, OffsetOutOfRange, UnknownMessage
+from tidemq.core.message import Message, parse_message_id, topic_hash
+
+__all__ = ["message_at", "message_at_time", "message_by_id"]
+
+#: Polls (each a long poll of `_POLL_MS`) before a stored message counts as not found.
+_POLLS = 5
+_POLL_MS = 1_000
+
+
+async def message_at(cluster: ClusterClient, topic: str, queue: int, offset: int) -> Message | None:
+    """The message at `offset` of the queue; None if that offset holds none now (not
+    written yet, removed by retention or by compaction)."""
+    if offset < 0:
+        raise InvalidRequest(f"offset must be >= 0, got {offset}")
+    bounds = await cluster.list_offsets(topic, queue)
+    if not bounds.min_offset <= offset < bounds.max_offset:
+        return None
+    consumer = AsyncStreamConsumer(cluster.bootstrap, start="none", cluster=cluster)
+    try:
+        consumer.assign([(topic, queue)])
+        consumer.seek(topic, queue, offset)
+        for _ in range(_POLLS):
+            try:
+                got = await consumer.poll(_POLL_MS)
+            except OffsetOutOfRange:
+                return None
+            if got:
+                first = got[0]
+                return first if first.offset == offset else None
+        return None
+    finally:
+        await consumer.close()
+
+
+async def message_at_time(
+    cluster: ClusterClient, topic: str, queue: int, timestamp_ms: int
+) -> Message | None:
+    """The queue's first message whose timestamp is at or after `timestamp_ms`."""
+    found = (await cluster.list_offsets(topic, queue, timestamp_ms)).offset_for_time
+    return None if found is None else await message_at(cluster, topic, queue, found)
+
+
+async def message_by_id(cluster: ClusterClient, message_id: str) -> Message | None:
+    """The message with this id; None if it is no longer stored. UnknownMessage when no
+    topic of the cluster has the id's topic hash."""
+    try:
+        wanted, queue, offset = parse_message_id(message_id)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    routes = await cluster.refresh_routes(force=True)
+    topics = [t for t in routes.topics() if topic_hash(t) == wanted]
+    if not topics:
+        raise UnknownMessage(
+            f"no topic of this cluster has the id {message_id}'s topic hash (a delayed or "
+            "transactional message's id names its internal origin: look it up by topic, "
+            "queue and offset, or by time)"
+        )
+    for topic in topics:  # a hash names one topic but for a collision
+        if queue < routes.queue_count(topic):
+            found = await message_at(cluster, topic, queue, offset)
+            if found is not None:
+                return found
+    return None
