@@ -1,6 +1,6 @@
-"""`valueFormat=avro`: the source decodes Confluent-framed Avro values into a struct column,
-values written with an older compatible schema included; bad options and values fail
-clearly."""
+"""`valueFormat=avro` and `json`: the source decodes Confluent-framed values into a struct
+column (Avro written with an older compatible schema included); bad options and values
+fail clearly."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_value_format_errors_are_clear(
     admin.create_topic(topic_name, 1)
     with pytest.raises(PySparkException, match="needs schemaRegistry"):
         load(subscribe=topic_name, valueFormat="avro").collect()
-    with pytest.raises(PySparkException, match="valueFormat must be raw or avro"):
+    with pytest.raises(PySparkException, match="valueFormat must be raw, avro or json"):
         load(subscribe=topic_name, valueFormat="xml", schemaRegistry=registry_url).collect()
     with pytest.raises(PySparkException, match="not found"):
         load(subscribe=topic_name, valueFormat="avro", schemaRegistry=registry_url).collect()
@@ -98,3 +98,44 @@ def test_value_format_errors_are_clear(
     producer.flush()
     with pytest.raises(Exception, match=r"offset 1: the value is not Avro"):
         load(subscribe=topic_name, valueFormat="avro", schemaRegistry=registry_url).collect()
+
+
+ORDER_SCHEMA = {
+    "title": "Order",
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "item": {"type": "string"},
+        "price": {"type": ["number", "null"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "buyer": {"type": "object", "properties": {"name": {"type": "string"}}},
+    },
+    "required": ["id", "item"],
+}
+
+
+def test_json_values_read_as_a_struct(
+    admin: Admin, producer: Producer, topic_name: str, load: Load, registry_url: str
+) -> None:
+    admin.create_topic(topic_name, 1)
+    serialize = tidemq.JsonSerializer(tidemq.SchemaRegistry(registry_url), ORDER_SCHEMA)
+    for i in range(4):
+        order = {"id": i, "item": f"item-{i}", "tags": ["a"] * i, "buyer": {"name": "ann"}}
+        if i % 2:
+            order["price"] = 1.5 * i
+        producer.send(topic_name, serialize(topic_name, order))
+    producer.flush()
+    df = load(subscribe=topic_name, valueFormat="json", schemaRegistry=registry_url)
+    assert df.schema["value"].dataType.simpleString() == (
+        "struct<id:bigint,item:string,price:double,tags:array<string>,buyer:struct<name:string>>"
+    )
+    rows = sorted(
+        (r.id, r.item, r.price, list(r.tags), r.buyer.name) for r in df.select("value.*").collect()
+    )
+    assert rows == [
+        (i, f"item-{i}", 1.5 * i if i % 2 else None, ["a"] * i, "ann") for i in range(4)
+    ]
+    producer.send(topic_name, b"\x00\x00\x00\x00\x01" + b'{"id": "not a number"}')
+    producer.flush()
+    with pytest.raises(Exception, match=r"offset 4: the JSON value does not fit"):
+        load(subscribe=topic_name, valueFormat="json", schemaRegistry=registry_url).collect()

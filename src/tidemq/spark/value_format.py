@@ -1,5 +1,11 @@
-"""`valueFormat=avro`: the source decodes Confluent-framed Avro values into a struct
-column, with the schema from the registry (`schemaRegistry`, `subject`, `schemaVersion`).
+"""`valueFormat=avro` and `valueFormat=json`: the source decodes Confluent-framed Avro or
+JSON values into a struct column, with the schema from the registry (`schemaRegistry`,
+`subject`, `schemaVersion`).
+
+JSON values are parsed and laid out by the subject's JSON Schema (`json_types.py`); a
+value that is not framed, not JSON, or whose fields do not fit the schema's types fails
+the task naming the topic, queue and offset (the schema's other constraints are the
+producer's serializer's to check).
 
 The reader schema is resolved once, on the driver, when Spark asks for the source's
 schema: the subject's version (latest by default; the subject defaults to
@@ -24,6 +30,7 @@ import pyarrow as pa
 from tidemq.client.serde import SchemaRegistry
 from tidemq.core.errors import InvalidBatch
 from tidemq.schema.wire import WireFormatError, unframe
+from tidemq.spark.json_types import spark_json_of_json_schema
 
 __all__ = [
     "VALUE_FORMAT_OPTIONS",
@@ -54,12 +61,19 @@ class ValueFormat:
 
     registry_url: str
     reader_schema: str  # JSON
+    #: "avro" or "json".
+    kind: str = "avro"
 
     def spark_json(self) -> dict[str, Any]:
         """The value column's Spark type, in Spark's JSON form of a StructType."""
-        data_type = spark_json_of(json.loads(self.reader_schema), {})
+        schema = json.loads(self.reader_schema)
+        if self.kind == "json":
+            data_type = spark_json_of_json_schema(schema)
+        else:
+            data_type = spark_json_of(schema, {})
         if not isinstance(data_type, dict) or data_type.get("type") != "struct":
-            raise ValueError("valueFormat=avro needs a record schema")
+            what = "an object schema with properties" if self.kind == "json" else "a record"
+            raise ValueError(f"valueFormat={self.kind} needs {what}")
         return data_type
 
 
@@ -75,24 +89,27 @@ def resolve_value_format(options: Mapping[str, str]) -> ValueFormat | None:
     if fmt == "raw":
         for name in VALUE_FORMAT_OPTIONS[1:]:
             if name.lower() in opts:
-                raise ValueError(f"option {name!r} needs valueFormat=avro")
+                raise ValueError(f"option {name!r} needs valueFormat=avro or json")
         return None
-    if fmt != "avro":
-        raise ValueError(f"valueFormat must be raw or avro (json, protobuf: not yet), got {fmt!r}")
+    if fmt not in ("avro", "json"):
+        raise ValueError(f"valueFormat must be raw, avro or json (protobuf: not yet), got {fmt!r}")
     url = opts.get("schemaregistry")
     if not url:
-        raise ValueError("valueFormat=avro needs schemaRegistry=http://HOST:PORT")
+        raise ValueError(f"valueFormat={fmt} needs schemaRegistry=http://HOST:PORT")
     subject = opts.get("subject")
     if subject is None:
         topic = opts.get("subscribe", "")
         if not topic or "," in topic:
-            raise ValueError("valueFormat=avro needs subject=... unless subscribe names one topic")
+            raise ValueError(
+                f"valueFormat={fmt} needs subject=... unless subscribe names one topic"
+            )
         subject = f"{topic}-value"
     version = opts.get("schemaversion", "latest")
     registry = SchemaRegistry(url)
     schema = registry.version(subject, version)
-    spark_json_of(schema, {})  # refuse a schema with no Spark type now, on the driver
-    return ValueFormat(url, json.dumps(schema))
+    found = ValueFormat(url, json.dumps(schema), fmt)
+    found.spark_json()  # refuse a schema with no Spark type now, on the driver
+    return found
 
 
 def spark_json_of(schema: Any, named: dict[str, Any]) -> Any:
@@ -170,6 +187,8 @@ def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, que
     """`batch` (a pa.RecordBatch of the source) with its `value` column decoded."""
     values = batch.column(batch.schema.get_field_index("value")).to_pylist()
     offsets = batch.column(batch.schema.get_field_index("offset")).to_pylist()
+    if fmt.kind == "json":
+        return _with_values(batch, _json_values(values, offsets, arrow_type, topic, queue))
     reader = fastavro.parse_schema(json.loads(fmt.reader_schema))
     writers = _WRITERS.setdefault(fmt.registry_url, {})
     registry = SchemaRegistry(fmt.registry_url)
@@ -191,9 +210,41 @@ def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, que
                 f"{topic}/{queue} offset {offset}: the value is not Avro of the subject's "
                 f"schema ({exc})"
             ) from None
+    return _with_values(batch, pa.array(decoded, type=arrow_type))
+
+
+def _json_values(
+    values: list[Any], offsets: list[int], arrow_type: Any, topic: str, queue: int
+) -> Any:
+    decoded: list[Any] = []
+    for value, offset in zip(values, offsets, strict=True):
+        if value is None:
+            decoded.append(None)
+            continue
+        try:
+            decoded.append(json.loads(bytes(unframe(value).payload)))
+        except (WireFormatError, ValueError) as exc:
+            raise InvalidBatch(
+                f"{topic}/{queue} offset {offset}: the value is not framed JSON ({exc})"
+            ) from None
+    try:
+        return pa.array(decoded, type=arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        # Find the value that does not fit, to name it.
+        for value, offset in zip(decoded, offsets, strict=True):
+            try:
+                pa.array([value], type=arrow_type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+                raise InvalidBatch(
+                    f"{topic}/{queue} offset {offset}: the JSON value does not fit the "
+                    f"subject's schema ({exc})"
+                ) from None
+        raise
+
+
+def _with_values(batch: Any, column: Any) -> Any:
     columns = [
-        pa.array(decoded, type=arrow_type) if name == "value" else batch.column(i)
-        for i, name in enumerate(batch.schema.names)
+        column if name == "value" else batch.column(i) for i, name in enumerate(batch.schema.names)
     ]
-    fields = [pa.field("value", arrow_type) if f.name == "value" else f for f in batch.schema]
+    fields = [pa.field("value", column.type) if f.name == "value" else f for f in batch.schema]
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
