@@ -13,6 +13,7 @@ mark, and `scan_position` gives the saved state a position that respects them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from collections.abc import Iterator
@@ -29,13 +30,22 @@ class InFlightMoves:
 
     @contextlib.contextmanager
     def writing(self, store: MessageStore) -> Iterator[None]:
-        """Around a move's write and its mark: the log is not past its start meanwhile."""
+        """Around a move's write and its mark: the log is not past its start meanwhile.
+
+        A move cancelled while its write waits for the flush (the broker is stopping) keeps
+        its start: its records may be durable without their marks, so the state saved at
+        the stop must scan them again (without this, a timer delivered just before a clean
+        stop was delivered again after the restart)."""
         token = next(self._ids)
         self._starts[token] = store.end_position
         try:
             yield
-        finally:
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
             del self._starts[token]
+            raise
+        del self._starts[token]
 
     def scan_position(self, flushed_position: int) -> int:
         """Where a restart must scan from, for a state saved now."""
