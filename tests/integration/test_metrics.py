@@ -59,7 +59,13 @@ def test_metrics_match_the_traffic(tmp_path: Path) -> None:
                         break
                 # Lag counts the queues with a committed offset (as Kafka's tools do).
                 group.commit({(TOPIC, 0): 5, (TOPIC, 1): 5})
-            m = _scrape(server.http_address)
+            with tidemq.SimpleConsumer(
+                b, "g-pop", {TOPIC: "*"}, max_attempts=1, await_duration=1.0
+            ) as pop:
+                leased = pop.receive(3)
+                assert len(leased) == 3
+                leased[0].nack()  # its one attempt: to the dead-letter topic
+                m = _scrape(server.http_address)
             txn.rollback()
         t = (("topic", TOPIC),)
         assert m[("rocketmq_messages_in_total", t)] == N + 2  # the delayed and the half
@@ -74,6 +80,9 @@ def test_metrics_match_the_traffic(tmp_path: Path) -> None:
         assert m[("rocketmq_half_messages", ())] == 1
         assert m[("tidemq_timer_pending_messages", t)] == 1
         assert m[("tidemq_commit_log_bytes", ())] > N * 100
+        pop = (("consumer_group", "g-pop"), ("topic", TOPIC))
+        assert m[("rocketmq_consumer_inflight_messages", pop)] == 2
+        assert m[("rocketmq_send_to_dlq_messages_total", pop)] == 1
         produce = (("kind", "PRODUCE"),)
         assert m[("tidemq_request_duration_seconds_count", produce)] >= N + 1
         inf = (("kind", "PRODUCE"), ("le", "+Inf"))

@@ -517,6 +517,14 @@ class Broker:
                 lag[key] = lag.get(key, 0) + max(0, hi - max(committed, lo))
         txns = self._transactions.status()
         traffic = self._data.traffic.topics
+        in_flight: dict[tuple[str, str], int] = {}
+        dead: dict[tuple[str, str], int] = {}
+        for group in self._pop.groups():
+            for q in self._pop.status(group):
+                if q.topic in topics:
+                    key = (group, q.topic)
+                    in_flight[key] = in_flight.get(key, 0) + q.in_flight
+                    dead[key] = dead.get(key, 0) + q.dead_lettered
         return MetricsSnapshot(
             traffic={
                 name: dataclasses.replace(traffic[name]) for name in topics if name in traffic
@@ -532,6 +540,8 @@ class Broker:
                 kind: Durations(list(d.counts), d.total_s)
                 for kind, d in self.request_times.kinds.items()
             },
+            pop_in_flight=in_flight,
+            pop_dead_lettered=dead,
         )
 
     async def _register_now(self) -> None:

@@ -74,6 +74,10 @@ class MetricsSnapshot:
     log_bytes: int
     #: Request kind -> its durations (copied).
     request_times: dict[str, Durations]
+    #: Pop consumption, (group, topic) -> messages leased and not yet acked, and
+    #: messages moved to the group's dead-letter topic (since the broker started).
+    pop_in_flight: dict[tuple[str, str], int] = field(default_factory=dict)
+    pop_dead_lettered: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 #: Upper bounds (seconds) of the request-duration buckets (Prometheus' `le`); the last

@@ -73,6 +73,27 @@ class _BrokerCollector(Collector):
             "tidemq_commit_log_bytes", "Bytes of the commit log kept on disk.", s.log_bytes
         )
         yield _durations(s)
+        yield from _pop(s)
+
+
+def _pop(s: MetricsSnapshot) -> Iterator[Metric]:
+    labels = ["consumer_group", "topic"]
+    in_flight = GaugeMetricFamily(
+        "rocketmq_consumer_inflight_messages",
+        "Messages leased to pop consumers and not yet acknowledged.",
+        labels=labels,
+    )
+    for (group, topic), n in sorted(s.pop_in_flight.items()):
+        in_flight.add_metric([group, topic], n)
+    dead = CounterMetricFamily(
+        "rocketmq_send_to_dlq_messages",
+        "Messages moved to the group's dead-letter topic after their attempts.",
+        labels=labels,
+    )
+    for (group, topic), n in sorted(s.pop_dead_lettered.items()):
+        dead.add_metric([group, topic], n)
+    yield in_flight
+    yield dead
 
 
 def _durations(s: MetricsSnapshot) -> Metric:
