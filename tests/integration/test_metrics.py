@@ -80,9 +80,9 @@ def test_metrics_match_the_traffic(tmp_path: Path) -> None:
         assert m[("rocketmq_half_messages", ())] == 1
         assert m[("tidemq_timer_pending_messages", t)] == 1
         assert m[("tidemq_commit_log_bytes", ())] > N * 100
-        pop = (("consumer_group", "g-pop"), ("topic", TOPIC))
-        assert m[("rocketmq_consumer_inflight_messages", pop)] == 2
-        assert m[("rocketmq_send_to_dlq_messages_total", pop)] == 1
+        by_pop = (("consumer_group", "g-pop"), ("topic", TOPIC))
+        assert m[("rocketmq_consumer_inflight_messages", by_pop)] == 2
+        assert m[("rocketmq_send_to_dlq_messages_total", by_pop)] == 1
         produce = (("kind", "PRODUCE"),)
         assert m[("tidemq_request_duration_seconds_count", produce)] >= N + 1
         inf = (("kind", "PRODUCE"), ("le", "+Inf"))
