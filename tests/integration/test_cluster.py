@@ -201,7 +201,7 @@ def test_silent_broker_drops_out_of_routes(loop: Loop, cluster: ClusterEnv) -> N
                 await producer.send(TOPIC, b"y", queue=1)
 
         # Heartbeats resume: broker-b serves its queues again.
-        registration.start()
+        await registration.start()
         await loop.wait_until(
             lambda: set(ns.brokers()) == {"broker-a", "broker-b"}, what="broker-b to return"
         )
@@ -463,7 +463,7 @@ def test_a_topic_whose_broker_lapsed_is_no_route_right_now_not_unknown(
                 await client.broker_for("only-b", 0)
             with pytest.raises(TopicNotFound):
                 await client.broker_for("never-created", 0)
-            registration.start()
+            await registration.start()
             await loop.wait_until(lambda: len(ns.brokers()) == 2, what="broker-b back")
             assert await client.broker_for("only-b", 1) == b
         finally:

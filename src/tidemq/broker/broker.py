@@ -329,7 +329,7 @@ class Broker:
                 cluster_key=self._cluster_key,
             )
             self._topics.on_change = self._registration.changed
-            self._registration.start()
+            await self._registration.start()
         self._groups = GroupHandlers(
             self._coordinator,
             self._gateway,
@@ -580,7 +580,7 @@ class Broker:
                 deleted = await self._gateway.call(lambda s: s.enforce_retention())
                 if deleted:
                     log.info("retention deleted %d commit-log segments", deleted)
-                self._static.prune_expired()
+                await self._static.prune_expired()
             except Exception:
                 log.exception("retention failed")
 

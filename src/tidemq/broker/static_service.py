@@ -98,7 +98,7 @@ class StaticService:
         view = self.view(topic, queue) if self._topics.is_static(topic) else None
         return physical if view is None else view.logical(physical)
 
-    def prune_expired(self) -> int:
+    async def prune_expired(self) -> int:
         """After retention: drop from each static chain its leading links that are this
         broker's, sealed, and entirely expired here (a chain's start moves on without
         them, and this broker stops being named for data it no longer has). Returns how
@@ -131,7 +131,7 @@ class StaticService:
                         pruned.links[0].logical_start,
                     )
         if dropped:
-            self._topics.on_change()
+            await self._register_now()  # the routes show it when this returns
         return dropped
 
     def chains(self, topic: str) -> list[QueueChain]:

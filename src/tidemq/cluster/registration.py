@@ -75,7 +75,11 @@ class Registration:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Register once (a broker that says it serves is in the routes: clients may use
+        it at once; a name server that does not answer is logged, as at any beat), then
+        beat in the background."""
+        await self.register_once()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def changed(self) -> None:
