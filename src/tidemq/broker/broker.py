@@ -34,7 +34,13 @@ from tidemq.broker.handlers.data import DataHandlers
 from tidemq.broker.handlers.groups import GroupHandlers
 from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
-from tidemq.broker.metrics import Durations, MetricsSnapshot, RequestTimes
+from tidemq.broker.metrics import (
+    Durations,
+    MetricsSnapshot,
+    RequestTimes,
+    consumer_lag,
+    pop_totals,
+)
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import ProducerOwners
 from tidemq.broker.static_service import StaticService
@@ -500,37 +506,17 @@ class Broker:
     def metrics(self) -> MetricsSnapshot:
         """Counters and gauges for the HTTP listener's /metrics (on the broker's loop)."""
         store = self._gateway.store
-        topics = {t.name: t for t in self._topics.all()}
+        topics = {t.name for t in self._topics.all()}
         groups = sorted(set(store.groups()) | set(self._coordinator.groups()))
-        lag: dict[tuple[str, str], int] = {}
-        for group in store.groups():
-            for (topic, queue), committed in store.committed_offsets(group).items():
-                if topic not in topics or queue not in self._topics.hosted(topic):
-                    continue
-                lo, hi = store.queue_bounds(topic, queue)
-                view = self._static.view(topic, queue) if self._topics.is_static(topic) else None
-                if view is not None:
-                    if not view.writable:
-                        continue  # the end is where the write end is
-                    lo, hi = view.bounds(lo, hi)
-                key = (group, topic)
-                lag[key] = lag.get(key, 0) + max(0, hi - max(committed, lo))
         txns = self._transactions.status()
         traffic = self._data.traffic.topics
-        in_flight: dict[tuple[str, str], int] = {}
-        dead: dict[tuple[str, str], int] = {}
-        for group in self._pop.groups():
-            for q in self._pop.status(group):
-                if q.topic in topics:
-                    key = (group, q.topic)
-                    in_flight[key] = in_flight.get(key, 0) + q.in_flight
-                    dead[key] = dead.get(key, 0) + q.dead_lettered
+        in_flight, dead = pop_totals(self._pop, topics)
         return MetricsSnapshot(
             traffic={
                 name: dataclasses.replace(traffic[name]) for name in topics if name in traffic
             },
             groups=groups,
-            lag=lag,
+            lag=consumer_lag(store, self._topics, self._static.view),
             half_messages=sum(t.messages for t in txns.open),
             transactions_committed=txns.committed,
             transactions_rolled_back=txns.rolled_back,

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tidemq.broker.pop_service import PopService
+    from tidemq.broker.static_view import LinkView
+    from tidemq.broker.topics import TopicTable
+    from tidemq.store.message_store import MessageStore
 
 __all__ = [
     "DURATION_BUCKETS",
@@ -19,6 +27,8 @@ __all__ = [
     "RequestTimes",
     "TopicTraffic",
     "Traffic",
+    "consumer_lag",
+    "pop_totals",
 ]
 
 
@@ -109,3 +119,42 @@ class RequestTimes:
 
     def observe(self, kind: str, seconds: float) -> None:
         self.kinds[kind].observe(seconds)
+
+
+def consumer_lag(
+    store: MessageStore,
+    topics: TopicTable,
+    view_of: Callable[[str, int], LinkView | None],
+) -> dict[tuple[str, str], int]:
+    """(group, topic) -> messages between each committed offset and its queue's end, over
+    the queues stored here (a static queue's only where its write end is)."""
+    hosted = {t.name: set(topics.hosted(t.name)) for t in topics.all()}
+    lag: dict[tuple[str, str], int] = {}
+    for group in store.groups():
+        for (topic, queue), committed in store.committed_offsets(group).items():
+            if queue not in hosted.get(topic, ()):
+                continue
+            lo, hi = store.queue_bounds(topic, queue)
+            view = view_of(topic, queue)
+            if view is not None:
+                if not view.writable:
+                    continue  # the end is where the write end is
+                lo, hi = view.bounds(lo, hi)
+            key = (group, topic)
+            lag[key] = lag.get(key, 0) + max(0, hi - max(committed, lo))
+    return lag
+
+
+def pop_totals(
+    pop: PopService, topics: Collection[str]
+) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+    """(group, topic) -> messages leased and not acked, and messages dead-lettered."""
+    in_flight: dict[tuple[str, str], int] = {}
+    dead: dict[tuple[str, str], int] = {}
+    for group in pop.groups():
+        for q in pop.status(group):
+            if q.topic in topics:
+                key = (group, q.topic)
+                in_flight[key] = in_flight.get(key, 0) + q.in_flight
+                dead[key] = dead.get(key, 0) + q.dead_lettered
+    return in_flight, dead
