@@ -37,6 +37,9 @@ from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
 from tidemq.protocol.static_messages import (
     StaticOpenRequest,
     StaticSealRequest,
+    StaticTimersAdoptRequest,
+    StaticTimersHandedRequest,
+    StaticTimersTakeRequest,
     StaticUpdateRequest,
 )
 from tidemq.store.config import StoreConfig
@@ -123,6 +126,9 @@ SAMPLES: dict[RequestCode, msgspec.Struct] = {
     RequestCode.STATIC_OPEN: StaticOpenRequest(topic=T, queues=1),
     RequestCode.STATIC_SEAL: StaticSealRequest(topic=T, queue=0, epoch=2, target="b"),
     RequestCode.STATIC_UPDATE: StaticUpdateRequest(topic=T),
+    RequestCode.STATIC_TIMERS_TAKE: StaticTimersTakeRequest(topic=T, queue=0, dest="b"),
+    RequestCode.STATIC_TIMERS_ADOPT: StaticTimersAdoptRequest(topic=T, queue=0, source="b"),
+    RequestCode.STATIC_TIMERS_HANDED: StaticTimersHandedRequest(topic=T, queue=0, through=0),
 }
 #: Codes that stay refused to a user with every ACL entry: user management is for the
 #: super users only (the Authenticator's own check).

@@ -21,7 +21,6 @@ from tidemq.core.errors import (
     InvalidRequest,
     TopicAlreadyExists,
     UnknownMessage,
-    Unsupported,
 )
 from tidemq.protocol.commands import AlterTopicRequest, TopicInfoMsg
 from tidemq.protocol.static_messages import StaticChainsResponse, StaticSealRequest
@@ -264,30 +263,6 @@ def test_group_consumer_reads_exactly_once_across_two_remaps(
             sent += await _send_round(producer, 2)
         await consume(len(sent), seen)
         assert sorted(seen) == sorted(v for _, v, _ in sent)
-
-    loop.run(main())
-
-
-def test_what_static_topics_do_not_support_yet_is_refused_clearly(
-    loop: Loop, cluster3: ClusterEnv
-) -> None:
-    async def main() -> None:
-        async with (
-            aio.Admin(cluster3.bootstrap) as admin,
-            aio.Producer(cluster3.bootstrap) as producer,
-        ):
-            await admin.create_topic(TOPIC, QUEUES, static=True)
-            await admin.create_topic("fifo-static", 2, static=True, message_type="FIFO")
-            with pytest.raises(Unsupported, match="delayed sends to static topics"):
-                await producer.send(TOPIC, b"later", key=b"k", delay=5.0)
-        simple = aio.SimpleConsumer(
-            cluster3.bootstrap, "g-pop", {"fifo-static": "*"}, await_duration=0.1
-        )
-        try:
-            with pytest.raises(Unsupported, match="static FIFO topic: pop consumption"):
-                await simple.receive()
-        finally:
-            await simple.close()
 
     loop.run(main())
 

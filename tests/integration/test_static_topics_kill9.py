@@ -6,8 +6,11 @@
 * `kill -9` of a random process (a broker or the name server) at a random moment of a
   remap, then a restart and `remap --repair`: after every cycle each queue has exactly one
   writable link, and at the end every acknowledged message is read once from offset 0, in
-  per-key order, with dense logical offsets. The seed is printed; `TIDEMQ_STATIC_SEED`
-  replays a run; `make soak` (TIDEMQ_SOAK=1) runs 100 cycles.
+  per-key order, with dense logical offsets. Delayed messages sent all along, due during
+  the run or long after it, follow their queues (remaps hand them over): each
+  acknowledged one is delivered once, or still cancellable once at the end. The seed is
+  printed; `TIDEMQ_STATIC_SEED` replays a run; `make soak` (TIDEMQ_SOAK=1) runs 100
+  cycles.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tidemq import aio
 from tidemq.client.cluster import ClientConfig
 from tidemq.cluster.route import queue_for_key
 from tidemq.core.errors import TidemqError
+from tidemq.core.message import Receipt
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -45,6 +49,8 @@ _CLI = [sys.executable, "-m", "tidemq.cli.main"]
 _FAST = ["--set", "broker.broker_heartbeat_interval_ms=200", "--set", "broker.broker_ttl_ms=1500"]
 #: How long a command of the CLI may take here.
 _RUN_TIMEOUT_S = 60
+#: Delayed messages "long" are due far after the test; "soon" ones during it.
+_LONG_S = 3600.0
 
 
 class Cluster:
@@ -116,6 +122,26 @@ class Sender:
         self.producer = aio.Producer(bootstrap, client_config=_client())
         self.acked: list[tuple[bytes, bytes, int, int]] = []  # key, value, queue, offset
         self.sent = 0
+        #: Acknowledged delayed sends: due soon (value -> queue), due long after (receipts).
+        self.soon: dict[bytes, int] = {}
+        self.long: list[Receipt] = []
+        self.delayed_unacked = 0
+
+    async def send_delayed(self, rng: random.Random, count: int) -> None:
+        for _ in range(count):
+            n = self.sent
+            self.sent += 1
+            key, long = f"k{n % KEYS}".encode(), rng.random() < 0.5
+            delay = _LONG_S if long else rng.uniform(0.1, 2.0)
+            try:
+                receipt = await self.producer.send(TOPIC, f"d{n}".encode(), key=key, delay=delay)
+            except TidemqError:
+                self.delayed_unacked += 1  # may or may not be stored
+                continue
+            if long:
+                self.long.append(receipt)
+            else:
+                self.soon[f"d{n}".encode()] = receipt.queue
 
     async def send_some(self, count: int) -> None:
         async def one(n: int) -> None:
@@ -134,7 +160,10 @@ class Sender:
             await asyncio.gather(*(one(base + i) for i in range(KEYS)))
 
 
-async def _read_all(bootstrap: str, until: dict[int, int]) -> dict[int, list[tuple[int, bytes]]]:
+async def _read_all(
+    bootstrap: str, until: dict[int, int], values: set[bytes]
+) -> dict[int, list[tuple[int, bytes]]]:
+    """Every message up to the offsets `until` and until every one of `values` is read."""
     got: dict[int, list[tuple[int, bytes]]] = {q: [] for q in range(QUEUES)}
     consumer = aio.StreamConsumer(
         bootstrap, start="earliest", fetch_wait_ms=100, client_config=_client()
@@ -142,11 +171,15 @@ async def _read_all(bootstrap: str, until: dict[int, int]) -> dict[int, list[tup
     try:
         consumer.assign([(TOPIC, q) for q in range(QUEUES)])
         deadline = time.monotonic() + 120
+        missing = set(values)
         while time.monotonic() < deadline:
             for m in await consumer.poll(300):
                 assert m.value is not None
                 got[m.queue].append((m.offset, m.value))
-            if all((consumer.position(TOPIC, q) or 0) >= until.get(q, 0) for q in range(QUEUES)):
+                missing.discard(m.value)
+            if not missing and all(
+                (consumer.position(TOPIC, q) or 0) >= until.get(q, 0) for q in range(QUEUES)
+            ):
                 break
     finally:
         await consumer.close()
@@ -168,7 +201,7 @@ async def _verify(env: Cluster, sender: Sender) -> None:
     ends: dict[int, int] = {}
     for _, _, queue, offset in sender.acked:
         ends[queue] = max(ends.get(queue, 0), offset + 1)
-    got = await _read_all(env.bootstrap, ends)
+    got = await _read_all(env.bootstrap, ends, set(sender.soon))
     for queue, messages in got.items():
         offsets = [o for o, _ in messages]
         assert offsets == list(range(len(offsets))), f"queue {queue}: offsets not dense"
@@ -178,14 +211,36 @@ async def _verify(env: Cluster, sender: Sender) -> None:
     for key, value, queue, offset in sender.acked:
         assert queue == queue_for_key(key, QUEUES)
         assert stored.get((queue, offset)) == value, f"acknowledged {value!r} lost"
-    # Per key, the stored order is the send order (values count up).
+    where = {v: q for q, messages in got.items() for _, v in messages}
+    for value, queue in sender.soon.items():
+        assert where.get(value) == queue, f"acknowledged delayed {value!r} not in queue {queue}"
+    await _cancel_long(env, sender)
+    # Per key, the stored order is the send order (values count up; delayed ones aside).
     for q, messages in got.items():
         last: dict[bytes, int] = {}
         for _, v in messages:
+            if v.startswith(b"d"):
+                continue
             n = int(v[1:])
             key = f"k{n % KEYS}".encode()
             assert n > last.get(key, -1), f"queue {q}: key {key!r} out of order"
             last[key] = n
+
+
+async def _cancel_long(env: Cluster, sender: Sender) -> None:
+    """Each acknowledged long-delayed message is pending exactly once: its cancel succeeds
+    (wherever remaps took it), and what stays pending afterwards was never acknowledged."""
+    producer = aio.Producer(env.bootstrap, client_config=_client())
+    try:
+        for receipt in sender.long:
+            answer = await producer.cancel(receipt.message_id)
+            assert answer.count == 1
+        async with aio.Admin(env.bootstrap, client_config=_client()) as admin:
+            status = await admin.timer_status(TOPIC)
+        left = sum(t.pending_batches for t in status.topics)
+        assert left <= sender.delayed_unacked, f"{left} delayed batches pending twice?"
+    finally:
+        await producer.close()
 
 
 def test_remap_copies_no_data_and_keeps_every_message(cluster: Cluster) -> None:
@@ -261,9 +316,11 @@ def _kill9_cycles(env: Cluster, cycles: int) -> None:
             finished += _repair(env, cycle, victim)
             _check_chains(env)
             await sender.send_some(KEYS * 2)
+            await sender.send_delayed(rng, 4)
         await sender.producer.close()
         print(f"{cycles} cycles, {finished} half-done remaps finished by --repair, "
-              f"{len(sender.acked)} of {sender.sent} sends acknowledged")  # fmt: skip
+              f"{len(sender.acked)} plain and {len(sender.soon) + len(sender.long)} delayed "
+              f"of {sender.sent} sends acknowledged")  # fmt: skip
         assert sender.acked, "nothing was acknowledged"
         await _verify(env, sender)
 

@@ -193,6 +193,9 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         # Links of static topics: a remap moves data placement, an operator's act.
         RequestCode.STATIC_OPEN: (_rule(_CREATE, _T, _topic), _rule(_ALTER, _T, _topic)),
         RequestCode.STATIC_SEAL: (_rule(_ALTER, _T, _topic),),
+        RequestCode.STATIC_TIMERS_TAKE: (_rule(_ALTER, _T, _topic),),
+        RequestCode.STATIC_TIMERS_ADOPT: (_rule(_ALTER, _T, _topic),),
+        RequestCode.STATIC_TIMERS_HANDED: (_rule(_ALTER, _T, _topic),),
         RequestCode.STATIC_UPDATE: (_rule(_ALTER, _T, _topic),),
     }
 )

@@ -66,10 +66,10 @@ from tidemq.core.errors import (
     ConfigError,
     DiskFull,
     InvalidRequest,
+    QueueNotFound,
     TidemqError,
     TopicAlreadyExists,
     TopicNotFound,
-    Unsupported,
 )
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
 from tidemq.net.tls import client_context, server_context
@@ -229,7 +229,13 @@ class Broker:
             self._gateway, self._topics, cfg.compaction_check_interval_ms
         )
         await self._topics.refresh()
-        self._timers = TimerService(cfg, self._gateway, self._clock, self._topic_has_queue)
+        self._timers = TimerService(
+            cfg,
+            self._gateway,
+            self._clock,
+            self._topic_has_queue,
+            static_writable=self._static_writable,
+        )
         self._transactions = TransactionService(cfg, self._gateway, self._clock)
         self._pop = PopService(
             cfg,
@@ -243,6 +249,7 @@ class Broker:
                 topic, queue, payload, due, finishes=lease
             ),
             logical_offset=self._logical_offset,
+            pop_limit=self._pop_limit,
         )
         self._rebuild_services(store)
         self._auth = Authenticator(cfg, self._gateway, self._clock)
@@ -280,6 +287,7 @@ class Broker:
             self._topics,
             self._clock,
             transactions=self._transactions,
+            timers=self._timers,
             register_now=self._register_now,
         )
         self._data = DataHandlers(
@@ -395,25 +403,39 @@ class Broker:
             return False
         return queue in self._topics.hosted(topic)
 
+    def _static_writable(self, topic: str, queue: int) -> bool | None:
+        """None for a queue of an ordinary topic; for a static queue, whether this broker
+        holds its write end (the timer service delivers there only then)."""
+        if not self._topics.is_static(topic):
+            return None
+        try:
+            return self._gateway.store.static_writable(topic, queue)
+        except (TopicNotFound, QueueNotFound):
+            return False
+
     def _hosted_queues(self, topic: str) -> list[int]:
         """The queues pop consumers of `topic` read here: a static topic's, every queue
-        with a link here (each broker pops its own links)."""
-        info = self._topics.get(topic)  # TopicNotFound for an unknown topic
-        if self._topics.is_static(topic) and info.message_type is MessageType.FIFO:
-            # A message group's order runs across links on several brokers.
-            raise Unsupported(
-                f"topic {topic!r} is a static FIFO topic: pop consumption of it is not "
-                "supported yet; read it with a GroupConsumer or StreamConsumer"
-            )
+        with a link here (each broker pops its own links; on a FIFO topic, a link only
+        once the links before it are finished, `static_pop`)."""
+        self._topics.get(topic)  # TopicNotFound for an unknown topic
         return self._topics.hosted(topic)
+
+    def _pop_limit(self, group: str, topic: str, queue: int) -> int | None:
+        # The static service is made after the pop service, which calls this later.
+        return self._static.fifo.limit(group, topic, queue)
 
     def _logical_offset(self, topic: str, queue: int, offset: int) -> int:
         # The static service is made after the pop service, which calls this later.
         return self._static.logical_offset(topic, queue, offset)
 
     async def _pop_receive(self, req: PopReceiveRequest) -> tuple[PopReceiveResponse, bytes]:
+        fifo = self._static.fifo
+        fifo.note(req.group, req.fifo_finished)
         response, body = await self._pop.receive(req)
-        return rebase_popped(response, body, self._static.view)
+        response, body = rebase_popped(response, body, self._static.view)
+        topics = [s.topic for s in req.subscriptions]
+        response.fifo_finished = fifo.reports(req.group, topics, self._pop.finished_below)
+        return response, body
 
     async def _ensure_topic(self, topic: str) -> None:
         """Create an internal per-group topic (%DLQ%<group>) on first use."""
@@ -621,6 +643,9 @@ class Broker:
             RequestCode.STATIC_OPEN: plain(self._static.open),
             RequestCode.STATIC_SEAL: plain(self._static.seal),
             RequestCode.STATIC_UPDATE: plain(self._static.update),
+            RequestCode.STATIC_TIMERS_TAKE: plain(self._static.take_timers),
+            RequestCode.STATIC_TIMERS_ADOPT: plain(self._static.adopt_timers),
+            RequestCode.STATIC_TIMERS_HANDED: plain(self._static.timers_handed),
         }
 
     async def _status(self) -> StatusResponse:

@@ -161,6 +161,9 @@ class _PopOp(msgspec.Struct, array_like=True, omit_defaults=True):
     held_groups: list[str] = []
 
 
+#: `_take_new`'s limit when there is none.
+_NO_LIMIT: Final = 1 << 62
+
 #: The retry topic's filter: its messages passed a subscription's when first delivered.
 _ALL: Final = compile_filter("tag", "*")
 
@@ -274,10 +277,12 @@ class PopService:
         is_fifo: Callable[[str], bool],
         schedule: Scheduler,
         logical_offset: Callable[[str, int, int], int] = lambda topic, queue, offset: offset,
+        pop_limit: Callable[[str, str, int], int | None] = lambda group, topic, queue: None,
     ) -> None:
         """`logical_offset`: a static topic's offset as clients know it (its chain's
         logical offset; the identity for other topics); retry and dead-letter headers
-        name messages by it."""
+        name messages by it. `pop_limit(group, topic, queue)`: the offset a group's pop
+        of the queue may not read past for now (static FIFO queues, `static_pop`)."""
         self._config = config
         self._clock = clock
         self._gateway = gateway
@@ -287,6 +292,7 @@ class PopService:
         self._is_fifo = is_fifo
         self._schedule = schedule
         self._logical_offset = logical_offset
+        self._pop_limit = pop_limit
         self._tables: dict[tuple[str, str, int], _PopQueue] = {}
         #: Retries and dead letters being written: the saved state's scan position stays
         #: at or before each until its lease is finished in the tables.
@@ -387,6 +393,12 @@ class PopService:
         ]
         state = _SavedState(op_offset, self._epoch, queues, position)
         return msgspec.msgpack.encode(state), op_offset, position
+
+    def finished_below(self, group: str, topic: str, queue: int) -> int:
+        """Every message of the queue below this offset is finished for the group (acked,
+        dead-lettered, or skipped by its filter); none of those from it on is leased."""
+        table = self._table(group, topic, queue)
+        return min([table.next_offset, *table.leases])
 
     def _table(self, group: str, topic: str, queue: int) -> _PopQueue:
         key = (group, topic, queue)
@@ -569,6 +581,7 @@ class PopService:
         taken = _Taken(chosen, [""] * len(chosen))
         start_next = table.next_offset
         fifo = self._is_fifo(topic)
+        limit = self._pop_limit(req.group, topic, queue) if fifo else None
         records, next_offset = _take_new(
             store,
             topic,
@@ -578,6 +591,7 @@ class PopService:
             taken=taken,
             want=want,
             fifo_table=table if fifo else None,
+            limit=_NO_LIMIT if limit is None else limit,  # 0 is a limit
         )
         if not chosen and next_offset == start_next:
             return [], [], None
@@ -1064,14 +1078,16 @@ def _take_new(
     taken: _Taken,
     want: int,
     fifo_table: _PopQueue | None,
+    limit: int = _NO_LIMIT,
 ) -> tuple[dict[int, bytes], int]:
     """Add never-delivered messages that pass the filter to `taken` (up to `want`);
     returns the records read (by base offset) and the new next offset. With `fifo_table`
     (a FIFO topic), a message whose group (its key) has an earlier unfinished message is
-    held back instead, and at most one message per group is taken."""
+    held back instead, and at most one message per group is taken. Nothing at or past
+    `limit` is read."""
     records: dict[int, bytes] = {}
     chosen = taken.chosen
-    _, end = store.queue_bounds(topic, queue)
+    end = min(store.queue_bounds(topic, queue)[1], limit)
     while len(chosen) < want and next_offset < end and len(taken.held) < _MAX_HELD_PER_RECEIVE:
         result = store.read(
             topic, queue, next_offset, max_bytes=_READ_BYTES, tag_mask=summary_mask(flt)
@@ -1093,7 +1109,7 @@ def _take_new(
                 keys = [m.key.hex() if m.key else "" for m in decoded]
             offsets = record_offsets(batch.record)  # a compacted batch may skip offsets
             for i in range(bisect.bisect_left(offsets, next_offset), batch.count):
-                if len(chosen) >= want:
+                if len(chosen) >= want or offsets[i] >= limit:
                     return records, next_offset
                 offset = offsets[i]
                 next_offset = offset + 1

@@ -1,7 +1,8 @@
 """A broker's side of static topics: open links, seal its write end, learn newer chains
-(STATIC_OPEN, STATIC_SEAL, STATIC_UPDATE), prune expired links, and give the data
-handlers each static queue's view (`static_view.LinkView`: logical offsets over this
-broker's physical queue).
+(STATIC_OPEN, STATIC_SEAL, STATIC_UPDATE), hand delayed messages of a sealed queue over
+(STATIC_TIMERS_*, `timer_handover`), prune expired links, and give the data handlers each
+static queue's view (`static_view.LinkView`: logical offsets over this broker's physical
+queue).
 
 The switch protocol (docs/design/static-topics.md): the admin seals the write end on the
 old broker (epoch + 1, target named), which refuses appends from that moment, makes its
@@ -21,8 +22,10 @@ from typing import Final
 
 import msgspec
 
+from tidemq.broker.static_pop import StaticFifoPop
 from tidemq.broker.static_view import LinkView, own_links
 from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.timer_service import TimerService
 from tidemq.broker.topics import TopicTable, check_user_topic
 from tidemq.broker.transaction_service import TransactionService
 from tidemq.core.clock import Clock
@@ -42,6 +45,12 @@ from tidemq.protocol.static_messages import (
     StaticChainsResponse,
     StaticOpenRequest,
     StaticSealRequest,
+    StaticTimersAdoptRequest,
+    StaticTimersAdoptResponse,
+    StaticTimersHandedRequest,
+    StaticTimersHandedResponse,
+    StaticTimersPage,
+    StaticTimersTakeRequest,
     StaticUpdateRequest,
 )
 from tidemq.store.message_store import MessageStore
@@ -66,6 +75,7 @@ class StaticService:
         clock: Clock,
         *,
         transactions: TransactionService,
+        timers: TimerService,
         register_now: Callable[[], Awaitable[None]],
     ) -> None:
         """`register_now`: registers this broker with its name servers and returns when
@@ -76,6 +86,9 @@ class StaticService:
         self._topics = topics
         self._clock = clock
         self._transactions = transactions
+        self._timers = timers
+        #: FIFO pop consumption across links (`static_pop`).
+        self.fifo = StaticFifoPop(broker_name, lambda: gateway.store, topics)
         #: Queues being sealed: new sends are refused (QueueMoved) while the seal waits
         #: for the transactions that will publish to them.
         self.sealing: set[tuple[str, int]] = set()
@@ -111,6 +124,8 @@ class StaticService:
             for queue, chain in store.static.of_topic(info.id).items():
                 low = store.queue_bounds(info.name, queue)[0]
                 n = 0
+                if self._timers.holding(info.name, queue):
+                    continue  # its delayed messages wait here to be handed over
                 for link in chain.links[:-1]:  # never the last link
                     if link.broker != self._me or link.is_open or link.physical_end > low:
                         break
@@ -154,6 +169,8 @@ class StaticService:
             check_chain(_with_start(chain, 0), req.queues)
         await self._ensure_topic(req)
         opened = [self._open_one(req.topic, chain) for chain in req.chains]
+        for chain in opened:
+            self._timers.unpark(req.topic, chain.queue)  # back here: deliver them here
         await self._register_now()
         return StaticChainsResponse(chains=opened)
 
@@ -300,6 +317,13 @@ class StaticService:
             )
         low = self._store.queue_bounds(topic, chain.queue)[0]
         held = [link for link in dropped if link.is_open or link.physical_end > low]
+        waiting = self._timers.holding(topic, chain.queue) if dropped else 0
+        if waiting:
+            raise InvalidRequest(
+                f"queue {chain.queue} of {topic!r}: {self._me} holds {waiting} delayed "
+                f"batch(es) not handed over to its write end yet; run `tidemq topic remap "
+                f"{topic} --repair` first"
+            )
         if held:
             raise InvalidRequest(
                 f"queue {chain.queue} of {topic!r}: {self._me} still holds readable data of "
@@ -324,6 +348,29 @@ class StaticService:
             out.append(have)
         await self._register_now()
         return StaticChainsResponse(chains=out)
+
+    # ------------------------------------------------------------------ delayed messages
+
+    async def take_timers(self, req: StaticTimersTakeRequest) -> StaticTimersPage:
+        self._own_queue(req.topic, req.queue)
+        return await self._timers.take(req.topic, req.queue, req.dest, req.max_bytes)
+
+    async def adopt_timers(self, req: StaticTimersAdoptRequest) -> StaticTimersAdoptResponse:
+        self._own_queue(req.topic, req.queue)
+        adopted, skipped = await self._timers.adopt(req.topic, req.queue, req.source, req.timers)
+        return StaticTimersAdoptResponse(adopted=adopted, skipped=skipped)
+
+    async def timers_handed(self, req: StaticTimersHandedRequest) -> StaticTimersHandedResponse:
+        self._own_queue(req.topic, req.queue)
+        dropped = await self._timers.handed(req.topic, req.queue, req.through)
+        return StaticTimersHandedResponse(dropped=dropped)
+
+    def _own_queue(self, topic: str, queue: int) -> None:
+        if not self._topics.is_static(topic):
+            self._topics.get(topic)  # TopicNotFound for an unknown topic
+            raise InvalidRequest(f"topic {topic!r} is not static")
+        if self._store.static_chain(topic, queue) is None:
+            raise QueueMoved(f"queue {queue} of {topic!r} has no link here")
 
 
 def _with_start(chain: QueueChain, physical_start: int, *, opened_ms: int = 0) -> QueueChain:

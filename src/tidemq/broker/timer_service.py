@@ -10,13 +10,14 @@ to its real topic with flag FROM_TIMER and properties naming its origin and due 
 Never early: an entry is delivered only once the broker's clock reaches its due time.
 Late by at most the loop's reaction time plus, after a crash, the restart.
 
-Durability (docs/design/timers-and-transactions.md): schedules, cancels and deliveries
-are commit-log records. The saved state is a `DoneSet` of finished timer offsets and a log
-position P; a restart reads the timer topic from the set's low watermark and scans the log
-from P for delivered records. A schedule is put on the wheel only once its append is
-durable, and marked done only once its delivery is, so a crash at any point either
-redelivers (a delivery written but its mark not saved is found by the scan: no duplicate)
-or delivers for the first time.
+Durability and the restart: `timer_state`.
+
+Ids: a batch's messages are named after the timer offset where it was scheduled, in a
+timer topic qualified by this broker's name (`qualified_origin`), so two brokers' ids
+never collide and a cancel reaches only the right schedule.
+
+Static topics: a batch whose queue is sealed here is handed over to the queue's new write
+end by the remap (`timer_handover`); it keeps its ids there.
 """
 
 from __future__ import annotations
@@ -24,34 +25,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Final
 
-import msgspec
-
-from tidemq.broker.config import BrokerConfig
-from tidemq.broker.done_set import DoneSet
-from tidemq.broker.moves import InFlightMoves
-from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.handover_book import QueueKey
 from tidemq.broker.system_topics import (
     TIMER_TOPIC,
-    MovedRecord,
     control_payload,
     read_internal,
 )
-from tidemq.broker.timer_wheel import TimerWheel
-from tidemq.core.clock import Clock
+from tidemq.broker.timer_handover import TimerHandovers
+from tidemq.broker.timer_state import Pending
 from tidemq.core.errors import (
     AlreadyDelivered,
     DelayTooLong,
+    QueueMoved,
     QueueNotFound,
     TidemqError,
     TopicNotFound,
     UnknownMessage,
 )
-from tidemq.core.message import parse_message_id, topic_hash
-from tidemq.core.properties import SystemProperties, encode_properties
+from tidemq.core.message import parse_message_id
+from tidemq.core.properties import (
+    SystemProperties,
+    encode_properties,
+    qualified_origin,
+)
 from tidemq.core.record import RecordFlags
 from tidemq.protocol.commands import CancelDelayedResponse, TimerStatusResponse, TimerTopicStatus
 from tidemq.store.message_store import AppendResult, MessageStore
@@ -68,104 +66,7 @@ _RETRY_DELAY_MS: Final = 1_000
 _MAX_SLEEP_S: Final = 1.0
 
 
-@dataclass(slots=True)
-class _Pending:
-    topic: str
-    queue: int
-    count: int
-    due_ms: int
-
-
-class _SavedState(msgspec.Struct):
-    position: int
-    done: list[tuple[int, int]]
-    delivered: int
-    cancelled: int
-
-
-_STATE_DECODER: Final = msgspec.msgpack.Decoder(_SavedState)
-
-
-class TimerService:
-    def __init__(
-        self,
-        config: BrokerConfig,
-        gateway: StoreGateway,
-        clock: Clock,
-        topic_exists: Callable[[str, int], bool],
-    ) -> None:
-        self._config = config
-        self._gateway = gateway
-        self._clock = clock
-        self._topic_exists = topic_exists
-        self._wheel: TimerWheel[int] = TimerWheel(
-            precision_ms=config.timer_precision_ms,
-            slots=config.timer_wheel_slots,
-            now_ms=clock.now_ms(),
-        )
-        self._pending: dict[int, _Pending] = {}
-        #: Schedules whose delivery is being written (a cancel of one is refused).
-        self._delivering: set[int] = set()
-        self._moves = InFlightMoves()
-        self._done = DoneSet()
-        self._delivered = 0
-        self._cancelled = 0
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._timer_id = topic_hash(TIMER_TOPIC)
-
-    # ------------------------------------------------------------------ recovery
-
-    @staticmethod
-    def scan_position(saved: bytes | None) -> int:
-        """Where the restart scan for delivered records starts."""
-        return 0 if saved is None else _STATE_DECODER.decode(saved).position
-
-    def rebuild(
-        self, store: MessageStore, saved: bytes | None, moved: Iterable[MovedRecord]
-    ) -> None:
-        """Rebuild the pending schedules: saved state, then the timer topic from the low
-        watermark, then the delivered records found by the log scan. Runs before serving."""
-        if saved is not None:
-            state = _STATE_DECODER.decode(saved)
-            self._done = DoneSet.restore(state.done)
-            self._delivered, self._cancelled = state.delivered, state.cancelled
-        pending: dict[int, _Pending] = {}
-        for rec in read_internal(store, TIMER_TOPIC, self._done.low):
-            if rec.header.flags & RecordFlags.CONTROL:
-                self._done.mark(rec.offset, rec.count)  # the cancel record itself
-                target = pending.pop(rec.props.ref, None)
-                if target is not None:
-                    self._done.mark(rec.props.ref, target.count)
-                continue
-            if self._done.is_done(rec.offset):
-                continue
-            pending[rec.offset] = _Pending(rec.props.tt, rec.props.tq, rec.count, rec.props.due)
-        for m in moved:
-            if m.flags & RecordFlags.FROM_TIMER and m.props.ot == TIMER_TOPIC:
-                if pending.pop(m.props.oo, None) is not None:
-                    self._delivered += 1
-                self._done.mark(m.props.oo, m.count)
-        for offset, entry in pending.items():
-            self._wheel.add(offset, entry.due_ms)
-        self._pending = pending
-        if pending:
-            log.info("timer service: %d scheduled batches pending after restart", len(pending))
-
-    def save_state(self, flushed_position: int) -> bytes:
-        """The state to save: everything marked done is durable at or before
-        `flushed_position` (marks follow durable deliveries), and a delivery not marked yet
-        starts after the scan position (`InFlightMoves`), so a restart scans from it."""
-        position = self._moves.scan_position(flushed_position)
-        return msgspec.msgpack.encode(
-            _SavedState(position, self._done.export(), self._delivered, self._cancelled)
-        )
-
-    @property
-    def low_watermark(self) -> int:
-        """Timer offsets below this are all delivered or cancelled."""
-        return self._done.low
-
+class TimerService(TimerHandovers):
     # ------------------------------------------------------------------ scheduling
 
     def check_due(self, deliver_at_ms: int) -> None:
@@ -195,13 +96,19 @@ class TimerService:
         if finishes is not None:
             props.pg, props.pt, props.pq, props.po = finishes
             flags |= RecordFlags.FROM_POP
-        result = await self._gateway.append(
-            TIMER_TOPIC, 0, payload, properties=encode_properties(props), flags=flags
-        )
-        if not self._done.is_done(result.base_offset):
-            self._pending[result.base_offset] = _Pending(topic, queue, result.count, deliver_at_ms)
-            self._wheel.add(result.base_offset, deliver_at_ms)
-            self._wake.set()
+        key = (topic, queue)
+        self._scheduling[key] = self._scheduling.get(key, 0) + 1
+        try:
+            result = await self._gateway.append(
+                TIMER_TOPIC, 0, payload, properties=encode_properties(props), flags=flags
+            )
+            if not self._done.is_done(result.base_offset):
+                entry = Pending(topic, queue, result.count, deliver_at_ms)
+                self._add_pending(result.base_offset, entry)
+                self._wheel.add(result.base_offset, deliver_at_ms)
+                self._wake.set()
+        finally:
+            self._finish_scheduling(key)
         return result
 
     async def cancel(self, message_id: str) -> CancelDelayedResponse:
@@ -209,25 +116,39 @@ class TimerService:
             topic_id, queue, offset = parse_message_id(message_id)
         except ValueError as exc:
             raise UnknownMessage(str(exc)) from None
-        if topic_id != self._timer_id or queue != 0:
+        own = topic_id in (self._timer_id, self._legacy_id)
+        # Adopted first: a batch sent here, handed over with its static queue and handed
+        # back when the queue returned, is pending under a new offset here.
+        base = self._adopted_base(topic_id, offset) if queue == 0 else None
+        if base is None and (queue != 0 or not own):
             raise UnknownMessage(
-                f"{message_id} is not the id of a delayed message: only the ids that sending "
-                "with delay= or deliver_at= returned can be cancelled"
+                f"{message_id} is not the id of a delayed message held by {self._me}: only "
+                "the ids that sending with delay= or deliver_at= returned can be cancelled"
             )
-        if offset < self._done.low:
-            # Every offset below the low watermark is delivered or cancelled, and the
-            # checkpoint may already have trimmed its batch from the timer topic.
-            raise AlreadyDelivered(
-                f"delayed message {message_id} was already delivered or cancelled"
-            )
-        base = await self._gateway.call(lambda s: _batch_base(s, offset))
+        if base is None:
+            if offset < self._done.low:
+                # Every offset below the low watermark is delivered, cancelled or handed
+                # over, and the checkpoint may have trimmed its batch from the timer topic.
+                raise AlreadyDelivered(
+                    f"delayed message {message_id} was already delivered or cancelled"
+                )
+            base = await self._gateway.call(lambda s: _batch_base(s, offset))
         if base is None:
             raise UnknownMessage(f"no delayed message {message_id} on this broker")
+        handoff_entry = self._pending.get(base)
+        if handoff_entry is not None and self._book.reserved(
+            (handoff_entry.topic, handoff_entry.queue), base
+        ):
+            raise QueueMoved(
+                f"delayed message {message_id} is being handed over to broker "
+                f"{self._book.handoffs[(handoff_entry.topic, handoff_entry.queue)].dest} with "
+                "its static queue; cancel it again once the remap is done"
+            )
         if base in self._delivering:
             # Its delivery is being written: cancelling now would answer "cancelled" for a
             # message that is about to be (or already is) in its topic.
             raise AlreadyDelivered(f"delayed message {message_id} is being delivered now")
-        entry = self._pending.pop(base, None)
+        entry = self._drop_pending(base)
         if entry is None:
             raise AlreadyDelivered(
                 f"delayed message {message_id} was already delivered or cancelled"
@@ -243,7 +164,7 @@ class TimerService:
                 flags=RecordFlags.DELAYED | RecordFlags.CONTROL,
             )
         except BaseException:
-            self._pending[base] = entry  # not cancelled: it stays scheduled
+            self._add_pending(base, entry)  # not cancelled: it stays scheduled
             self._wheel.add(base, entry.due_ms)
             raise
         self._done.mark(result.base_offset, result.count)
@@ -320,42 +241,57 @@ class TimerService:
                         self._wheel.add(offset, retry_at)
                 return
 
+    def _delivery(
+        self, offset: int
+    ) -> tuple[Pending, tuple[str, int, bytes | memoryview, bytes, int]] | None:
+        """The record delivering pending batch `offset`; None when it is not delivered now
+        (cancelled meanwhile, parked, or dropped: its queue or its record is gone)."""
+        entry = self._pending.get(offset)
+        if entry is None:
+            return None  # cancelled meanwhile
+        key = (entry.topic, entry.queue)
+        if key in self._book.static and not self._deliverable(key, offset):
+            self._book.park(key, offset)  # until handed over, or writable here again
+            return None
+        if not self._topic_exists(entry.topic, entry.queue):
+            log.warning(
+                "dropping delayed batch %d: its topic %r queue %d no longer exists",
+                offset,
+                entry.topic,
+                entry.queue,
+            )
+            self._drop_pending(offset)
+            self._done.mark(offset, entry.count)
+            return None
+        rec = next(read_internal(self._gateway.store, TIMER_TOPIC, offset, max_bytes=1), None)
+        if rec is None or rec.offset != offset:
+            log.error("timer record %d is missing from the timer topic; dropped", offset)
+            self._drop_pending(offset)
+            self._done.mark(offset, entry.count)
+            return None
+        # The scheduled time, not the wheel's (a retried delivery sits there later).
+        props = SystemProperties(ot=self.origin, oq=0, oo=offset, due=entry.due_ms)
+        if entry.origin is not None:  # adopted: the ids of where it was sent
+            props.ot = qualified_origin(TIMER_TOPIC, entry.origin[0])
+            props.oo, props.ref = entry.origin[1], offset
+        record = (
+            entry.topic,
+            entry.queue,
+            rec.payload,
+            encode_properties(props),
+            int(RecordFlags.FROM_TIMER),
+        )
+        return entry, record
+
     async def _deliver_chunk(self, chunk: list[tuple[int, int]]) -> None:
         store = self._gateway.store
         items: list[tuple[str, int, bytes | memoryview, bytes, int]] = []
-        offsets: list[tuple[int, _Pending]] = []
+        offsets: list[tuple[int, Pending]] = []
         for _, offset in chunk:
-            entry = self._pending.get(offset)
-            if entry is None:
-                continue  # cancelled meanwhile
-            if not self._topic_exists(entry.topic, entry.queue):
-                log.warning(
-                    "dropping delayed batch %d: its topic %r queue %d no longer exists",
-                    offset,
-                    entry.topic,
-                    entry.queue,
-                )
-                self._pending.pop(offset)
-                self._done.mark(offset, entry.count)
-                continue
-            rec = next(read_internal(store, TIMER_TOPIC, offset, max_bytes=1), None)
-            if rec is None or rec.offset != offset:
-                log.error("timer record %d is missing from the timer topic; dropped", offset)
-                self._pending.pop(offset)
-                self._done.mark(offset, entry.count)
-                continue
-            # The scheduled time, not the wheel's (a retried delivery sits there later).
-            props = SystemProperties(ot=TIMER_TOPIC, oq=0, oo=offset, due=entry.due_ms)
-            items.append(
-                (
-                    entry.topic,
-                    entry.queue,
-                    rec.payload,
-                    encode_properties(props),
-                    RecordFlags.FROM_TIMER,
-                )
-            )
-            offsets.append((offset, entry))
+            found = self._delivery(offset)
+            if found is not None:
+                items.append(found[1])
+                offsets.append((offset, found[0]))
         if not items:
             return
         delivering = [offset for offset, _ in offsets]
@@ -364,18 +300,30 @@ class TimerService:
             with self._moves.writing(store):
                 results, error = await self._gateway.append_many(items)
                 for offset, entry in offsets[: len(results)]:
-                    if self._pending.pop(offset, None) is not None:
+                    if self._drop_pending(offset) is not None:
                         self._delivered += 1
                     self._done.mark(offset, entry.count)
         finally:
             self._delivering.difference_update(delivering)
-        if isinstance(error, TopicNotFound | QueueNotFound):
-            # Deleted between the check and the append: drop it, as above, and go on.
+            self._notify_settled()
+        if isinstance(error, TopicNotFound | QueueNotFound | QueueMoved):
+            # Deleted, or its static queue sealed, between the check and the append: drop
+            # or park it as above; the rest of the chunk goes back on the wheel.
             offset, entry = offsets[len(results)]
-            self._pending.pop(offset, None)
-            self._done.mark(offset, entry.count)
+            if isinstance(error, QueueMoved):
+                self._book.park((entry.topic, entry.queue), offset)
+            else:
+                self._drop_pending(offset)
+                self._done.mark(offset, entry.count)
+            now = self._clock.now_ms()
+            for later, _ in offsets[len(results) + 1 :]:
+                self._wheel.add(later, now)
+            self._wake.set()
         elif error is not None:
             raise error
+
+    def _deliverable(self, key: QueueKey, offset: int) -> bool:
+        return self._static_writable(*key) is True and not self._book.reserved(key, offset)
 
 
 def _batch_base(store: MessageStore, offset: int) -> int | None:

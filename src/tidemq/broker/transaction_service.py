@@ -52,7 +52,12 @@ from tidemq.core.errors import (
     TransactionStateError,
     UnknownTransaction,
 )
-from tidemq.core.properties import SystemProperties, encode_properties
+from tidemq.core.properties import (
+    SystemProperties,
+    encode_properties,
+    is_origin_of,
+    qualified_origin,
+)
 from tidemq.core.record import RecordFlags
 from tidemq.net.server import ServerConnection
 from tidemq.protocol.commands import (
@@ -132,6 +137,8 @@ _STATE_DECODER: Final = msgspec.msgpack.Decoder(_SavedState)
 class TransactionService:
     def __init__(self, config: BrokerConfig, gateway: StoreGateway, clock: Clock) -> None:
         self._config = config
+        #: The origin topic in the ids of the messages sent here in transactions.
+        self.origin = qualified_origin(HALF_TOPIC, config.broker_name)
         self._gateway = gateway
         self._clock = clock
         self._txns: dict[str, _Txn] = {}
@@ -173,7 +180,7 @@ class TransactionService:
         txns = self._read_halves(store)
         published: set[int] = set()
         for m in moved:
-            if m.flags & RecordFlags.FROM_TRANSACTION and m.props.ot == HALF_TOPIC:
+            if m.flags & RecordFlags.FROM_TRANSACTION and is_origin_of(m.props.ot, HALF_TOPIC):
                 self._half_done.mark(m.props.oo, m.count)
                 published.add(m.props.oo)
         by_decision: dict[int, list[_Txn]] = {}
@@ -444,7 +451,7 @@ class TransactionService:
                 rec = next(read_internal(store, HALF_TOPIC, h.offset, max_bytes=1), None)
                 if rec is None or rec.offset != h.offset:
                     raise TidemqError(f"half batch {h.offset} of {t.txn_id} is missing")
-                props = SystemProperties(tx=t.txn_id, ot=HALF_TOPIC, oq=0, oo=h.offset)
+                props = SystemProperties(tx=t.txn_id, ot=self.origin, oq=0, oo=h.offset)
                 items.append(
                     (
                         h.topic,
@@ -465,6 +472,7 @@ class TransactionService:
                             base_offset=r.base_offset,
                             count=r.count,
                             origin_offset=h.offset,
+                            origin_topic=self.origin,
                         )
                     )
                     self._half_done.mark(h.offset, h.count)

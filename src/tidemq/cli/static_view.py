@@ -68,8 +68,8 @@ def show_remap(report: RemapReport) -> None:
         say(f"Nothing to move: the write ends of {report.topic!r} are where asked.")
         return
     emit_table(
-        ["QUEUE", "FROM", "TO", "NEW LINK STARTS AT"],
-        ((s.queue, s.source, s.target, s.at) for s in report.switches),
+        ["QUEUE", "FROM", "TO", "NEW LINK STARTS AT", "DELAYED HANDED OVER"],
+        ((s.queue, s.source, s.target, s.at, s.delayed) for s in report.switches),
         title=(
             f"Remapped {report.topic!r}: {len(report.switches)} write end(s) moved in "
             f"{report.elapsed_ms:.0f} ms, no data moved:"

@@ -54,7 +54,7 @@ from tidemq.client.records import (
 from tidemq.client.results import CancelResult, cancel_result_from_wire
 from tidemq.client.route_wait import RouteWait, WaitingSend
 from tidemq.core.batch import MessageRecord, encode_batch, encode_values
-from tidemq.core.errors import AlreadyDelivered, TidemqError, UnknownMessage
+from tidemq.core.errors import AlreadyDelivered, QueueMoved, TidemqError, UnknownMessage
 from tidemq.core.message import Receipt
 from tidemq.protocol.commands import CancelDelayedRequest, CancelDelayedResponse
 
@@ -392,20 +392,27 @@ class AsyncProducer:
             raise TypeError(f"message_id must be a non-empty str, got {message_id!r}")
         routes = await self._cluster.refresh_routes()
         addresses = sorted(set(routes.brokers.values())) or [await self._cluster.any_broker()]
-        unknown: UnknownMessage | None = None
+        refusals: list[TidemqError] = []
         for address in addresses:
+            # Every broker is asked: the one it was sent to answers "already delivered" for a
+            # batch it handed over with a static queue, which the broker holding it now
+            # cancels (an id names one schedule in the cluster, so at most one succeeds).
             try:
                 answer = await self._cluster.call(
                     address, CancelDelayedRequest(message_id=message_id), CancelDelayedResponse
                 )
-            except AlreadyDelivered:
-                raise
-            except UnknownMessage as exc:
-                unknown = exc  # another broker may hold it
+            except (AlreadyDelivered, UnknownMessage, QueueMoved) as exc:
+                refusals.append(exc)
             else:
                 return cancel_result_from_wire(answer)
-        assert unknown is not None
-        raise unknown
+        for kind in (QueueMoved, AlreadyDelivered):
+            found = next((e for e in refusals if isinstance(e, kind)), None)
+            if found is not None:
+                raise found
+        reasons = list(dict.fromkeys(str(e) for e in refusals))
+        if len(reasons) == 1:
+            raise refusals[0]
+        raise UnknownMessage("; ".join(reasons))
 
     async def flush(self) -> None:
         """Send everything accumulated and wait until every send is answered."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
+from tidemq.client.fifo_progress import FifoProgress
 from tidemq.core import limits
 from tidemq.core.errors import InvalidRequest, TidemqError
 from tidemq.core.filters import Sql92
@@ -182,6 +183,7 @@ class AsyncSimpleConsumer:
         self._wait_ms = _ms(await_duration, "await_duration", 0.0, 30.0)
         self._cluster = ClusterClient(bootstrap, client_config)
         self._rr = 0
+        self._fifo = FifoProgress()
         self._pending_acks: dict[str, list[tuple[str, asyncio.Future[None]]]] = {}
         self._ack_flush_scheduled = False
         self._ack_tasks: set[asyncio.Task[None]] = set()
@@ -231,20 +233,28 @@ class AsyncSimpleConsumer:
             else _ms(invisible_duration, "invisible_duration", MIN_INVISIBLE_S, MAX_INVISIBLE_S)
         )
         brokers = await self._brokers()
+        finished = self._fifo.finished(await self._cluster.refresh_routes())
         self._rr += 1
         per_broker = max(1, math.ceil(max_messages / len(brokers)))
         # The first broker (in turn) waits; the others answer at once with what they have.
         order = brokers[self._rr % len(brokers) :] + brokers[: self._rr % len(brokers)]
         results = await asyncio.gather(
             *(
-                self._receive_from(a, per_broker, invisible_ms, self._wait_ms if i == 0 else 0)
+                self._receive_from(
+                    a, per_broker, invisible_ms, self._wait_ms if i == 0 else 0, finished
+                )
                 for i, a in enumerate(order)
             )
         )
         return [m for batch in results for m in batch]
 
     async def _receive_from(
-        self, address: str, max_messages: int, invisible_ms: int, wait_ms: int
+        self,
+        address: str,
+        max_messages: int,
+        invisible_ms: int,
+        wait_ms: int,
+        finished: list[tuple[str, int, int]],
     ) -> list[AsyncReceivedMessage]:
         req = PopReceiveRequest(
             group=self.group,
@@ -254,6 +264,7 @@ class AsyncSimpleConsumer:
             max_wait_ms=wait_ms,
             max_attempts=self._max_attempts,
             on_exhausted=self._on_exhausted,
+            fifo_finished=finished,
         )
         timeout = self._cluster.config.request_timeout_ms + wait_ms
         try:
@@ -263,6 +274,8 @@ class AsyncSimpleConsumer:
         except TidemqError as exc:
             self._cluster.invalidate(exc)
             raise
+        if resp.fifo_finished:
+            self._fifo.record(await self._cluster.refresh_routes(), address, resp.fifo_finished)
         return self._messages(address, resp, body)
 
     def _messages(

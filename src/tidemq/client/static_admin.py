@@ -3,10 +3,11 @@
 A remap moves the write end of logical queues to other brokers without moving data: for
 each queue, seal the old write end (STATIC_SEAL, epoch + 1, naming the target), then open
 the new link on the target where the sealed one ended (STATIC_OPEN), then tell the other
-holders of the queue's links the finished chain (STATIC_UPDATE, best effort). Queues
-switch concurrently. A remap that failed half-way leaves chains sealed toward a target:
-`repair` finishes them (both steps are idempotent); it never rolls back, because the target
-may have opened and taken writes already.
+holders of the queue's links the finished chain (STATIC_UPDATE, best effort), and move
+the delayed messages still pending on the sealed side to the new write end
+(`static_timers`). Queues switch concurrently. A remap that failed half-way leaves chains
+sealed toward a target: `repair` finishes them (every step is idempotent); it never rolls
+back, because the target may have opened and taken writes already.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import msgspec
 
 from tidemq.client.cluster import ClusterClient, RouteTable
+from tidemq.client.static_timers import hand_over_delayed
 from tidemq.core import limits
 from tidemq.core.errors import (
     BrokerNotAvailable,
@@ -60,6 +62,8 @@ class QueueSwitch:
     source: str
     target: str
     at: int
+    #: Batches of delayed messages handed over from the sealed side to the new write end.
+    delayed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +215,7 @@ async def repair(cluster: ClusterClient, name: str) -> RemapReport:
                 results.append(await switch.open(chain))
             else:
                 await switch.inform(chain)
+                await hand_over_delayed(cluster, routes, name, chain)
         except TidemqError as exc:
             results.append(exc)
     await cluster.refresh_routes(force=True)
@@ -304,7 +309,8 @@ class _Switch:
         )
         opened = answer.chains[0]
         await self.inform(opened)
-        return QueueSwitch(sealed.queue, sealed.links[-1].broker, sealed.target, start)
+        delayed = await hand_over_delayed(self._cluster, self._routes, self._topic, opened)
+        return QueueSwitch(sealed.queue, sealed.links[-1].broker, sealed.target, start, delayed)
 
     async def inform(self, chain: QueueChain) -> None:
         """Best effort: the brokers holding sealed links learn the newest chain (the name

@@ -378,7 +378,12 @@ class AsyncTransaction:
 
 def _receipts(resp: EndTxnResponse) -> list[Receipt]:
     return [
-        Receipt(b.topic, b.queue, b.base_offset + i, (HALF_TOPIC, 0, b.origin_offset + i))
+        Receipt(
+            b.topic,
+            b.queue,
+            b.base_offset + i,
+            (b.origin_topic or HALF_TOPIC, 0, b.origin_offset + i),
+        )
         for b in resp.published
         for i in range(b.count)
     ]

@@ -9,9 +9,17 @@ fields are set depends on the record's flags:
 record (flags)                fields
 ============================  =============================================================
 schedule (DELAYED)            ``tt`` target topic, ``tq`` target queue, ``due`` deliver-at ms
+adopted schedule (DELAYED)    as a schedule, plus where it was sent (its id): ``ob`` broker,
+                              ``ho`` its timer offset there; and the broker that handed it
+                              over with its offset there: ``hb``, ``hx`` (static topics)
 cancel (DELAYED | CONTROL)    ``ref`` timer offset of the schedule it cancels
-delivered (FROM_TIMER)        ``ot``/``oq``/``oo`` origin (timer topic, queue, offset),
-                              ``due`` the time it was scheduled for
+handoff (DELAYED | CONTROL)   ``hop`` "handoff", ``tt``, ``tq``, ``ref`` the last timer offset
+                              handed, ``hb`` the broker they are handed to
+handed (DELAYED | CONTROL)    ``hop`` "handed", ``tt``, ``tq``, ``ref``: the handoff is adopted
+delivered (FROM_TIMER)        ``ot``/``oq``/``oo`` origin (timer topic qualified by the broker
+                              it was sent to, queue, offset), ``due`` the time it was
+                              scheduled for; ``ref`` the timer offset here when it differs
+                              from ``oo`` (an adopted schedule)
 half (TRANSACTION_HALF)       ``tx`` transaction id, ``grp`` producer group, ``tt``, ``tq``
 decision (CONTROL | HALF)     ``txs`` transaction ids, ``commit``, ``sink``/``bid`` marker,
                               ``why`` reason (for rollbacks the broker decided)
@@ -44,6 +52,8 @@ __all__ = [
     "SystemProperties",
     "decode_properties",
     "encode_properties",
+    "is_origin_of",
+    "qualified_origin",
 ]
 
 #: Internal topics of the broker's services (`tidemq.broker.system_topics`). Clients see
@@ -74,6 +84,11 @@ class SystemProperties(msgspec.Struct, kw_only=True, omit_defaults=True):
     pt: str = ""
     pq: int = -1
     po: int = -1
+    hop: str = ""
+    hb: str = ""
+    hx: int = -1
+    ob: str = ""
+    ho: int = -1
 
     @property
     def origin(self) -> tuple[str, int, int] | None:
@@ -83,6 +98,19 @@ class SystemProperties(msgspec.Struct, kw_only=True, omit_defaults=True):
     def pop_lease(self) -> tuple[str, str, int, int] | None:
         """(group, topic, queue, offset) of the pop lease a FROM_POP record finishes."""
         return (self.pg, self.pt, self.pq, self.po) if self.pg else None
+
+
+def qualified_origin(internal_topic: str, broker: str) -> str:
+    """The origin topic named in the ids of messages first stored in `internal_topic` of
+    `broker`: each broker's timer and half topics count offsets from 0, so the broker's
+    name keeps two brokers' ids apart (a cancel by id reaches only the right schedule)."""
+    return f"{internal_topic}@{broker}"
+
+
+def is_origin_of(origin_topic: str, internal_topic: str) -> bool:
+    """Whether `origin_topic` names `internal_topic` (of any broker; ids from before
+    origins were qualified name it bare)."""
+    return origin_topic == internal_topic or origin_topic.startswith(internal_topic + "@")
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()

@@ -68,6 +68,10 @@ class RequestCode(IntEnum):
     STATIC_OPEN = 90
     STATIC_SEAL = 91
     STATIC_UPDATE = 92
+    # hand a sealed queue's pending delayed messages over to its write end
+    STATIC_TIMERS_TAKE = 93
+    STATIC_TIMERS_ADOPT = 94
+    STATIC_TIMERS_HANDED = 95
     # compact topics (docs/guide/compact-topics.md): a key's latest value, a run on demand
     KV_GET = 100
     COMPACT = 101

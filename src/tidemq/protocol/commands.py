@@ -525,6 +525,9 @@ class PublishedBatch(_Msg):
     count: int
     #: Offset of the batch in the half topic (its messages' ids come from there).
     origin_offset: int
+    #: The half topic as the ids name it (qualified by the broker; empty from brokers
+    #: that predate it: the bare half topic).
+    origin_topic: str = ""
 
 
 class EndTxnResponse(_Msg):
@@ -613,6 +616,10 @@ class PopReceiveRequest(_Msg):
     #: operator resumes it ("suspend"; on a FIFO topic its message group waits too).
     max_attempts: int = 16
     on_exhausted: str = "dead-letter"
+    #: Static FIFO topics: (topic, queue, logical offset) below which the consumer knows
+    #: every message to be finished for the group, from the brokers' `fifo_finished`
+    #: answers (`core/static_fifo.py`); a broker pops a link only past the others' before it.
+    fifo_finished: list[tuple[str, int, int]] = []
 
 
 class PopRecord(_Msg):
@@ -636,6 +643,9 @@ class PopReceiveResponse(_Msg):
     #: the client keeps only the ones in `messages`).
     records: list[PopRecord]
     messages: list[PoppedMessage]
+    #: Static FIFO queues with links on several brokers: (topic, queue, logical offset)
+    #: below which every message of this broker's links is finished for the group.
+    fifo_finished: list[tuple[str, int, int]] = []
 
 
 class PopAckRequest(_Msg):

@@ -1,4 +1,5 @@
-"""Static-topic requests (codes 90-92): open links, seal a write end, store newer chains.
+"""Static-topic requests (codes 90-95): open links, seal a write end, store newer chains,
+hand pending delayed messages of a sealed queue over to its write end.
 Appended to `commands.REQUESTS`; fields only ever added at the end. The chain format is
 `tidemq.core.static_chain`; the switch protocol is docs/design/static-topics.md."""
 
@@ -16,7 +17,14 @@ __all__ = [
     "StaticChainsResponse",
     "StaticOpenRequest",
     "StaticSealRequest",
+    "StaticTimersAdoptRequest",
+    "StaticTimersAdoptResponse",
+    "StaticTimersHandedRequest",
+    "StaticTimersHandedResponse",
+    "StaticTimersPage",
+    "StaticTimersTakeRequest",
     "StaticUpdateRequest",
+    "TimerHandover",
 ]
 
 
@@ -63,8 +71,73 @@ class StaticChainsResponse(_Msg):
     chains: list[QueueChain] = []
 
 
+class TimerHandover(_Msg):
+    """One pending delayed batch handed from a sealed queue's broker to its write end."""
+
+    #: Its timer offset on the broker handing it over (the adopter's dedup key).
+    offset: int
+    #: Where it was sent, which its messages' ids name (kept through every hand-over).
+    origin_broker: str
+    origin_offset: int
+    due_ms: int
+    count: int
+    payload: bytes
+
+
+class StaticTimersTakeRequest(_Msg):
+    """Hand over the delayed batches pending here for a queue this broker no longer
+    writes: the next page is reserved for `dest` (durably), or the page reserved earlier is
+    answered again, whatever its destination, until STATIC_TIMERS_HANDED."""
+
+    topic: str
+    queue: int
+    dest: str
+    max_bytes: int = 1 << 20
+
+
+class StaticTimersPage(_Msg):
+    source: str
+    #: Where this page must be adopted (a page reserved earlier keeps its destination).
+    dest: str = ""
+    #: The last timer offset of the page (-1: nothing to hand over).
+    through: int = -1
+    timers: list[TimerHandover] = []
+    #: Whether more batches wait after this page.
+    more: bool = False
+
+
+class StaticTimersAdoptRequest(_Msg):
+    """Schedule a page of handed-over batches here; a page (or part) adopted already is
+    skipped, so repeating the request after a failure is harmless."""
+
+    topic: str
+    queue: int
+    source: str
+    timers: list[TimerHandover] = []
+
+
+class StaticTimersAdoptResponse(_Msg):
+    adopted: int
+    skipped: int
+
+
+class StaticTimersHandedRequest(_Msg):
+    """The page through `through` is adopted: drop it here."""
+
+    topic: str
+    queue: int
+    through: int
+
+
+class StaticTimersHandedResponse(_Msg):
+    dropped: int
+
+
 STATIC_REQUESTS: Final[dict[RequestCode, tuple[type[msgspec.Struct], type[msgspec.Struct]]]] = {
     RequestCode.STATIC_OPEN: (StaticOpenRequest, StaticChainsResponse),
     RequestCode.STATIC_SEAL: (StaticSealRequest, StaticChainsResponse),
     RequestCode.STATIC_UPDATE: (StaticUpdateRequest, StaticChainsResponse),
+    RequestCode.STATIC_TIMERS_TAKE: (StaticTimersTakeRequest, StaticTimersPage),
+    RequestCode.STATIC_TIMERS_ADOPT: (StaticTimersAdoptRequest, StaticTimersAdoptResponse),
+    RequestCode.STATIC_TIMERS_HANDED: (StaticTimersHandedRequest, StaticTimersHandedResponse),
 }

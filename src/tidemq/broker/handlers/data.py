@@ -14,7 +14,6 @@ from tidemq.broker.metrics import Traffic
 from tidemq.broker.static_service import StaticService
 from tidemq.broker.static_view import LinkView
 from tidemq.broker.store_gateway import StoreGateway
-from tidemq.broker.system_topics import HALF_TOPIC, TIMER_TOPIC
 from tidemq.broker.timer_service import TimerService
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction_service import TransactionService
@@ -23,7 +22,6 @@ from tidemq.core.errors import (
     InvalidRequest,
     MessageTypeMismatch,
     QueueMoved,
-    Unsupported,
 )
 from tidemq.net.budget import ConnectionBudget
 from tidemq.protocol.commands import (
@@ -79,19 +77,15 @@ class DataHandlers:
         kind = _message_kind(req)
         _check_type(req.topic, info.message_type, kind)
         view = self._static.view(req.topic, req.queue)
-        if view is not None:
-            if kind is MessageType.DELAY:
-                raise Unsupported(
-                    f"topic {req.topic!r} is static: delayed sends to static topics are not "
-                    "supported yet (docs/guide/static-topics.md)"
-                )
-            if not view.writable or (req.topic, req.queue) in self._static.sealing:
-                # Checked here for every kind (the store refuses plain appends itself; a
-                # transaction's half would be accepted and fail to publish later).
-                raise QueueMoved(
-                    f"queue {req.queue} of static topic {req.topic!r} is being switched to "
-                    "another broker; refresh the routes"
-                )
+        if view is not None and (
+            not view.writable or (req.topic, req.queue) in self._static.sealing
+        ):
+            # Checked here for every kind (the store refuses plain appends itself; a
+            # transaction's half or a delayed batch would be accepted and stranded here).
+            raise QueueMoved(
+                f"queue {req.queue} of static topic {req.topic!r} is being switched to "
+                "another broker; refresh the routes"
+            )
         if kind is not MessageType.NORMAL and info.cleanup_policy is not CleanupPolicy.DELETE:
             # At the send, not when the timer or the commit appends it much later: every
             # message of a compact topic needs a key (the store checks its own appends).
@@ -106,7 +100,7 @@ class DataHandlers:
                 base_offset=result.base_offset,
                 count=result.count,
                 store_time_ms=result.store_time_ms,
-                origin_topic=TIMER_TOPIC,
+                origin_topic=self._timers.origin,
             )
         if kind is MessageType.TRANSACTION:
             result = await self._transactions.send(req.txn_id, req.topic, req.queue, bytes(body))
@@ -115,7 +109,7 @@ class DataHandlers:
                 base_offset=result.base_offset,
                 count=result.count,
                 store_time_ms=result.store_time_ms,
-                origin_topic=HALF_TOPIC,
+                origin_topic=self._transactions.origin,
             )
         stamp = None
         if req.producer_id >= 0:
