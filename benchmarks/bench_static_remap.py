@@ -17,6 +17,9 @@ of 1,000), then:
    full read of 64 MiB with StreamConsumer; and the cost of a read that crosses a link
    boundary (seek to one offset before it, poll until the message after it) against the
    same read inside a link, median of 200 each.
+4. A remap of the topic while `--delayed` (20,000) delayed messages (100 bytes, due in an
+   hour, sent with `send_async`) wait on its write end: time to complete, and the delayed
+   batches handed over to the new write end (all must arrive there).
 
 CPU steal and load average over the run are printed with the figures.
 """
@@ -170,11 +173,37 @@ def _crossing(bootstrap: str, boundary: int, inside: int, reps: int = 200) -> di
     return {"across_ms": across, "within_ms": within, "ratio": across / within}
 
 
+def _remap_with_delayed(
+    admin: tidemq.Admin, bootstrap: str, args: argparse.Namespace
+) -> dict[str, float]:
+    """Remap while delayed messages wait on the write ends; the hand-over's cost."""
+    chains = admin.describe_topic(TOPIC).chains
+    here = {c.links[-1].broker for c in chains}
+    target = "broker-a" if here == {"broker-b"} else "broker-b"
+    with tidemq.Producer(bootstrap) as producer:
+        futures = [
+            producer.send_async(TOPIC, b"d" * 100, queue=n % args.queues, delay=3600)
+            for n in range(args.delayed)
+        ]
+        for f in futures:
+            f.result()
+    batches = sum(t.pending_batches for t in admin.timer_status(TOPIC).topics)
+    start = time.perf_counter()
+    report = admin.remap_topic(TOPIC, brokers=[target])
+    took = (time.perf_counter() - start) * 1000
+    handed = sum(s.delayed for s in report.switches)
+    assert handed == batches, f"{handed} of {batches} delayed batches handed over"
+    print(f"remap with {args.delayed} delayed messages ({batches} batches) waiting: "
+          f"{took:.0f} ms, {handed} batches handed over")  # fmt: skip
+    return {"messages": args.delayed, "batches": batches, "remap_ms": took}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--queues", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--delayed", type=int, default=20_000)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     j0 = peers.machine_jiffies()
@@ -239,6 +268,7 @@ def main() -> None:
             print(f"medians over {args.runs} remaps under load: remap {med['remap_ms']:.0f} ms, "
                   f"p99 {med['p99_ms']:.2f} ms (quiet {quiet_p99:.2f} ms), longest write "
                   f"pause {med['longest_pause_ms']:.0f} ms")  # fmt: skip
+            results["delayed"] = _remap_with_delayed(admin, ns.address, args)
     finally:
         for server in (b, a, ns):
             server.stop()

@@ -25,7 +25,8 @@ from tests.support.server_process import server_process as running_server
 
 from tidemq.broker.broker import Broker
 from tidemq.broker.config import BrokerConfig
-from tidemq.http.listener import HttpListener
+from tidemq.cli.node import Node
+from tidemq.http.config import HttpConfig
 from tidemq.store.config import StoreConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,13 +84,14 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str]]:
         BrokerConfig(port=0, store=StoreConfig(data_dir=tmp_path / "data")),
         embedded_nameserver=True,
     )
-    address = asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
-    http = HttpListener(address, port=0)
+    # What `tidemq server` runs: the broker and its HTTP listener, wired by the node.
+    node = Node(broker, HttpConfig(port=0))
+    address = asyncio.run_coroutine_threadsafe(node.start(), loop).result(30)
+    assert node.listener is not None
     try:
-        yield address, asyncio.run_coroutine_threadsafe(http.start(), loop).result(30)
+        yield address, node.listener.address
     finally:
-        asyncio.run_coroutine_threadsafe(http.stop(), loop).result(30)
-        asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(30)
+        asyncio.run_coroutine_threadsafe(node.stop(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()

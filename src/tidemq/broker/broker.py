@@ -43,6 +43,7 @@ from tidemq.broker.metrics import (
 )
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import ProducerOwners
+from tidemq.broker.schema_validation import SchemaCheck
 from tidemq.broker.static_service import StaticService
 from tidemq.broker.static_view import rebase_popped
 from tidemq.broker.store_gateway import StoreGateway
@@ -390,6 +391,11 @@ class Broker:
         await self._gateway.close()
         self._release_lock()
         log.info("broker %s stopped", self.config.broker_name)
+
+    def set_schema_check(self, check: SchemaCheck | None) -> None:
+        """The schema registry's check for topics with schema.validation=true: the node
+        that runs the registry beside this broker sets it once both serve."""
+        self._data.schema_check = check
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()

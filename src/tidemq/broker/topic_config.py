@@ -37,6 +37,8 @@ KNOWN: Final[dict[str, str]] = {
     "topic's dirty range is bounded by min.cleanable.dirty.ratio and max.compaction.lag.ms)",
     "segment.ms": "accepted for Kafka compatibility; the commit log is shared",
     **{key: meaning for key, (_, meaning) in COMPACTION_KEYS.items()},
+    "schema.validation": "true | false: refuse values whose schema id is not registered "
+    "under <topic>-value in the schema registry",
     "remote.storage.enable": "tiered storage: not yet implemented",
     "local.retention.ms": "tiered storage: not yet implemented",
     "local.retention.bytes": "tiered storage: not yet implemented",
@@ -87,6 +89,10 @@ def parse_topic_config(config: Mapping[str, str]) -> TopicSettings:
     if "max.message.bytes" in config:
         _int("max.message.bytes", config["max.message.bytes"], 1)
     compaction_settings(config)  # ConfigError naming a bad compaction key
+    if config.get("schema.validation", "false").lower() not in ("true", "false"):
+        raise ConfigError(
+            f"schema.validation must be true or false, got {config['schema.validation']!r}"
+        )
     if config.get("message.timestamp.type", "CreateTime") not in ("CreateTime", "LogAppendTime"):
         raise ConfigError("message.timestamp.type must be CreateTime or LogAppendTime")
     extra = {

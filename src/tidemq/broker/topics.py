@@ -93,6 +93,11 @@ class TopicTable:
         limit = self._config.max_message_bytes
         return min(limit, int(raw)) if raw else limit
 
+    def schema_validation(self, name: str) -> bool:
+        """Whether sends to the topic are checked against the schema registry."""
+        info = self._topics.get(name)
+        return info is not None and info.config.get("schema.validation", "").lower() == "true"
+
     async def check_queue(self, topic: str, queue: int, *, create: bool = False) -> TopicInfo:
         info = self._topics.get(topic)
         if info is None and create and self._config.auto_create_topics:

@@ -45,6 +45,7 @@ class Node:
                 metrics=self.broker.metrics,
             )
             http_address = await self.listener.start()
+            self.broker.set_schema_check(self.listener.registry.unregistered)
             # A line of its own, like "serving on": scripts and tests read the port.
             sys.stderr.write(f"http on {http_address}\n")
             sys.stderr.flush()
@@ -53,6 +54,7 @@ class Node:
     async def stop(self) -> None:
         try:
             if self.listener is not None:
+                self.broker.set_schema_check(None)
                 await self.listener.stop()
         finally:
             await self.broker.stop()

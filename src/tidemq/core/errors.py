@@ -31,6 +31,7 @@ __all__ = [
     "QueueMoved",
     "QueueNotFound",
     "RequestTimeout",
+    "SchemaValidationFailed",
     "StaleGeneration",
     "StorageFailure",
     "StoreClosed",
@@ -78,6 +79,7 @@ class ErrorCode(IntEnum):
     AUTHENTICATION_FAILED = 29
     AUTHORIZATION_FAILED = 30
     QUEUE_MOVED = 31
+    SCHEMA_VALIDATION_FAILED = 32
 
 
 class TidemqError(Exception):
@@ -273,3 +275,10 @@ class QueueMoved(TidemqError):
     """A static topic's queue (or the offset asked for) is not on this broker, or not
     writable here any more: its write end moved, or is being switched to another broker.
     The client refreshes its routes and tries again."""
+
+
+@_error(ErrorCode.SCHEMA_VALIDATION_FAILED)
+class SchemaValidationFailed(InvalidRequest):
+    """A topic with `schema.validation=true` refused a batch: a value not in Confluent's
+    wire format, or with a schema id not registered under the topic's subject. The message
+    names the message index and the id."""

@@ -110,6 +110,16 @@ class RegistryService:
             await self._guarded(self._catch_up())
             return fn(self.state)
 
+    async def unregistered(self, subject: str, ids: set[int]) -> set[int]:
+        """Of `ids`, those not registered under `subject`: answered from the state at
+        hand when it knows them all, else after reading the log to its end (a schema
+        registered a moment ago through another node counts). The broker's check for
+        topics with schema.validation=true."""
+        missing = ids - self.state.registered_ids(subject)
+        if missing:
+            missing = await self.read(lambda state: ids - state.registered_ids(subject))
+        return missing
+
     async def write(self, plan: Callable[[RegistryState], tuple[T, list[Record]]]) -> T:
         """Plan on the current state, append the records, read them back; again if
         another node's records won the race."""

@@ -179,6 +179,10 @@ class RegistryState:
         versions = self._subject(subject, deleted=deleted)
         return sorted(v for v, (_, d) in versions.items() if deleted or not d)
 
+    def registered_ids(self, subject: str) -> set[int]:
+        """The schema ids of the subject's versions not deleted (none for an unknown one)."""
+        return {i for i, deleted in self._subjects.get(subject, {}).values() if not deleted}
+
     def _subject(self, subject: str, *, deleted: bool) -> dict[int, tuple[int, bool]]:
         versions = self._subjects.get(subject)
         if not versions or (not deleted and all(d for _, d in versions.values())):

@@ -11,6 +11,7 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.broker.filters import compile_filter, filter_mask, summary_mask
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.metrics import Traffic
+from tidemq.broker.schema_validation import SchemaCheck, validate_batch
 from tidemq.broker.static_service import StaticService
 from tidemq.broker.static_view import LinkView
 from tidemq.broker.store_gateway import StoreGateway
@@ -63,6 +64,9 @@ class DataHandlers:
         self._static = static
         #: Messages and bytes in and out per topic (the HTTP listener's /metrics).
         self.traffic = Traffic()
+        #: The schema registry's check for topics with schema.validation=true (set by the
+        #: node that runs the registry; None: sends to such topics are refused).
+        self.schema_check: SchemaCheck | None = None
 
     async def produce(self, req: ProduceRequest, body: bytes | memoryview) -> ProduceResponse:
         """`body`: the batch payload; a view of the request's own buffer when large (the
@@ -76,6 +80,8 @@ class DataHandlers:
             )
         kind = _message_kind(req)
         _check_type(req.topic, info.message_type, kind)
+        if self._topics.schema_validation(req.topic):
+            await validate_batch(req.topic, body, self.schema_check)
         view = self._static.view(req.topic, req.queue)
         if view is not None and (
             not view.writable or (req.topic, req.queue) in self._static.sealing
