@@ -421,7 +421,9 @@ def test_a_schemas_topic_that_is_not_compact_is_refused(tmp_path: Path) -> None:
         broker.stop()
 
 
-def test_a_producer_with_a_value_serializer(node: Node) -> None:
+def test_a_producer_with_a_value_serializer_and_a_consumer_with_a_deserializer(
+    node: Node,
+) -> None:
     registry = tidemq.SchemaRegistry(node.url)
     to_bytes, from_bytes = (
         tidemq.AvroSerializer(registry, Point),
@@ -448,11 +450,14 @@ def test_a_producer_with_a_value_serializer(node: Node) -> None:
         ("points-sync", [Point(1, 2), Point(3, 4), None]),
         ("points-async", [Point(5, 6, "a"), Point(7, 8)]),
     ):
-        with tidemq.StreamConsumer(address, start="earliest") as consumer:
+        # The consumer's value_deserializer gives the Points back (tombstones stay None).
+        with tidemq.StreamConsumer(
+            address, start="earliest", value_deserializer=from_bytes
+        ) as consumer:
             consumer.assign([(topic, 0)])
-            got: list[tidemq.Message] = []
+            got: list[tidemq.Message[Point | None]] = []
             for _ in range(50):
                 got += consumer.poll(timeout_ms=100)
                 if len(got) >= len(expected):
                     break
-        assert [None if m.value is None else from_bytes(m.value) for m in got] == expected
+        assert [m.value for m in got] == expected

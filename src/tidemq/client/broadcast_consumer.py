@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Generic, Self
 
 from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
-from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
+from tidemq.client.stream_consumer import AsyncStreamConsumer, D, TopicQueue
 from tidemq.core.filters import Sql92
 from tidemq.core.message import Message
 from tidemq.core.names import MEMBER_PATTERN
@@ -44,7 +45,7 @@ def broadcast_group(group: str, member: str) -> str:
     return f"{group}%BROADCAST%{member}"
 
 
-class AsyncBroadcastConsumer:
+class AsyncBroadcastConsumer(Generic[D]):
     def __init__(
         self,
         bootstrap: str,
@@ -56,11 +57,13 @@ class AsyncBroadcastConsumer:
         auto_commit: bool = True,
         filter: str | Sql92 | None = None,
         client_config: ClientConfig | None = None,
+        value_deserializer: Callable[[bytes], D] | None = None,
     ) -> None:
         """`group` and `topics` (a list, even of one) follow the name rule of
         `tidemq.core.names`. `member`: this member's stable name (1-100 of A-Z a-z 0-9
         _ . : -); its progress is kept under it. `start`: where a queue this member never
-        committed begins ("earliest" or "latest")."""
+        committed begins ("earliest" or "latest"). `value_deserializer`: as for
+        `AsyncStreamConsumer`."""
         group = checks.check_group_name(group)
         if not isinstance(member, str):
             raise TypeError(f"member must be a str, got {type(member).__name__}")
@@ -76,8 +79,12 @@ class AsyncBroadcastConsumer:
         self._progress_group = broadcast_group(group, member)
         self._auto_commit = auto_commit
         self._cluster = ClusterClient(bootstrap, client_config)
-        self._stream = AsyncStreamConsumer(
-            bootstrap, start=start, filter=filter, cluster=self._cluster
+        self._stream: AsyncStreamConsumer[D] = AsyncStreamConsumer(
+            bootstrap,
+            start=start,
+            filter=filter,
+            cluster=self._cluster,
+            value_deserializer=value_deserializer,
         )
         self._assigned: set[TopicQueue] = set()
         self._consumed: dict[TopicQueue, int] = {}
@@ -106,7 +113,7 @@ class AsyncBroadcastConsumer:
             if tq in positions:
                 self._stream.seek(tq[0], tq[1], positions[tq])
 
-    async def poll(self, timeout_ms: int = 1000) -> list[Message]:
+    async def poll(self, timeout_ms: int = 1000) -> list[Message[D | None]]:
         """Messages of any queue; with `auto_commit`, the previous poll's are committed
         first (at-least-once: a crash redelivers at most one poll's worth)."""
         timeout_ms = checks.check_timeout_ms(timeout_ms)
@@ -147,7 +154,7 @@ class AsyncBroadcastConsumer:
             await self._stream.close()
             await self._cluster.close()
 
-    async def __aenter__(self) -> AsyncBroadcastConsumer:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -15,10 +15,11 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import datetime
+from typing import Generic
 
 from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
-from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
+from tidemq.client.stream_consumer import AsyncStreamConsumer, D, TopicQueue
 from tidemq.core.errors import StaleGeneration, TidemqError, UnknownMember
 from tidemq.core.filters import Sql92
 from tidemq.core.message import Message
@@ -55,7 +56,7 @@ def _check_offsets(offsets: object) -> dict[TopicQueue, int]:
     }
 
 
-class AsyncGroupConsumer:
+class AsyncGroupConsumer(Generic[D]):
     def __init__(
         self,
         bootstrap: str,
@@ -72,12 +73,15 @@ class AsyncGroupConsumer:
         max_bytes_per_queue: int = 1 << 20,
         filter: str | Sql92 | None = None,
         client_config: ClientConfig | None = None,
+        value_deserializer: Callable[[bytes], D] | None = None,
     ) -> None:
         """`group` and `topics` (a list, even of one) follow the name rule of
         `tidemq.core.names`. `start`: where a queue the group never committed begins:
         "earliest", "latest", or a time (seconds since the epoch, or an aware datetime).
         The same rule applies every time. `filter`: a tag expression or `Sql92(...)`,
-        evaluated on the broker (see `AsyncStreamConsumer`)."""
+        evaluated on the broker (see `AsyncStreamConsumer`). `value_deserializer`: values
+        come deserialized; one it cannot turn raises DeserializationFailed and is not
+        counted as consumed (seek past it, as with `AsyncStreamConsumer`)."""
         self._start: str | int
         if isinstance(start, str):
             if start not in ("earliest", "latest"):
@@ -105,12 +109,13 @@ class AsyncGroupConsumer:
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self._cluster = ClusterClient(bootstrap, client_config)
-        self._stream = AsyncStreamConsumer(
+        self._stream: AsyncStreamConsumer[D] = AsyncStreamConsumer(
             bootstrap,
             start="earliest",
             max_bytes_per_queue=max_bytes_per_queue,
             filter=filter,
             cluster=self._cluster,
+            value_deserializer=value_deserializer,
         )
         self._member_id = ""
         self._generation = -1
@@ -226,7 +231,7 @@ class AsyncGroupConsumer:
 
     # ------------------------------------------------------------------ consuming
 
-    async def poll(self, timeout_ms: int = 1000) -> list[Message]:
+    async def poll(self, timeout_ms: int = 1000) -> list[Message[D | None]]:
         """Messages of the queues assigned to this member, waiting up to `timeout_ms`."""
         timeout_ms = checks.check_timeout_ms(timeout_ms)
         if self._closed:
@@ -272,7 +277,7 @@ class AsyncGroupConsumer:
         except (StaleGeneration, UnknownMember) as exc:
             log.info("group %s: commit refused (%s); taking the new assignment", self._group, exc)
 
-    async def __aiter__(self) -> AsyncIterator[Message]:
+    async def __aiter__(self) -> AsyncIterator[Message[D | None]]:
         while not self._closed:
             for message in await self.poll():
                 yield message

@@ -51,7 +51,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig
@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 
 #: A handler: a coroutine function (awaited on the loop) or a plain function (run on a
 #: worker thread). What it returns is ignored; raising means "retry".
-Handler = Callable[[AsyncReceivedMessage], Awaitable[object] | object]
+Handler = Callable[[AsyncReceivedMessage[Any]], Awaitable[object] | object]
 
 #: RocketMQ's retry schedule for concurrent consumption (delay levels 3 to 18), seconds.
 _ROCKETMQ_SCHEDULE: Final = (
@@ -254,6 +254,7 @@ class AsyncPushConsumer:
         handler_timeout: float | None = None,
         await_duration: float = 1.0,
         client_config: ClientConfig | None = None,
+        value_deserializer: Callable[[bytes], Any] | None = None,
     ) -> None:
         """`subscriptions`: {topic: filter} (a tag expression or `Sql92(...)`).
         `max_concurrency`: handlers running at once, at most. `max_attempts`: deliveries
@@ -262,7 +263,9 @@ class AsyncPushConsumer:
         lease's length (seconds, 1 s to 12 h), extended while a handler runs longer.
         `handler_timeout`: seconds a handler may run before it counts as failed (None: no
         limit). `await_duration`: how long one receive waits on the broker for messages;
-        `close` waits for the receive in flight, so this bounds how long closing takes."""
+        `close` waits for the receive in flight, so this bounds how long closing takes.
+        `value_deserializer`: the handler gets messages with deserialized values; one it
+        cannot turn never reaches the handler (see `SimpleConsumer`)."""
         if handler is None or not callable(handler):
             raise TypeError("a PushConsumer needs a handler: a function of one message")
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
@@ -282,7 +285,7 @@ class AsyncPushConsumer:
         )
         # Group, subscriptions, max_attempts and invisible_duration are checked by the
         # simple consumer (ValueError naming the argument).
-        self._consumer = AsyncSimpleConsumer(
+        self._consumer: AsyncSimpleConsumer[Any] = AsyncSimpleConsumer(
             bootstrap,
             group,
             subscriptions,
@@ -291,6 +294,7 @@ class AsyncPushConsumer:
             on_exhausted=on_exhausted,
             await_duration=await_duration,
             client_config=client_config,
+            value_deserializer=value_deserializer,
         )
         self.group = group
         self._handler = handler

@@ -122,10 +122,16 @@ class SchemaRegistry:
 
     def version(self, subject: str, version: str | int = "latest") -> dict[str, Any]:
         """The schema of a subject's version ("latest" by default)."""
+        return self.version_info(subject, version)[1]
+
+    def version_info(
+        self, subject: str, version: str | int = "latest"
+    ) -> tuple[int, dict[str, Any], str]:
+        """(schema id, schema, schema type) of a subject's version ("latest" by default)."""
         quoted = urllib.parse.quote(subject, safe="")
         answer = self.request("GET", f"/subjects/{quoted}/versions/{version}")
         schema: dict[str, Any] = json.loads(answer["schema"])
-        return schema
+        return int(answer["id"]), schema, str(answer.get("schemaType", "AVRO"))
 
     def schema(self, schema_id: int) -> dict[str, Any]:
         """The schema of an id (cached: ids never change meaning)."""

@@ -21,17 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Generic, Self, cast
 
 from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.fifo_progress import FifoProgress
+from tidemq.client.stream_consumer import D
+from tidemq.client.typed_values import deserialize_values
 from tidemq.core import limits
 from tidemq.core.errors import InvalidRequest, TidemqError
 from tidemq.core.filters import Sql92
-from tidemq.core.message import Message, messages_from_records
+from tidemq.core.message import Message, V, messages_from_records
 from tidemq.core.retry_headers import (
     RETRY_OFFSET_HEADER,
     RETRY_ORIGIN_HEADER,
@@ -64,12 +68,14 @@ ON_EXHAUSTED = ("dead-letter", "suspend")
 #: Acks coalesced into one request at most (the broker answers each one).
 _ACKS_PER_REQUEST = 1024
 
+log = logging.getLogger(__name__)
+
 
 Filter = str | Sql92
 
 
 @dataclass(frozen=True, slots=True)
-class AsyncReceivedMessage(Message):
+class AsyncReceivedMessage(Message[V]):
     """A leased message: `Message` fields plus its delivery attempt and handle."""
 
     delivery_attempt: int = 1
@@ -77,10 +83,10 @@ class AsyncReceivedMessage(Message):
     handle: str = ""
     #: When the lease runs out (epoch ms), unless acked or changed.
     invisible_until_ms: int = 0
-    _consumer: AsyncSimpleConsumer | None = field(default=None, repr=False, compare=False)
+    _consumer: AsyncSimpleConsumer[Any] | None = field(default=None, repr=False, compare=False)
     _broker: str = field(default="", repr=False, compare=False)
 
-    def _owner(self) -> AsyncSimpleConsumer:
+    def _owner(self) -> AsyncSimpleConsumer[Any]:
         if self._consumer is None:
             raise InvalidRequest("this message was not received by a SimpleConsumer")
         return self._consumer
@@ -94,7 +100,7 @@ class AsyncReceivedMessage(Message):
     async def release(self) -> None:
         await self._owner().release(self)
 
-    async def change_invisible_duration(self, duration: float) -> AsyncReceivedMessage:
+    async def change_invisible_duration(self, duration: float) -> AsyncReceivedMessage[V]:
         return await self._owner().change_invisible_duration(self, duration)
 
 
@@ -141,7 +147,7 @@ def _ms(seconds: object, what: str, lo: float, hi: float) -> int:
     return round(checks.check_seconds(seconds, what, minimum=lo, maximum=hi) * 1000)
 
 
-def _lease(msg: object, arg: str = "msg") -> AsyncReceivedMessage:
+def _lease(msg: object, arg: str = "msg") -> AsyncReceivedMessage[Any]:
     if not isinstance(msg, AsyncReceivedMessage):
         raise TypeError(
             f"{arg} must be a message received by this consumer, got {type(msg).__name__}"
@@ -149,7 +155,7 @@ def _lease(msg: object, arg: str = "msg") -> AsyncReceivedMessage:
     return msg
 
 
-class AsyncSimpleConsumer:
+class AsyncSimpleConsumer(Generic[D]):
     def __init__(
         self,
         bootstrap: str = "127.0.0.1:9876",
@@ -161,12 +167,18 @@ class AsyncSimpleConsumer:
         on_exhausted: str = "dead-letter",
         await_duration: float = 5.0,
         client_config: ClientConfig | None = None,
+        value_deserializer: Callable[[bytes], D] | None = None,
     ) -> None:
         """`await_duration`: how long `receive` waits on the broker for messages (long
         polling) before it returns an empty list. `on_exhausted`: what the broker does
         with a message after `max_attempts` deliveries: "dead-letter" (move it to
         `%DLQ%<group>`) or "suspend" (keep it, and on a FIFO topic its message group,
-        until an operator resumes it: `Admin.resume`)."""
+        until an operator resumes it: `Admin.resume`).
+
+        `value_deserializer(data) -> value`: messages come with their values deserialized.
+        A message it cannot turn is not handed out: it is nacked at once with the failure
+        as its reason (logged), so it is delivered again and, failing every time, ends in
+        the dead-letter topic (or suspended) after `max_attempts`."""
         self.group = checks.check_group_name(group)
         self._subs = _subscriptions(subscriptions)
         self._invisible_ms = _ms(
@@ -188,6 +200,11 @@ class AsyncSimpleConsumer:
         self._ack_flush_scheduled = False
         self._ack_tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        if value_deserializer is not None and not callable(value_deserializer):
+            raise TypeError(
+                f"value_deserializer must be callable, got {type(value_deserializer).__name__}"
+            )
+        self._deserializer = value_deserializer
 
     @property
     def cluster(self) -> ClusterClient:
@@ -219,7 +236,7 @@ class AsyncSimpleConsumer:
 
     async def receive(
         self, max_messages: int = 16, invisible_duration: float | None = None
-    ) -> list[AsyncReceivedMessage]:
+    ) -> list[AsyncReceivedMessage[D | None]]:
         """Lease up to `max_messages` messages (1 to MAX_RECEIVE_MESSAGES); waits up to
         `await_duration` for some."""
         max_messages = checks.check_int(
@@ -246,7 +263,23 @@ class AsyncSimpleConsumer:
                 for i, a in enumerate(order)
             )
         )
-        return [m for batch in results for m in batch]
+        received = [m for batch in results for m in batch]
+        if self._deserializer is None:
+            return cast("list[AsyncReceivedMessage[D | None]]", received)
+        return await self._deserialize(received, self._deserializer)
+
+    async def _deserialize(
+        self, received: list[AsyncReceivedMessage], deserializer: Callable[[bytes], D]
+    ) -> list[AsyncReceivedMessage[D | None]]:
+        typed, failed = deserialize_values(received, deserializer, per_queue=False)
+        for exc in failed.values():
+            raw = next(m for m in received if (m.topic, m.queue, m.offset) == exc.position)
+            log.warning("%s; nacked (it ends in the dead-letter topic if it keeps failing)", exc)
+            try:
+                await self.nack(raw, reason=str(exc)[:200])
+            except TidemqError as nack_error:  # its lease runs out instead
+                log.warning("nacking %s failed: %s", raw.message_id, nack_error)
+        return cast("list[AsyncReceivedMessage[D | None]]", typed)
 
     async def _receive_from(
         self,
@@ -319,7 +352,7 @@ class AsyncSimpleConsumer:
             )
         return out
 
-    async def ack(self, msg: AsyncReceivedMessage) -> None:
+    async def ack(self, msg: AsyncReceivedMessage[Any]) -> None:
         """Acknowledge: the message is done for the group. Raises for a stale or foreign
         handle (the lease ran out and the message went to another consumer).
 
@@ -368,12 +401,12 @@ class AsyncSimpleConsumer:
             else:
                 future.set_result(None)
 
-    async def ack_many(self, messages: list[AsyncReceivedMessage]) -> None:
+    async def ack_many(self, messages: Sequence[AsyncReceivedMessage[Any]]) -> None:
         """Acknowledge several in one request per broker; raises for the first refused."""
         if not isinstance(messages, list | tuple):
             raise TypeError(f"messages must be a list of messages, got {type(messages).__name__}")
         messages = [_lease(m, f"messages[{i}]") for i, m in enumerate(messages)]
-        by_broker: dict[str, list[AsyncReceivedMessage]] = {}
+        by_broker: dict[str, list[AsyncReceivedMessage[Any]]] = {}
         for m in messages:
             by_broker.setdefault(m._broker, []).append(m)
         for address, msgs in by_broker.items():
@@ -387,7 +420,7 @@ class AsyncSimpleConsumer:
                 raise InvalidRequest(refused[0])
 
     async def nack(
-        self, msg: AsyncReceivedMessage, *, delay: float = 0.0, reason: str = ""
+        self, msg: AsyncReceivedMessage[Any], *, delay: float = 0.0, reason: str = ""
     ) -> None:
         """Give it back, to be delivered again after `delay` seconds (this delivery counts
         as an attempt): through `%RETRY%<group>` on a plain topic, in place on a FIFO one.
@@ -410,7 +443,7 @@ class AsyncSimpleConsumer:
             Empty,
         )
 
-    async def release(self, msg: AsyncReceivedMessage) -> None:
+    async def release(self, msg: AsyncReceivedMessage[Any]) -> None:
         """Give it back at once, without counting this delivery as an attempt."""
         msg = _lease(msg)
         await self._cluster.call(
@@ -418,8 +451,8 @@ class AsyncSimpleConsumer:
         )
 
     async def change_invisible_duration(
-        self, msg: AsyncReceivedMessage, duration: float
-    ) -> AsyncReceivedMessage:
+        self, msg: AsyncReceivedMessage[V], duration: float
+    ) -> AsyncReceivedMessage[V]:
         """Keep the lease for `duration` seconds from now; returns the message with its new
         handle (the old one becomes stale)."""
         msg = _lease(msg)
@@ -443,7 +476,7 @@ class AsyncSimpleConsumer:
                 await asyncio.gather(*self._ack_tasks, return_exceptions=True)
             await self._cluster.close()
 
-    async def __aenter__(self) -> AsyncSimpleConsumer:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -15,6 +15,12 @@ the poll that finds it raises OffsetOutOfRange naming the queue and its range, a
 raising until that queue is sought again (other queues wait meanwhile, as in Kafka with
 `auto.offset.reset=none`). A position below the queue's start (retention removed those
 messages) moves to the start. Positions the consumer chose itself follow `start`.
+
+With `value_deserializer`, messages come with their values deserialized (the consumer's
+type parameter; tombstones stay None). A value it cannot turn raises
+`DeserializationFailed` naming the message, at once if the poll has nothing else, else
+from the next poll; the queue stays at that message, so polls raise again until
+`seek(topic, queue, offset + 1)` skips it (Kafka's behaviour).
 """
 
 from __future__ import annotations
@@ -25,15 +31,17 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Generic, cast
 
 import numpy as np
+from typing_extensions import TypeVar
 
 from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
+from tidemq.client.typed_values import deserialize_values
 from tidemq.core import limits
 from tidemq.core.batch import tag_bit
-from tidemq.core.errors import OffsetOutOfRange, TidemqError
+from tidemq.core.errors import DeserializationFailed, OffsetOutOfRange, TidemqError
 from tidemq.core.filters import Sql92
 from tidemq.core.message import (
     Message,
@@ -47,10 +55,12 @@ from tidemq.protocol.commands import (
     ListOffsetsResponse,
 )
 
-__all__ = ["AsyncStreamConsumer", "TopicQueue"]
+__all__ = ["AsyncStreamConsumer", "D", "TopicQueue"]
 
 TopicQueue = tuple[str, int]
 T = TypeVar("T")
+#: What the consumer's `value_deserializer` returns (bytes without one).
+D = TypeVar("D", default=bytes)
 #: Turns one fetch answer into what a poll returns (messages or batches).
 _Decode = Callable[[TopicQueue, int, FetchResponse, bytes], list[T]]
 _RESETS = ("earliest", "latest", "none")
@@ -63,7 +73,7 @@ class _Fetch:
     task: asyncio.Task[tuple[FetchResponse, bytes]]
 
 
-class AsyncStreamConsumer:
+class AsyncStreamConsumer(Generic[D]):
     def __init__(
         self,
         bootstrap: str = "127.0.0.1:9876",
@@ -75,9 +85,14 @@ class AsyncStreamConsumer:
         filter: str | Sql92 | None = None,
         client_config: ClientConfig | None = None,
         cluster: ClusterClient | None = None,
+        value_deserializer: Callable[[bytes], D] | None = None,
     ) -> None:
         """`start`: where an assigned queue without a position begins, and where an
         out-of-range position is reset to ("earliest", "latest", or "none": raise).
+
+        `value_deserializer(data) -> value`: messages come with it applied to their values
+        (e.g. `tidemq.AvroDeserializer(registry, Order)`); see the module docstring for a
+        value it cannot turn. `poll_batches` gives the stored bytes either way.
 
         `filter`: a tag expression ("a || b") or `Sql92("...")` over headers and the tag,
         evaluated on the broker (checked here first: FilterSyntaxError names the column).
@@ -114,6 +129,14 @@ class AsyncStreamConsumer:
         self._epochs: dict[TopicQueue, int] = {}
         self._fetches: dict[TopicQueue, _Fetch] = {}
         self._closed = False
+        if value_deserializer is not None and not callable(value_deserializer):
+            raise TypeError(
+                f"value_deserializer must be callable, got {type(value_deserializer).__name__}"
+            )
+        self._deserializer = value_deserializer
+        #: Queues whose message at the position failed to deserialize, raised by the next
+        #: poll; cleared by a seek.
+        self._undecodable: dict[TopicQueue, DeserializationFailed] = {}
 
     @property
     def cluster(self) -> ClusterClient:
@@ -130,6 +153,7 @@ class AsyncStreamConsumer:
                 del self._positions[tq]
                 self._sought.discard(tq)
                 self._failed.pop(tq, None)
+                self._undecodable.pop(tq, None)
                 self._cancel(tq)
         for tq in wanted:
             self._positions.setdefault(tq, None)
@@ -169,6 +193,7 @@ class AsyncStreamConsumer:
         self._positions[tq] = offset
         self._sought.discard(tq)
         self._failed.pop(tq, None)
+        self._undecodable.pop(tq, None)
 
     def position(self, topic: str, queue: int) -> int | None:
         """The next offset to read from `topic`/`queue` (None: not decided yet)."""
@@ -250,10 +275,26 @@ class AsyncStreamConsumer:
         timeout = self._cluster.config.request_timeout_ms + self._wait_ms
         return await self._cluster.request(address, request, FetchResponse, timeout_ms=timeout)
 
-    async def poll(self, timeout_ms: int = 1000) -> list[Message]:
+    async def poll(self, timeout_ms: int = 1000) -> list[Message[D | None]]:
         """Messages from any assigned queue, waiting up to `timeout_ms` for the first.
-        Raises OffsetOutOfRange for a queue sought past its end (module docstring)."""
-        return await self._poll(checks.check_timeout_ms(timeout_ms), self._messages)
+        Raises OffsetOutOfRange for a queue sought past its end, DeserializationFailed
+        for a value the deserializer cannot turn (module docstring)."""
+        timeout_ms = checks.check_timeout_ms(timeout_ms)
+        if self._undecodable:
+            tq = next(iter(self._undecodable))
+            raise self._undecodable.pop(tq)
+        messages = await self._poll(timeout_ms, self._messages)
+        if self._deserializer is None:
+            return cast("list[Message[D | None]]", messages)
+        typed, failed = deserialize_values(messages, self._deserializer)
+        for exc in failed.values():
+            tq = (exc.topic, exc.queue)
+            self._set_position(tq, exc.offset)  # back at it until a seek skips it
+            self._undecodable[tq] = exc
+        if failed and not typed:
+            first = next(iter(failed.values()))
+            raise self._undecodable.pop((first.topic, first.queue))
+        return cast("list[Message[D | None]]", typed)
 
     async def poll_batches(self, timeout_ms: int = 1000) -> list[MessageBatch]:
         """What `poll` returns, column by column: one `MessageBatch` per stored batch,
@@ -370,7 +411,7 @@ class AsyncStreamConsumer:
                 out.append(dataclasses.replace(b, indices=np.array(keep, dtype=np.int64)))
         return out
 
-    async def __aiter__(self) -> AsyncIterator[Message]:
+    async def __aiter__(self) -> AsyncIterator[Message[D | None]]:
         while not self._closed:
             for message in await self.poll():
                 yield message

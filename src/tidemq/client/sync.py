@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from tidemq.client._loop import call_soon, run
 from tidemq.client.acls import Acl
@@ -37,7 +37,7 @@ from tidemq.client.results import (
 )
 from tidemq.client.simple_consumer import AsyncReceivedMessage, AsyncSimpleConsumer, Filter
 from tidemq.client.static_admin import PrunedQueue, RemapReport
-from tidemq.client.stream_consumer import AsyncStreamConsumer, TopicQueue
+from tidemq.client.stream_consumer import AsyncStreamConsumer, D, TopicQueue
 from tidemq.client.table_view import AsyncTableView, TableListener
 from tidemq.client.transaction import (
     AsyncTransaction,
@@ -47,7 +47,7 @@ from tidemq.client.transaction import (
 )
 from tidemq.core.errors import RequestTimeout, TidemqError
 from tidemq.core.filters import Sql92
-from tidemq.core.message import Message, MessageBatch, Receipt
+from tidemq.core.message import Message, MessageBatch, Receipt, V
 from tidemq.core.scram import DEFAULT_ITERATIONS
 
 __all__ = [
@@ -352,7 +352,7 @@ class Transaction:
         run(self._tx.rollback())
 
 
-class BroadcastConsumer:
+class BroadcastConsumer(Generic[D]):
     """Every member gets every message; see `tidemq.aio.BroadcastConsumer`."""
 
     def __init__(
@@ -366,15 +366,17 @@ class BroadcastConsumer:
         auto_commit: bool = True,
         filter: str | Sql92 | None = None,
         client_config: ClientConfig | None = None,
+        value_deserializer: Callable[[bytes], D] | None = None,
     ) -> None:
-        self._c: AsyncBroadcastConsumer = run(
+        self._c: AsyncBroadcastConsumer[D] = run(
             _make(
                 AsyncBroadcastConsumer, bootstrap, group, topics, member=member, start=start,
                 auto_commit=auto_commit, filter=filter, client_config=client_config,
+                value_deserializer=value_deserializer,
             )
         )  # fmt: skip
 
-    def poll(self, timeout_ms: int = 1000) -> list[Message]:
+    def poll(self, timeout_ms: int = 1000) -> list[Message[D | None]]:
         return run(self._c.poll(timeout_ms))
 
     def commit(self) -> None:
@@ -383,14 +385,14 @@ class BroadcastConsumer:
     def close(self) -> None:
         run(self._c.close())
 
-    def __enter__(self) -> BroadcastConsumer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class StreamConsumer:
+class StreamConsumer(Generic[D]):
     """Assign queues, seek, poll; see `tidemq.aio.StreamConsumer`."""
 
     def __init__(
@@ -403,12 +405,14 @@ class StreamConsumer:
         tags: Iterable[str] | None = None,
         filter: str | Sql92 | None = None,
         client_config: ClientConfig | None = None,
+        value_deserializer: Callable[[bytes], D] | None = None,
     ) -> None:
-        self._c: AsyncStreamConsumer = run(
+        self._c: AsyncStreamConsumer[D] = run(
             _make(
                 AsyncStreamConsumer, bootstrap, start=start,
                 max_bytes_per_queue=max_bytes_per_queue, fetch_wait_ms=fetch_wait_ms,
                 tags=tags, filter=filter, client_config=client_config,
+                value_deserializer=value_deserializer,
             )
         )  # fmt: skip
 
@@ -445,21 +449,21 @@ class StreamConsumer:
         datetime)."""
         run(self._c.seek_to_time(timestamp, topic, queue))
 
-    def poll(self, timeout_ms: int = 1000) -> list[Message]:
+    def poll(self, timeout_ms: int = 1000) -> list[Message[D | None]]:
         return run(self._c.poll(timeout_ms))
 
     def poll_batches(self, timeout_ms: int = 1000) -> list[MessageBatch]:
         """`poll`, column by column (see `tidemq.aio.StreamConsumer.poll_batches`)."""
         return run(self._c.poll_batches(timeout_ms))
 
-    def __iter__(self) -> Iterator[Message]:
+    def __iter__(self) -> Iterator[Message[D | None]]:
         while True:
             yield from self.poll()
 
     def close(self) -> None:
         run(self._c.close())
 
-    def __enter__(self) -> StreamConsumer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -513,7 +517,7 @@ class TableView:
         self.close()
 
 
-class GroupConsumer:
+class GroupConsumer(Generic[D]):
     """A member of a consumer group; see `tidemq.aio.GroupConsumer`."""
 
     def __init__(
@@ -532,15 +536,16 @@ class GroupConsumer:
         max_bytes_per_queue: int = 1 << 20,
         filter: str | Sql92 | None = None,
         client_config: ClientConfig | None = None,
+        value_deserializer: Callable[[bytes], D] | None = None,
     ) -> None:
-        self._c: AsyncGroupConsumer = run(
+        self._c: AsyncGroupConsumer[D] = run(
             _make(
                 AsyncGroupConsumer, bootstrap, group, topics, start=start,
                 auto_commit=auto_commit, session_timeout_ms=session_timeout_ms,
                 heartbeat_interval_ms=heartbeat_interval_ms, client_id=client_id,
                 on_assign=on_assign, on_revoke=on_revoke,
                 max_bytes_per_queue=max_bytes_per_queue, filter=filter,
-                client_config=client_config,
+                client_config=client_config, value_deserializer=value_deserializer,
             )
         )  # fmt: skip
 
@@ -555,20 +560,20 @@ class GroupConsumer:
     def assignment(self) -> list[TopicQueue]:
         return self._c.assignment()
 
-    def poll(self, timeout_ms: int = 1000) -> list[Message]:
+    def poll(self, timeout_ms: int = 1000) -> list[Message[D | None]]:
         return run(self._c.poll(timeout_ms))
 
     def commit(self, offsets: dict[TopicQueue, int] | None = None) -> None:
         run(self._c.commit(offsets))
 
-    def __iter__(self) -> Iterator[Message]:
+    def __iter__(self) -> Iterator[Message[D | None]]:
         while True:
             yield from self.poll()
 
     def close(self) -> None:
         run(self._c.close())
 
-    def __enter__(self) -> GroupConsumer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -738,7 +743,7 @@ class Admin:
 
 
 @dataclass(frozen=True, slots=True)
-class ReceivedMessage(Message):
+class ReceivedMessage(Message[V]):
     """A leased message (see `SimpleConsumer`): `Message` fields plus its delivery attempt
     and handle, with `ack`, `nack`, `release` and `change_invisible_duration`."""
 
@@ -747,16 +752,16 @@ class ReceivedMessage(Message):
     handle: str = ""
     #: When the lease runs out (epoch ms), unless acked or changed.
     invisible_until_ms: int = 0
-    _leased: AsyncReceivedMessage | None = field(default=None, repr=False, compare=False)
+    _leased: AsyncReceivedMessage[V] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def _of(cls, m: AsyncReceivedMessage) -> ReceivedMessage:
-        return cls(
+    def _of(cls, m: AsyncReceivedMessage[V]) -> ReceivedMessage[V]:
+        return ReceivedMessage(
             m.topic, m.queue, m.offset, m.value, m.key, m.tag, m.keys, m.headers, m.timestamp_ms,
             m.origin, m.deliver_at_ms, m.delivery_attempt, m.handle, m.invisible_until_ms, m,
         )  # fmt: skip
 
-    def _lease(self) -> AsyncReceivedMessage:
+    def _lease(self) -> AsyncReceivedMessage[V]:
         if self._leased is None:
             raise TidemqError("this message was not received by a SimpleConsumer")
         return self._leased
@@ -773,13 +778,13 @@ class ReceivedMessage(Message):
         """Give it back at once, without counting this delivery."""
         run(self._lease().release())
 
-    def change_invisible_duration(self, duration: float) -> ReceivedMessage:
+    def change_invisible_duration(self, duration: float) -> ReceivedMessage[V]:
         """Keep the lease `duration` seconds from now; returns the message with its new
         handle (this one becomes stale)."""
         return ReceivedMessage._of(run(self._lease().change_invisible_duration(duration)))
 
 
-def _received(msg: object, arg: str = "msg") -> ReceivedMessage:
+def _received(msg: object, arg: str = "msg") -> ReceivedMessage[Any]:
     if not isinstance(msg, ReceivedMessage):
         raise TypeError(
             f"{arg} must be a message received by this consumer, got {type(msg).__name__}"
@@ -787,7 +792,7 @@ def _received(msg: object, arg: str = "msg") -> ReceivedMessage:
     return msg
 
 
-class SimpleConsumer:
+class SimpleConsumer(Generic[D]):
     """Pop consumption: lease messages, then ack / nack / release each; see
     `tidemq.aio.SimpleConsumer`."""
 
@@ -802,13 +807,14 @@ class SimpleConsumer:
         on_exhausted: str = "dead-letter",
         await_duration: float = 5.0,
         client_config: ClientConfig | None = None,
+        value_deserializer: Callable[[bytes], D] | None = None,
     ) -> None:
-        self._c: AsyncSimpleConsumer = run(
+        self._c: AsyncSimpleConsumer[D] = run(
             _make(
                 AsyncSimpleConsumer, bootstrap, group, subscriptions,
                 invisible_duration=invisible_duration, max_attempts=max_attempts,
                 on_exhausted=on_exhausted, await_duration=await_duration,
-                client_config=client_config,
+                client_config=client_config, value_deserializer=value_deserializer,
             )
         )  # fmt: skip
 
@@ -818,34 +824,36 @@ class SimpleConsumer:
 
     def receive(
         self, max_messages: int = 16, invisible_duration: float | None = None
-    ) -> list[ReceivedMessage]:
+    ) -> list[ReceivedMessage[D | None]]:
         """Lease up to `max_messages` messages; waits up to `await_duration` for some."""
         got = run(self._c.receive(max_messages, invisible_duration))
         return [ReceivedMessage._of(m) for m in got]
 
-    def ack(self, msg: ReceivedMessage) -> None:
+    def ack(self, msg: ReceivedMessage[Any]) -> None:
         _received(msg).ack()
 
-    def ack_many(self, messages: Iterable[ReceivedMessage]) -> None:
+    def ack_many(self, messages: Iterable[ReceivedMessage[Any]]) -> None:
         """Acknowledge several in one request per broker; raises for the first refused."""
         if not isinstance(messages, list | tuple):
             raise TypeError(f"messages must be a list of messages, got {type(messages).__name__}")
         leases = [_received(m, f"messages[{i}]")._lease() for i, m in enumerate(messages)]
         run(self._c.ack_many(leases))
 
-    def nack(self, msg: ReceivedMessage, *, delay: float = 0.0, reason: str = "") -> None:
+    def nack(self, msg: ReceivedMessage[Any], *, delay: float = 0.0, reason: str = "") -> None:
         _received(msg).nack(delay, reason=reason)
 
-    def release(self, msg: ReceivedMessage) -> None:
+    def release(self, msg: ReceivedMessage[Any]) -> None:
         _received(msg).release()
 
-    def change_invisible_duration(self, msg: ReceivedMessage, duration: float) -> ReceivedMessage:
+    def change_invisible_duration(
+        self, msg: ReceivedMessage[V], duration: float
+    ) -> ReceivedMessage[V]:
         return _received(msg).change_invisible_duration(duration)
 
     def close(self) -> None:
         run(self._c.close())
 
-    def __enter__(self) -> SimpleConsumer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -863,7 +871,7 @@ class PushConsumer:
         bootstrap: str = "127.0.0.1:9876",
         group: str = "",
         subscriptions: Mapping[str, Filter] | None = None,
-        handler: Callable[[ReceivedMessage], object] | None = None,
+        handler: Callable[[ReceivedMessage[Any]], object] | None = None,
         *,
         max_concurrency: int = 16,
         max_attempts: int = 16,
@@ -873,6 +881,7 @@ class PushConsumer:
         handler_timeout: float | None = None,
         await_duration: float = 1.0,
         client_config: ClientConfig | None = None,
+        value_deserializer: Callable[[bytes], Any] | None = None,
     ) -> None:
         if handler is None or not callable(handler):
             raise TypeError("a PushConsumer needs a handler: a function of one message")
@@ -883,7 +892,7 @@ class PushConsumer:
             )
         user = handler
 
-        def on_worker_thread(m: AsyncReceivedMessage) -> object:
+        def on_worker_thread(m: AsyncReceivedMessage[Any]) -> object:
             return user(ReceivedMessage._of(m))
 
         self._c: AsyncPushConsumer = run(
@@ -893,6 +902,7 @@ class PushConsumer:
                 on_exhausted=on_exhausted, retry_policy=retry_policy,
                 invisible_duration=invisible_duration, handler_timeout=handler_timeout,
                 await_duration=await_duration, client_config=client_config,
+                value_deserializer=value_deserializer,
             )
         )  # fmt: skip
 

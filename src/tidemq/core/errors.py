@@ -18,6 +18,7 @@ __all__ = [
     "ConfigError",
     "CorruptRecordError",
     "DelayTooLong",
+    "DeserializationFailed",
     "DiskFull",
     "ErrorCode",
     "FencedProducer",
@@ -282,3 +283,18 @@ class SchemaValidationFailed(InvalidRequest):
     """A topic with `schema.validation=true` refused a batch: a value not in Confluent's
     wire format, or with a schema id not registered under the topic's subject. The message
     names the message index and the id."""
+
+
+class DeserializationFailed(TidemqError):
+    """A consumer's `value_deserializer` raised for a message (client side; never on the
+    wire). `topic`, `queue`, `offset` name it and `value` holds its bytes; a stream, group
+    or broadcast consumer stays at that message, so a poll raises again until a seek
+    past it skips it."""
+
+    def __init__(self, message: str, *, topic: str, queue: int, offset: int, value: bytes):
+        super().__init__(message)
+        self.topic, self.queue, self.offset, self.value = topic, queue, offset, value
+
+    @property
+    def position(self) -> tuple[str, int, int]:
+        return (self.topic, self.queue, self.offset)

@@ -8,11 +8,12 @@ import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import NamedTuple, overload
+from typing import Generic, NamedTuple, overload
 
 import crc32c
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import TypeVar
 
 from tidemq.core.batch import (
     BatchColumns,
@@ -152,12 +153,17 @@ class BatchReceipts(Sequence[Receipt]):
         return f"BatchReceipts({list(self)!r})"
 
 
+#: A message's value type: bytes (None for a tombstone) as stored, or what a consumer's
+#: `value_deserializer` made of them.
+V = TypeVar("V", default=bytes | None)
+
+
 @dataclass(frozen=True, slots=True)
-class Message:
+class Message(Generic[V]):
     topic: str
     queue: int
     offset: int
-    value: bytes | None
+    value: V
     key: bytes | None = None
     tag: str | None = None
     keys: tuple[str, ...] = ()

@@ -54,6 +54,7 @@ from typing import Final, Literal
 from tidemq.client.cluster import ClientConfig
 from tidemq.core import limits
 from tidemq.net.tls import client_context
+from tidemq.spark.value_format import ValueFormat
 
 __all__ = [
     "CLIENT_OPTIONS",
@@ -135,6 +136,10 @@ WRITE_OPTIONS: Final = (
     "topic",
     "createTopic",
     "createTopic.queues",
+    "valueFormat",
+    "schemaRegistry",
+    "subject",
+    "schemaVersion",
 )
 #: Kafka client options users carry over, and what to do instead in tidemq.
 _KAFKA_INSTEAD: Final = {
@@ -247,6 +252,9 @@ class WriteOptions:
     create_topic: bool = False
     create_queues: int = DEFAULT_CREATE_QUEUES
     client: ClientOptions = ClientOptions()
+    #: A struct `value` column encoded as Avro or JSON (`spark.value_encode`), resolved on
+    #: the driver when the write starts; None: the column is binary or string.
+    value_format: ValueFormat | None = None
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:

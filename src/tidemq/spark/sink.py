@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import re
@@ -54,14 +55,15 @@ from tidemq.core.errors import TidemqError, TopicNotFound, TransactionStateError
 from tidemq.spark._runtime import runtime
 from tidemq.spark.options import ClientOptions, OptionError, WriteOptions, parse_write_options
 from tidemq.spark.sink_owner import check_owner
+from tidemq.spark.value_encode import encode_value_column
 from tidemq.spark.write import (
     WRITE_COLUMNS,
     Routes,
     SendGroup,
     check_target_topic,
-    check_write_columns,
     group_rows,
     routes_for_batch,
+    with_value_format,
 )
 
 __all__ = [
@@ -364,7 +366,9 @@ def write_transaction(
     pending: concurrent.futures.Future[int] | None = None
     try:
         routes: Routes = rt.run(producer.cluster.refresh_routes())
-        for batch in batches:
+        fmt = options.write.value_format
+        for raw in batches:
+            batch = raw if fmt is None else encode_value_column(raw, fmt)
             try:
                 groups = group_rows(
                     batch, topic=options.write.topic, routes=routes, counter=counter
@@ -409,7 +413,10 @@ class TidemqStreamWriter(DataSourceStreamArrowWriter):
         self._options = parse_sink_options(options)
         self._owner_checked = False
         used = StructType([f for f in schema.fields if f.name in WRITE_COLUMNS])
-        check_write_columns({f.name: f.type for f in to_arrow_schema(used, timezone="UTC")})
+        types = {f.name: f.type for f in to_arrow_schema(used, timezone="UTC")}
+        self._options = dataclasses.replace(
+            self._options, write=with_value_format(self._options.write, options, types)
+        )
         if self._options.write.topic is None and "topic" not in schema.names:
             raise OptionError(
                 "no topic to write to: set the option 'topic' or give the DataFrame a 'topic' "

@@ -65,7 +65,7 @@ from tidemq.spark.value_format import ValueFormat, decode_values, resolve_value_
 from tidemq.spark.write import (
     WRITE_COLUMNS,
     check_target_topic,
-    check_write_columns,
+    with_value_format,
     write_batches,
 )
 
@@ -236,10 +236,10 @@ class TidemqBatchWriter(DataSourceArrowWriter):
             raise OptionError(
                 "tidemq topics are append-only: write with mode('append'), not overwrite"
             )
-        self._options = parse_write_options(options)
         # Only the columns the sink uses (others are ignored, whatever their type).
         used = StructType([f for f in schema.fields if f.name in WRITE_COLUMNS])
-        check_write_columns({f.name: f.type for f in to_arrow_schema(used, timezone="UTC")})
+        types = {f.name: f.type for f in to_arrow_schema(used, timezone="UTC")}
+        self._options = with_value_format(parse_write_options(options), options, types)
         if self._options.topic is None and "topic" not in schema.names:
             raise OptionError(
                 "no topic to write to: set the option 'topic' or give the DataFrame a 'topic' "

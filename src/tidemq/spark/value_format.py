@@ -63,6 +63,8 @@ class ValueFormat:
     reader_schema: str  # JSON
     #: "avro" or "json".
     kind: str = "avro"
+    #: The id values are written with (writers only; readers take each value's own).
+    schema_id: int = -1
 
     def spark_json(self) -> dict[str, Any]:
         """The value column's Spark type, in Spark's JSON form of a StructType."""

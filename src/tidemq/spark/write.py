@@ -27,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -42,7 +43,9 @@ from tidemq.client.cluster import ClusterClient
 from tidemq.client.producer import AsyncProducer
 from tidemq.core.errors import TopicAlreadyExists, TopicNotFound
 from tidemq.spark._runtime import runtime
-from tidemq.spark.options import WriteOptions
+from tidemq.spark.options import OptionError, WriteOptions
+from tidemq.spark.value_encode import encode_value_column as encode
+from tidemq.spark.value_encode import resolve_write_format
 
 __all__ = [
     "WRITE_COLUMNS",
@@ -53,6 +56,7 @@ __all__ = [
     "ensure_topics",
     "group_rows",
     "routes_for_batch",
+    "with_value_format",
     "write_batches",
 ]
 
@@ -112,15 +116,16 @@ def _is_binary_or_string(t: Any) -> bool:
     )
 
 
-def check_write_columns(types: dict[str, Any]) -> None:
+def check_write_columns(types: dict[str, Any], *, encoded_value: bool = False) -> None:
     """Refuse a DataFrame the sink cannot write, naming the column. `types` maps column
-    names to Arrow types."""
+    names to Arrow types. `encoded_value`: the value is a struct that a valueFormat
+    encodes (checked by `value_encode.resolve_write_format`)."""
     if "value" not in types:
         raise ValueError(
             "a DataFrame written to tidemq needs a 'value' column (binary or string); "
             f"it has {sorted(types)}"
         )
-    for name in ("value", "key"):
+    for name in ("key",) if encoded_value else ("value", "key"):
         if name in types and not _is_binary_or_string(types[name]):
             raise ValueError(f"column {name!r} must be binary or string, not {types[name]}")
     for name in ("topic", "tag"):
@@ -400,6 +405,20 @@ async def _send(producer: AsyncProducer, groups: Sequence[SendGroup]) -> list[in
     return [len(r) for r in receipts]
 
 
+def with_value_format(
+    options: WriteOptions, raw: Mapping[str, str], types: dict[str, Any]
+) -> WriteOptions:
+    """`options` with the value format `raw` asks for, resolved (driver side), after the
+    columns are checked: `types` maps column names to Arrow types."""
+    lowered = {str(k).lower(): str(v) for k, v in raw.items() if v is not None}
+    try:
+        found = resolve_write_format(lowered, types.get("value"), options.topic)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    check_write_columns(types, encoded_value=found is not None)
+    return dataclasses.replace(options, value_format=found)
+
+
 def write_batches(
     options: WriteOptions, batches: Iterable[Any], *, counter: int = 0
 ) -> WriteResult:
@@ -422,7 +441,8 @@ def write_batches(
 
     try:
         routes: Routes = rt.run(cluster.refresh_routes())
-        for batch in batches:
+        for raw in batches:
+            batch = raw if options.value_format is None else encode(raw, options.value_format)
             try:
                 groups = group_rows(batch, topic=options.topic, routes=routes, counter=counter)
             except TopicNotFound:

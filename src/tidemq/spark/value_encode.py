@@ -1,0 +1,168 @@
+"""Writing a struct `value` column as Confluent-framed Avro or JSON
+(`valueFormat=avro|json` on the batch writer and the streaming sink, with
+`schemaRegistry`, and optionally `subject` and `schemaVersion`).
+
+Resolved once, on the driver, when the write starts (`resolve_write_format`): the
+subject's version (latest by default; the subject defaults to `<topic>-value` with the
+`topic` option) gives the schema and its id. With Avro and a subject that has no version
+yet, an Avro schema is derived from the column's Spark type (record `topLevelRecord`, as
+Spark's own `to_avro` names it; nullable fields become `["null", T]` with default null)
+and registered. Executors then encode each row's struct with that schema and frame it with
+the id (`encode_value_column`); a row that does not fit the schema fails the task naming
+its index in the batch. JSON values are written as they are (the schema's constraints are
+the registry's and the readers' to check); the subject must exist.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+import fastavro
+import pyarrow as pa
+
+from tidemq.client.serde import SchemaRegistry
+from tidemq.core.errors import InvalidBatch, InvalidRequest
+from tidemq.schema.wire import frame
+from tidemq.spark.value_format import ValueFormat
+
+__all__ = ["avro_schema_of_arrow", "encode_value_column", "resolve_write_format"]
+
+#: Spark's `to_avro` names the top record so.
+TOP_RECORD: Final = "topLevelRecord"
+
+
+def resolve_write_format(
+    options: Mapping[str, str], value_type: Any, topic: str | None
+) -> ValueFormat | None:
+    """The format to encode the `value` column with (None: raw bytes or strings), with its
+    schema id, from lower-cased `options`. ValueError naming what is wrong."""
+    fmt = options.get("valueformat", "raw").lower()
+    if fmt == "raw":
+        for name in ("schemaregistry", "subject", "schemaversion"):
+            if name in options:
+                raise ValueError(f"option {name!r} needs valueFormat=avro or json")
+        return None
+    if fmt not in ("avro", "json"):
+        raise ValueError(f"valueFormat must be raw, avro or json (protobuf: not yet), got {fmt!r}")
+    if not pa.types.is_struct(value_type):
+        raise ValueError(f"valueFormat={fmt} writes a struct 'value' column, not {value_type}")
+    url = options.get("schemaregistry")
+    if not url:
+        raise ValueError(f"valueFormat={fmt} needs schemaRegistry=http://HOST:PORT")
+    subject = options.get("subject") or (f"{topic}-value" if topic else None)
+    if subject is None:
+        raise ValueError(f"valueFormat={fmt} needs subject=... unless the topic option is set")
+    registry = SchemaRegistry(url)
+    version = options.get("schemaversion")
+    try:
+        schema_id, schema, kind = registry.version_info(subject, version or "latest")
+    except InvalidRequest as exc:
+        if version is not None or fmt != "avro" or "40401" not in str(exc):
+            raise ValueError(f"valueFormat={fmt}: subject {subject!r}: {exc}") from None
+        schema = avro_schema_of_arrow(value_type, TOP_RECORD)
+        schema_id, kind = registry.register(subject, schema, "AVRO"), "AVRO"
+    if kind.lower() != fmt:
+        raise ValueError(f"subject {subject!r} holds a {kind} schema, not valueFormat={fmt}")
+    if fmt == "avro":
+        fastavro.parse_schema(schema)  # a schema fastavro cannot write fails here
+    return ValueFormat(url, json.dumps(schema), fmt, schema_id=schema_id)
+
+
+def avro_schema_of_arrow(struct: Any, name: str) -> dict[str, Any]:
+    """An Avro record schema for an Arrow struct type."""
+    fields = []
+    for i in range(struct.num_fields):
+        f = struct.field(i)
+        avro = _avro_of(f.type, f"{name}_{f.name}")
+        if f.nullable:
+            fields.append({"name": f.name, "type": ["null", avro], "default": None})
+        else:
+            fields.append({"name": f.name, "type": avro})
+    return {"type": "record", "name": _avro_name(name), "fields": fields}
+
+
+def _avro_name(name: str) -> str:
+    cleaned = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return cleaned if re.match(r"[A-Za-z_]", cleaned) else f"_{cleaned}"
+
+
+def _avro_of(t: Any, name: str) -> Any:  # noqa: PLR0911 - one branch per Arrow type family
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_integer(t):
+        return "long" if t.bit_width > 32 else "int"
+    if pa.types.is_floating(t):
+        return "double" if t.bit_width > 32 else "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "bytes"
+    if pa.types.is_timestamp(t):
+        return {"type": "long", "logicalType": "timestamp-micros"}
+    if pa.types.is_date32(t):
+        return {"type": "int", "logicalType": "date"}
+    if pa.types.is_struct(t):
+        return avro_schema_of_arrow(t, name)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        item = _avro_of(t.value_type, f"{name}_item")
+        return {"type": "array", "items": ["null", item]}
+    if pa.types.is_map(t) and (pa.types.is_string(t.key_type)):
+        return {"type": "map", "values": ["null", _avro_of(t.item_type, f"{name}_value")]}
+    raise ValueError(f"valueFormat=avro cannot derive an Avro type for {t} (field {name})")
+
+
+def encode_value_column(batch: Any, fmt: ValueFormat) -> Any:
+    """`batch` (a pa.RecordBatch of rows to write) with its struct `value` column encoded
+    and framed (null rows stay null: tombstones)."""
+    index = batch.schema.get_field_index("value")
+    rows = batch.column(index).to_pylist()
+    encoded: list[bytes | None] = []
+    if fmt.kind == "json":
+        for row in rows:
+            encoded.append(
+                None
+                if row is None
+                else frame(fmt.schema_id, json.dumps(row, default=_json).encode())
+            )
+    else:
+        parsed = fastavro.parse_schema(json.loads(fmt.reader_schema))
+        for i, row in enumerate(rows):
+            if row is None:
+                encoded.append(None)
+                continue
+            out = io.BytesIO()
+            try:
+                fastavro.schemaless_writer(out, parsed, _avro_row(row))
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise InvalidBatch(
+                    f"row {i} of the batch does not fit the subject's Avro schema ({exc})"
+                ) from None
+            encoded.append(frame(fmt.schema_id, out.getvalue()))
+    column = pa.array(encoded, type=pa.binary())
+    columns = [column if i == index else batch.column(i) for i in range(batch.num_columns)]
+    fields = [pa.field("value", pa.binary()) if f.name == "value" else f for f in batch.schema]
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _avro_row(value: Any) -> Any:
+    """Arrow's Python values as fastavro writes them (maps come as lists of pairs)."""
+    if isinstance(value, dict):
+        return {k: _avro_row(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
+            return {k: _avro_row(v) for k, v in value}
+        return [_avro_row(v) for v in value]
+    return value
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    raise TypeError(f"{type(value).__name__} is not JSON")
