@@ -461,3 +461,29 @@ def test_a_producer_with_a_value_serializer_and_a_consumer_with_a_deserializer(
                 if len(got) >= len(expected):
                     break
         assert [m.value for m in got] == expected
+
+
+def test_generate_events_writes_typed_avro_events(node: Node) -> None:
+    """`tidemq pipeline generate-events --value-format avro`: the events' schema is
+    registered from the Event dataclass and every value reads back as an Event."""
+    from tidemq.spark.pipelines.events import Event  # noqa: PLC0415 - no pyspark needed
+
+    address = node.broker.address
+    args = ["pipeline", "generate-events", "--bootstrap", address, "--topic", "behaviour"]
+    args += ["--count", "50", "--users", "5", "--value-format", "avro", "--registry", node.url]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "sent 50 event(s)" in result.output
+    registry = tidemq.SchemaRegistry(node.url)
+    assert registry.version("behaviour-value")["name"] == "Event"
+    with tidemq.StreamConsumer(
+        address, start="earliest", value_deserializer=tidemq.AvroDeserializer(registry, Event)
+    ) as consumer:
+        consumer.assign([("behaviour", q) for q in range(4)])
+        got: list[tidemq.Message[Event | None]] = []
+        for _ in range(50):
+            got += consumer.poll(timeout_ms=100)
+            if len(got) >= 50:
+                break
+    assert len(got) == 50
+    assert all(isinstance(m.value, Event) and m.key == str(m.value.user_id).encode() for m in got)

@@ -30,6 +30,7 @@ import tidemq.spark
 from tidemq import Admin, Message, Producer, StreamConsumer
 from tidemq.broker.broker import Broker
 from tidemq.broker.config import BrokerConfig
+from tidemq.http.listener import HttpListener
 from tidemq.store.config import StoreConfig
 
 T = TypeVar("T")
@@ -241,3 +242,14 @@ def make_broker(tmp_path: Path) -> Iterator[Callable[..., ThreadedBroker]]:
     finally:
         for tb in reversed(started):
             tb.stop()
+
+
+@pytest.fixture
+def registry_url(broker: ThreadedBroker) -> Iterator[str]:
+    """The schema registry of an HTTP listener beside the session's broker."""
+    listener = HttpListener(broker.address, port=0)
+    url = "http://" + broker.call(listener.start())
+    try:
+        yield url
+    finally:
+        broker.call(listener.stop())

@@ -5,7 +5,6 @@ fail clearly."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +15,6 @@ from pyspark.sql import SparkSession
 import tidemq
 from tidemq import Admin, Producer
 from tidemq.client.avro_types import avro_schema_of
-from tidemq.http.listener import HttpListener
 
 if TYPE_CHECKING:
     from tests.spark.conftest import Load, ThreadedBroker
@@ -35,16 +33,6 @@ class ViewV2:
     user_id: int
     item: str
     price: float = 0.0
-
-
-@pytest.fixture
-def registry_url(broker: ThreadedBroker) -> Iterator[str]:
-    listener = HttpListener(broker.address, port=0)
-    url = "http://" + broker.call(listener.start())
-    try:
-        yield url
-    finally:
-        broker.call(listener.stop())
 
 
 def test_avro_values_read_as_a_struct(

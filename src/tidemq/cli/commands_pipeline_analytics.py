@@ -3,6 +3,7 @@ events -> windowed counts and sessions, in a results topic and in Parquet."""
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Annotated
 
@@ -28,11 +29,28 @@ from tidemq.cli.pipeline_common import (
     session,
     spark_failures,
 )
+from tidemq.cli.value_formats import DEFAULT_REGISTRY, Registry
 from tidemq.spark.pipelines.streams import DEFAULT_MAX_OFFSETS_PER_TRIGGER
 
 __all__ = ["analytics", "generate_events"]
 
 _Seconds = typer.Option(min=1)
+
+
+class EventFormat(enum.StrEnum):
+    JSON = "json"
+    AVRO = "avro"
+
+
+EventFormatOpt = Annotated[
+    EventFormat,
+    typer.Option(
+        "--value-format",
+        case_sensitive=False,
+        help="json (default), or avro: the events' schema in the schema registry "
+        "(<topic>-value), Confluent's wire format.",
+    ),
+]
 
 
 @command(app, "generate-events")
@@ -50,9 +68,12 @@ def generate_events(
     queues: Annotated[
         int, typer.Option("--queues", min=1, help="Queues of the topic when it is created.")
     ] = 4,
+    value_format: EventFormatOpt = EventFormat.JSON,
+    registry: Registry = DEFAULT_REGISTRY,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> None:
-    """Send generated user-behaviour events (JSON: user_id, item_id, behavior, ts)."""
+    """Send generated user-behaviour events (user_id, item_id, behavior, ts) as JSON, or
+    as Avro with --value-format avro."""
     import time  # noqa: PLC0415 - only here
 
     from tidemq.spark.pipelines import events  # noqa: PLC0415 - no pyspark needed
@@ -65,7 +86,14 @@ def generate_events(
         )
     except ValueError as exc:
         raise CliUsageError(str(exc)) from None
-    sent = events.produce_events(address, topic, generated, queues=queues)
+    serializer = None
+    if value_format is EventFormat.AVRO:
+        from tidemq.client.serde import AvroSerializer, SchemaRegistry  # noqa: PLC0415
+
+        serializer = AvroSerializer(SchemaRegistry(registry), events.Event)
+    sent = events.produce_events(
+        address, topic, generated, queues=queues, value_serializer=serializer
+    )
     say(f"sent {sent} event(s) to {topic}")
 
 
@@ -103,6 +131,8 @@ def analytics(
     master: Master = "local[*]",
     once: Once = True,
     max_offsets_per_trigger: MaxOffsets = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    value_format: EventFormatOpt = EventFormat.JSON,
+    registry: Registry = DEFAULT_REGISTRY,
 ) -> None:
     """Windowed counts per behavior and item, and sessions per user, exactly once."""
     address = check_bootstrap(bootstrap)
@@ -128,6 +158,8 @@ def analytics(
                 config=config,
                 trigger="available_now" if once else "continuous",
                 max_offsets_per_trigger=max_offsets_per_trigger,
+                value_format=value_format.value,
+                schema_registry=registry if value_format is EventFormat.AVRO else None,
             )
             if not once:
                 info(f"analytics over {', '.join(topic)} to {output}; Ctrl-C to stop")

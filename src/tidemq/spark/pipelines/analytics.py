@@ -144,14 +144,21 @@ def _valid(e: Column) -> Column:
     )
 
 
-def parsed_events(raw: DataFrame) -> tuple[DataFrame, DataFrame]:
+def parsed_events(raw: DataFrame, value_format: str = "json") -> tuple[DataFrame, DataFrame]:
     """(events, rejected) of a source DataFrame: events have `user_id`, `item_id`,
     `behavior`, `ts` and `event_time` (timestamp); rejected rows keep the source columns.
     The rules are `events.parse_event`'s (a JSON object, integer ids and ts, a known
-    behavior), as Spark's `from_json` applies them."""
+    behavior), as Spark's `from_json` applies them. With `value_format="avro"` the source
+    decoded the values already (a struct column; a value that is not Avro of the subject
+    fails the query in the source: the schema governs the stream), and only the rules on
+    the fields apply."""
     from pyspark.sql import functions as sf  # noqa: PLC0415 - pyspark on demand
 
-    with_e = raw.withColumn("_e", sf.from_json(sf.col("value").cast("string"), EVENT_SCHEMA))
+    if value_format == "avro":
+        fields = [sf.col("value")[f].alias(f) for f in ("user_id", "item_id", "behavior", "ts")]
+        with_e = raw.withColumn("_e", sf.when(sf.col("value").isNotNull(), sf.struct(*fields)))
+    else:
+        with_e = raw.withColumn("_e", sf.from_json(sf.col("value").cast("string"), EVENT_SCHEMA))
     ok = _valid(sf.col("_e"))
     events = (
         with_e.where(ok).select("_e.*").withColumn("event_time", sf.timestamp_millis(sf.col("ts")))
@@ -388,6 +395,8 @@ def run_analytics(
     config: AnalyticsConfig | None = None,
     trigger: Trigger = "available_now",
     max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    value_format: str = "json",
+    schema_registry: str | None = None,
 ) -> AnalyticsRun:
     """Run the pipeline over `topics` (see the module docstring). Parquet goes under
     `output`; results also go to `results_topic` (created with `RESULT_QUEUES` queues
@@ -397,9 +406,13 @@ def run_analytics(
     `trigger="available_now"` processes what the topics hold now (micro-batches of at
     most `max_offsets_per_trigger` messages per query) and returns when every query is
     done; `"continuous"` returns the running queries. Run again with the same
-    `checkpoint` to resume."""
+    `checkpoint` to resume.
+
+    `value_format="avro"`: the events are Avro (`events.py`), read with the first topic's
+    subject (`<topic>-value`) from the registry at `schema_registry`."""
     if not topics:
         raise ValueError("give at least one topic")
+    source_options = _source_options(topics, value_format, schema_registry)
     check_trigger(trigger)
     if max_offsets_per_trigger is not None and max_offsets_per_trigger < 1:
         raise ValueError(f"max_offsets_per_trigger must be >= 1, got {max_offsets_per_trigger}")
@@ -416,6 +429,7 @@ def run_analytics(
             bootstrap=bootstrap,
             topics=topics,
             max_offsets_per_trigger=max_offsets_per_trigger,
+            options=source_options,
         )
 
     from tidemq.spark.pipelines.progress import ProgressTotals  # noqa: PLC0415 - pyspark
@@ -434,9 +448,9 @@ def run_analytics(
                         kind,
                     )
                     run._sinks.append(sink)
-                writer = _writer(source(), kind, config, root, sink).queryName(
-                    f"tidemq-{name}-{kind}-{uuid.uuid4().hex[:6]}"
-                )
+                writer = _writer(
+                    source(), kind, config, root, sink, value_format=value_format
+                ).queryName(f"tidemq-{name}-{kind}-{uuid.uuid4().hex[:6]}")
                 writer = writer.option("checkpointLocation", str(checkpoints / kind))
                 if trigger == "available_now":
                     # One query after the other: each starts a Python process for its
@@ -455,11 +469,35 @@ def run_analytics(
     return run
 
 
+def _source_options(
+    topics: Sequence[str], value_format: str, schema_registry: str | None
+) -> dict[str, str]:
+    if value_format == "json":
+        if schema_registry is not None:
+            raise ValueError("a schema registry is only read with value_format='avro'")
+        return {}
+    if value_format != "avro":
+        raise ValueError(f"value_format must be 'json' or 'avro', got {value_format!r}")
+    if not schema_registry:
+        raise ValueError("value_format='avro' needs the schema registry's URL")
+    return {
+        "valueFormat": "avro",
+        "schemaRegistry": schema_registry,
+        "subject": f"{topics[0]}-value",
+    }
+
+
 def _writer(
-    source: DataFrame, kind: Kind, config: AnalyticsConfig, root: Path, sink: _TopicSink | None
+    source: DataFrame,
+    kind: Kind,
+    config: AnalyticsConfig,
+    root: Path,
+    sink: _TopicSink | None,
+    *,
+    value_format: str = "json",
 ) -> DataStreamWriter:
     """The query of `kind` over `source`: its frame and where each micro-batch goes."""
-    events, rejected = parsed_events(source)
+    events, rejected = parsed_events(source, value_format)
     if kind == "rejected":
         handle: Callable[[DataFrame, int], None] = _reject_writer(root / "rejected")
         frame = rejected

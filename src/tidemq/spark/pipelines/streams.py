@@ -42,8 +42,10 @@ def read_topics(
     topics: Sequence[str],
     max_offsets_per_trigger: int | None,
     include_headers: bool = True,
+    options: dict[str, str] | None = None,
 ) -> DataFrame:
-    """`topics` as a stream from their earliest offsets (the source registered first)."""
+    """`topics` as a stream from their earliest offsets (the source registered first);
+    `options`: more source options (`valueFormat`, ...)."""
     import tidemq.spark  # noqa: PLC0415 - pyspark on demand
 
     tidemq.spark.register(spark)
@@ -57,6 +59,8 @@ def read_topics(
         reader = reader.option("includeHeaders", "true")
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    for key, value in (options or {}).items():
+        reader = reader.option(key, value)
     return reader.load()
 
 
