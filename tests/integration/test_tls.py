@@ -9,16 +9,15 @@ import logging
 import re
 import shutil
 import ssl
-import subprocess
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 from tests.support.server_process import server_process
+from tests.support.tls_certs import Certs, make_certs
 from typer.testing import CliRunner
 
 import tidemq
@@ -50,51 +49,9 @@ def _fail_fast(context: ssl.SSLContext | None = None) -> ClientConfig:
     )
 
 
-@dataclass(frozen=True)
-class Certs:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
-
-
-def _issue(directory: Path, name: str, subject: str, extensions: str) -> None:
-    """A P-256 key and a certificate for it signed by ca.crt, valid for a day."""
-    (directory / f"{name}.ext").write_text(extensions)
-    _openssl(
-        "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=directory,
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "1", "-out", f"{name}.crt", "-extfile", f"{name}.ext",
-        cwd=directory,
-    )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    d = tmp_path_factory.mktemp("certs")
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=tidemq test CA",
-        cwd=d,
-    )  # fmt: skip
-    _issue(
-        d,
-        "server",
-        "/CN=localhost",
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
-    )
-    _issue(d, "client", "/CN=test-client", "extendedKeyUsage=clientAuth\n")
-    return Certs(
-        d / "ca.crt", d / "server.crt", d / "server.key", d / "client.crt", d / "client.key"
-    )
+    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 def _tls(certs: Certs, **overrides: object) -> dict[str, object]:

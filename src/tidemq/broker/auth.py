@@ -24,6 +24,7 @@ has open already.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 from typing import Any, Final
@@ -218,6 +219,30 @@ class Authenticator:
             raise AuthenticationFailed(reason) from None
         conn.authenticated(f"User:{exchange.username}")
         return SaslAuthenticateResponse(message=final)
+
+    async def check_password(self, user: str, password: str, host: str) -> bool:
+        """A login that does not speak SCRAM (the HTTP listener's Basic authentication,
+        over TLS): whether `password` is `user`'s. The password is salted and iterated
+        as SCRAM does, off the loop, and compared with the stored key; failures count
+        against `host` like failed SCRAM logins, and are answered after the same delay."""
+        if self._login_limit.refused_for_s(host) is not None:
+            return False
+        credentials = self._users.get(user)
+        if credentials is not None:
+            try:
+                candidate = await asyncio.to_thread(
+                    make_credentials, password, credentials.salt, credentials.iterations
+                )
+            except ScramError:
+                candidate = None
+            if candidate is not None and hmac.compare_digest(
+                candidate.stored_key, credentials.stored_key
+            ):
+                return True
+        self._login_limit.failed(host)
+        log.info("HTTP login of %r from %s failed", user, host)
+        await asyncio.sleep(AUTH_FAILURE_DELAY_S)
+        return False
 
     # ------------------------------------------------------------------ users
 

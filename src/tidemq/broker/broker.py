@@ -392,6 +392,15 @@ class Broker:
         self._release_lock()
         log.info("broker %s stopped", self.config.broker_name)
 
+    @property
+    def auth_enabled(self) -> bool:
+        return self.config.auth_enabled
+
+    async def check_password(self, user: str, password: str, host: str) -> bool:
+        """Whether `password` is `user`'s (the HTTP listener's login; see
+        `Authenticator.check_password`)."""
+        return await self._auth.check_password(user, password, host)
+
     def set_schema_check(self, check: SchemaCheck | None) -> None:
         """The schema registry's check for topics with schema.validation=true: the node
         that runs the registry beside this broker sets it once both serve."""

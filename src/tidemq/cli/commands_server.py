@@ -88,6 +88,27 @@ def _bootstrap_password() -> str | None:
     return os.environ.get(BOOTSTRAP_PASSWORD_ENV) or None
 
 
+#: The password of http.registry_user (environment only).
+REGISTRY_PASSWORD_ENV = "TIDEMQ_REGISTRY_PASSWORD"
+
+
+def _registry_login(cfg: BrokerConfig, http: HttpConfig) -> tuple[str, str] | None:
+    """Who the node's schema registry logs in as on a broker that requires logins:
+    http.registry_user with TIDEMQ_REGISTRY_PASSWORD, else the bootstrap user with
+    TIDEMQ_BOOTSTRAP_PASSWORD (None: neither is set)."""
+    if http.registry_user:
+        password = os.environ.get(REGISTRY_PASSWORD_ENV) or ""
+        if not password:
+            raise CliUsageError(
+                f"http.registry_user={http.registry_user} needs {REGISTRY_PASSWORD_ENV}"
+            )
+        return http.registry_user, password
+    bootstrap_password = _bootstrap_password()
+    if cfg.bootstrap_user and bootstrap_password:
+        return cfg.bootstrap_user, bootstrap_password
+    return None
+
+
 def _cluster_secret() -> str | None:
     """TIDEMQ_CLUSTER_SECRET (environment only: a flag would show in `ps`), checked."""
     secret = os.environ.get(CLUSTER_SECRET_ENV) or None
@@ -159,8 +180,14 @@ def server(
             "http": {"port": http_port},
         },
     )
-    password = _bootstrap_password()
-    serve(lambda: Node(Broker(cfg, embedded_nameserver=True, bootstrap_password=password), http))
+    password, login = _bootstrap_password(), _registry_login(cfg, http)
+    serve(
+        lambda: Node(
+            Broker(cfg, embedded_nameserver=True, bootstrap_password=password),
+            http,
+            registry_login=login,
+        )
+    )
 
 
 def namesrv(
@@ -268,6 +295,7 @@ def broker(
             "(or run `tidemq server` for a broker with its own name server)"
         )
     password, secret = _bootstrap_password(), _cluster_secret()
+    login = _registry_login(cfg, http)
     serve(
         lambda: Node(
             Broker(
@@ -276,6 +304,7 @@ def broker(
             http,
             # The client bootstraps from one name server (it learns the cluster there).
             bootstrap=cfg.name_servers[0],
+            registry_login=login,
         )
     )
 

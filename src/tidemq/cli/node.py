@@ -1,6 +1,12 @@
-"""A broker process with its HTTP listener (the schema registry's REST API): what
-`tidemq server` and `tidemq broker` run. The listener starts once the broker serves (the
-registry reads its log through the broker) and stops first."""
+"""A broker process with its HTTP listener (the schema registry's REST API, /metrics):
+what `tidemq server` and `tidemq broker` run. The listener starts once the broker serves
+(the registry reads its log through the broker) and stops first.
+
+On a broker with TLS, the listener serves HTTPS with the broker's certificate and the
+registry's client dials the cluster with TLS (trusting broker.tls_ca_file). On a broker
+that requires logins, every HTTP request needs Basic credentials of a broker user, and the
+registry logs in as `registry_login` (http.registry_user, or the bootstrap user); without
+one the node runs no listener, and says so."""
 
 from __future__ import annotations
 
@@ -8,8 +14,11 @@ import logging
 import sys
 
 from tidemq.broker.broker import Broker
+from tidemq.broker.config import BrokerConfig
+from tidemq.client.cluster import ClientConfig
 from tidemq.http.config import HttpConfig
 from tidemq.http.listener import HttpListener
+from tidemq.net.tls import client_context
 
 __all__ = ["Node"]
 
@@ -17,32 +26,47 @@ log = logging.getLogger(__name__)
 
 
 class Node:
-    def __init__(self, broker: Broker, http: HttpConfig, *, bootstrap: str = "") -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        http: HttpConfig,
+        *,
+        bootstrap: str = "",
+        registry_login: tuple[str, str] | None = None,
+    ) -> None:
         """`bootstrap`: where the registry's client finds the cluster (the name servers);
-        empty: this broker (which then serves its own name server)."""
+        empty: this broker (which then serves its own name server). `registry_login`:
+        (user, password) the registry logs in with on a broker that requires logins."""
         self.broker = broker
         self._http = http
         self._bootstrap = bootstrap
+        self._login = registry_login
         self.listener: HttpListener | None = None
 
     async def start(self) -> str:
         address = await self.broker.start()
         cfg = self.broker.config
-        if self._http.enabled and (cfg.tls_cert_file is not None or cfg.auth_enabled):
-            # The registry reads and writes `_schemas` as a client of the broker; giving
-            # that client TLS trust and a login is not built yet.
+        if self._http.enabled and cfg.auth_enabled and self._login is None:
             log.warning(
-                "no HTTP listener (schema registry): the broker requires TLS or a login, "
-                "and the registry's own client cannot use them yet (http.port=-1 silences "
-                "this)"
+                "no HTTP listener (schema registry): the broker requires logins and the "
+                "registry has none to log in with (set http.registry_user and "
+                "TIDEMQ_REGISTRY_PASSWORD, or broker.bootstrap_user and "
+                "TIDEMQ_BOOTSTRAP_PASSWORD; http.port=-1 silences this)"
             )
         elif self._http.enabled:
-            host = self._http.host or self.broker.config.host
+            tls = (
+                (cfg.tls_cert_file, cfg.tls_key_file)
+                if cfg.tls_cert_file is not None and cfg.tls_key_file is not None
+                else None
+            )
             self.listener = HttpListener(
                 self._bootstrap or address,
-                host=host,
+                host=self._http.host or cfg.host,
                 port=self._http.port,
                 metrics=self.broker.metrics,
+                client_config=self._client_config(cfg),
+                login=self.broker.check_password if cfg.auth_enabled else None,
+                tls=tls,
             )
             http_address = await self.listener.start()
             self.broker.set_schema_check(self.listener.registry.unregistered)
@@ -50,6 +74,22 @@ class Node:
             sys.stderr.write(f"http on {http_address}\n")
             sys.stderr.flush()
         return address
+
+    def _client_config(self, cfg: BrokerConfig) -> ClientConfig | None:
+        """How the registry's client reaches the cluster: TLS when the broker's listener
+        has it, and the registry's login when the broker requires logins."""
+        if cfg.tls_cert_file is None and not cfg.auth_enabled:
+            return None
+        context = None
+        if cfg.tls_cert_file is not None:
+            context = client_context(
+                cfg.tls_ca_file,
+                cfg.tls_cert_file,
+                cfg.tls_key_file,
+                names=("broker.tls_ca_file", "broker.tls_cert_file", "broker.tls_key_file"),
+            )
+        user, password = self._login if cfg.auth_enabled and self._login else (None, None)
+        return ClientConfig(ssl_context=context, username=user, password=password)
 
     async def stop(self) -> None:
         try:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import enum
 import json
+import os
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Final
 
 import typer
 
-from tidemq.cli.common import CliUsageError
+from tidemq.cli.common import CliUsageError, client_config
 from tidemq.cli.produce_lines import LineFormatError
 from tidemq.client.serde import (
     AvroDeserializer,
@@ -126,8 +128,21 @@ def decoder(fmt: ValueFormat, registry_url: str) -> Callable[[bytes | None], byt
     return decode
 
 
+#: The CA (PEM) an https registry URL is verified against (default: the system's CAs,
+#: or the command's --tls-ca-file).
+REGISTRY_CA_ENV = "TIDEMQ_REGISTRY_CA_FILE"
+
+
 def _registry(url: str) -> SchemaRegistry:
+    """The registry at `url`, logging in as the commands log in to brokers
+    (TIDEMQ_USERNAME / TIDEMQ_PASSWORD, HTTP Basic) and trusting TIDEMQ_REGISTRY_CA_FILE
+    or the command's --tls-ca-file for https."""
+    config = client_config()
+    ca_file = os.environ.get(REGISTRY_CA_ENV)
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else config.ssl_context
     try:
-        return SchemaRegistry(url)
-    except TidemqError as exc:
+        return SchemaRegistry(
+            url, username=config.username, password=config.password, ssl_context=context
+        )
+    except (TidemqError, OSError) as exc:
         raise CliUsageError(str(exc)) from None

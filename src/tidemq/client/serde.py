@@ -17,8 +17,10 @@ no send waits on one.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import ssl
 import threading
 import urllib.error
 import urllib.parse
@@ -67,12 +69,32 @@ def topic_record_name_strategy(topic: str, record: str) -> str:
 
 
 class SchemaRegistry:
-    """A small client of the registry's REST API, with caches (thread-safe)."""
+    """A small client of the registry's REST API, with caches (thread-safe).
 
-    def __init__(self, url: str) -> None:
+    `username`/`password`: HTTP Basic credentials, for the listener of a broker that
+    requires logins (a broker user; send them over https). `ssl_context`: how an https
+    URL's certificate is checked (default: the system's CAs), e.g.
+    `ssl.create_default_context(cafile=...)`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"the schema registry URL must be http(s)://..., got {url!r}")
+        if (username is None) != (password is None):
+            raise ConfigError("the schema registry's username and password go together")
         self.url = url.rstrip("/")
+        self._auth = (
+            None
+            if username is None
+            else "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+        )
+        self._ssl = ssl_context
         self._by_id: dict[int, dict[str, Any]] = {}
         self._ids: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
@@ -81,14 +103,12 @@ class SchemaRegistry:
         """One REST call: the answer's JSON (its text when not JSON). InvalidRequest with
         the registry's message and error code; TidemqError when it cannot be reached."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": _CONTENT_TYPE, "Accept": _CONTENT_TYPE},
-        )
+        headers = {"Content-Type": _CONTENT_TYPE, "Accept": _CONTENT_TYPE}
+        if self._auth is not None:
+            headers["Authorization"] = self._auth
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as answer:
+            with urllib.request.urlopen(request, timeout=_TIMEOUT_S, context=self._ssl) as answer:
                 raw = answer.read()
         except urllib.error.HTTPError as exc:
             try:

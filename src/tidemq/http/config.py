@@ -18,6 +18,10 @@ class HttpConfig:
     port: int = DEFAULT_HTTP_PORT
     #: Address to bind; empty: the broker's (`broker.host`, 127.0.0.1 by default).
     host: str = ""
+    #: The user the schema registry logs in as, on a broker with `broker.auth_enabled`
+    #: (its password: TIDEMQ_REGISTRY_PASSWORD); empty: the broker's bootstrap user,
+    #: with TIDEMQ_BOOTSTRAP_PASSWORD.
+    registry_user: str = ""
 
     def __post_init__(self) -> None:
         if not -1 <= self.port <= 65535:

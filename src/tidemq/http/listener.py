@@ -13,12 +13,15 @@ import contextlib
 import logging
 import socket
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 
 from tidemq.broker.metrics import MetricsSnapshot
 from tidemq.client.cluster import ClientConfig
+from tidemq.http.login import BasicAuth, CheckPassword
 from tidemq.http.metrics_api import metrics_routes
 from tidemq.http.registry_api import registry_routes
 from tidemq.http.registry_service import RegistryService
@@ -37,17 +40,26 @@ class HttpListener:
         port: int = 8085,
         client_config: ClientConfig | None = None,
         metrics: Callable[[], MetricsSnapshot] | None = None,
+        login: CheckPassword | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
-        """`metrics`: the broker's snapshot for `/metrics` (None: no such path)."""
+        """`metrics`: the broker's snapshot for `/metrics` (None: no such path).
+        `client_config`: how the registry reaches the cluster (TLS, its login).
+        `login`: every request needs HTTP Basic credentials this accepts (`login.py`).
+        `tls`: (certificate, key) PEM files: HTTPS."""
         self.registry = RegistryService(bootstrap, client_config=client_config)
         routes = registry_routes(self.registry)
         if metrics is not None:
             routes += metrics_routes(metrics)
         self.app = Starlette(routes=routes)
+        served: Any = self.app if login is None else BasicAuth(self.app, login)
+        cert, key = tls if tls is not None else (None, None)
         self._config = uvicorn.Config(
-            self.app,
+            served,
             host=host,
             port=port,
+            ssl_certfile=cert,
+            ssl_keyfile=key,
             log_level="warning",
             access_log=False,
             lifespan="off",

@@ -1,0 +1,91 @@
+"""HTTP Basic authentication for the HTTP listener of a broker that requires logins
+(`broker.auth_enabled`): every path (the registry's, `/metrics`) needs a user of the
+broker and its password, as Confluent's registry takes `basic.auth.user.info` and
+Prometheus `basic_auth`. The password travels in the request, so the listener should
+run TLS (it does whenever the broker's listener does). Checked by the broker
+(`Broker.check_password`: salted and iterated as for SCRAM, failures rate-limited per
+client address); a success is remembered for the connection's user and password for
+`_REMEMBER_S`, so that a client's requests do not each pay the key derivation."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = ["BasicAuth", "CheckPassword"]
+
+#: (user, password, client host) -> whether they match.
+CheckPassword = Callable[[str, str, str], Awaitable[bool]]
+#: How long a checked user and password are taken without checking them again.
+_REMEMBER_S: Final = 60.0
+#: Remembered logins at most (the oldest are forgotten first).
+_MAX_REMEMBERED: Final = 1024
+
+
+class BasicAuth:
+    """ASGI middleware: requests without a valid `Authorization: Basic ...` get 401."""
+
+    def __init__(self, app: ASGIApp, check: CheckPassword) -> None:
+        self._app = app
+        self._check = check
+        self._good: dict[bytes, float] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        credentials = _basic(headers.get(b"authorization", b""))
+        if credentials is None:
+            await _refuse(send, "authentication required: HTTP Basic with a tidemq user")
+            return
+        user, password = credentials
+        key = hashlib.sha256(f"{user}\0{password}".encode()).digest()
+        now = time.monotonic()
+        if self._good.get(key, 0.0) < now:
+            host = (scope.get("client") or ("", 0))[0]
+            if not await self._check(user, password, host):
+                self._good.pop(key, None)
+                await _refuse(send, "wrong user name or password")
+                return
+            if len(self._good) >= _MAX_REMEMBERED:
+                self._good.pop(next(iter(self._good)))
+            self._good[key] = now + _REMEMBER_S
+        scope = {**scope, "user": user}
+        await self._app(scope, receive, send)
+
+
+def _basic(header: bytes) -> tuple[str, str] | None:
+    scheme, _, encoded = header.partition(b" ")
+    if scheme.lower() != b"basic":
+        return None
+    try:
+        user, sep, password = (
+            base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
+        )
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if sep and user else None
+
+
+async def _refuse(send: Send, message: str) -> None:
+    body = json.dumps({"error_code": 401, "message": message}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/vnd.schemaregistry.v1+json"),
+                (b"www-authenticate", b'Basic realm="tidemq"'),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

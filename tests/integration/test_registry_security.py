@@ -1,0 +1,130 @@
+"""The HTTP listener of a broker with TLS and logins (issue 19): HTTPS with the broker's
+certificate, HTTP Basic credentials of a broker user on every path, and the registry's
+own client logging in over TLS. Confluent's SchemaRegistryClient (with
+`basic.auth.user.info` and `ssl.ca.location`) and tidemq's client work; requests without
+or with wrong credentials get 401; broker-side validation still works there."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import ssl
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
+from tests.support.tls_certs import Certs, make_certs
+
+import tidemq
+from tidemq.broker.broker import Broker
+from tidemq.broker.config import BrokerConfig
+from tidemq.cli.node import Node
+from tidemq.client.cluster import ClientConfig
+from tidemq.core.errors import SchemaValidationFailed, TidemqError
+from tidemq.http.config import HttpConfig
+from tidemq.net.tls import TlsClientAuth
+from tidemq.schema.wire import frame
+from tidemq.store.config import StoreConfig
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl"),
+]
+
+T = TypeVar("T")
+USER, PASSWORD = "admin", "admin-secret"
+POINT = {"type": "record", "name": "Point", "fields": [{"name": "x", "type": "long"}]}
+
+
+@dataclass
+class SecureNode:
+    node: Node
+    loop: asyncio.AbstractEventLoop
+    address: str
+    url: str
+    certs: Certs
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+
+@pytest.fixture
+def secure(tmp_path: Path) -> Iterator[SecureNode]:
+    certs = make_certs(tmp_path)
+    cfg = BrokerConfig(
+        port=0,
+        store=StoreConfig(data_dir=tmp_path / "data"),
+        tls_cert_file=certs.server_cert,
+        tls_key_file=certs.server_key,
+        tls_ca_file=certs.ca,
+        tls_client_auth=TlsClientAuth.OPTIONAL,
+        auth_enabled=True,
+        bootstrap_user=USER,
+    )
+    broker = Broker(cfg, embedded_nameserver=True, bootstrap_password=PASSWORD)
+    node = Node(broker, HttpConfig(port=0), registry_login=(USER, PASSWORD))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    env = SecureNode(node, loop, "", "", certs)
+    try:
+        env.address = env.run(node.start())
+        assert node.listener is not None
+        env.url = "https://" + node.listener.address
+        yield env
+    finally:
+        env.run(node.stop())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def _status(url: str, context: ssl.SSLContext, auth: str | None = None) -> int:
+    request = urllib.request.Request(url)
+    if auth is not None:
+        request.add_header("Authorization", auth)
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_registry_serves_https_to_logged_in_users(secure: SecureNode) -> None:
+    conf = {"url": secure.url, "ssl.ca.location": str(secure.certs.ca)}
+    with SchemaRegistryClient({**conf, "basic.auth.user.info": f"{USER}:{PASSWORD}"}) as client:
+        schema_id = client.register_schema("points-value", Schema(json.dumps(POINT), "AVRO"))
+        assert json.loads(client.get_schema(schema_id).schema_str)["name"] == "Point"
+    for user_info in (None, f"{USER}:wrong"):
+        extra = {} if user_info is None else {"basic.auth.user.info": user_info}
+        with SchemaRegistryClient({**conf, **extra}) as client:
+            with pytest.raises(SchemaRegistryError) as refused:
+                client.get_subjects()
+            assert refused.value.http_status_code == 401
+    context = ssl.create_default_context(cafile=str(secure.certs.ca))
+    assert _status(secure.url + "/metrics", context) == 401  # every path needs a login
+    registry = tidemq.SchemaRegistry(
+        secure.url, username=USER, password=PASSWORD, ssl_context=context
+    )
+    assert registry.version("points-value")["name"] == "Point"
+    with pytest.raises(TidemqError, match="cannot reach the schema registry"):
+        tidemq.SchemaRegistry(secure.url.replace("https", "http")).version("points-value")
+
+    # Broker-side validation on that broker, through a client with TLS and a login.
+    config = ClientConfig(
+        ssl_context=tidemq.client_tls(ca_file=secure.certs.ca), username=USER, password=PASSWORD
+    )
+    with tidemq.Admin(secure.address, client_config=config) as admin:
+        admin.create_topic("points", 1, config={"schema.validation": "true"})
+    with tidemq.Producer(secure.address, client_config=config) as producer:
+        producer.send("points", frame(schema_id, b"\x02"))
+        with pytest.raises(SchemaValidationFailed, match="schema id 77"):
+            producer.send("points", frame(77, b"\x02"))
