@@ -17,6 +17,8 @@ from tidemq.spark.pipelines.archive import (
     META_TOPIC,
     hour_partition,
     part_path,
+    publish,
+    stage_table,
     write_table,
 )
 
@@ -140,3 +142,23 @@ def test_failed_write_leaves_no_temporary_file(
     with pytest.raises(OSError, match="disk full"):
         write_table(_table(_rows()[:1]), tmp_path)
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_a_replay_split_otherwise_replaces_the_earlier_files(tmp_path: Path) -> None:
+    """A batch published by one attempt as one file per queue and hour, then by a replay
+    whose tasks split queue a/0's hour in two: its earlier file goes (it overlaps both new
+    ones), queue a/1's file beside it stays, and every message is read once."""
+    table = _table(_rows())
+    first = write_table(table, tmp_path)
+    staged = stage_table(table.slice(0, 1), tmp_path) + stage_table(table.slice(1), tmp_path)
+    publish(staged)
+    names = sorted(p.name for p in tmp_path.rglob("*.parquet"))
+    assert "part-0-10-12.parquet" in {f.path.name for f in first}
+    assert "part-0-10-12.parquet" not in names  # replaced by part-0-10-11 and part-0-11-12
+    assert {"part-0-10-11.parquet", "part-0-11-12.parquet", "part-1-4-5.parquet"} <= set(names)
+    read = ds.dataset(tmp_path, format="parquet", partitioning="hive").to_table()
+    offsets = list(
+        zip(*(read.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True)
+    )
+    assert sorted(offsets) == sorted((r[0], r[1], r[2]) for r in _rows())  # once each
+    assert not [p for p in tmp_path.rglob(".*") if p.is_file()]

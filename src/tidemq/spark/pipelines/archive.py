@@ -19,27 +19,35 @@ How it is exactly once, together with Spark's checkpoint:
 * File names depend only on those rows (topic, queue, hour, first and last offset), so
   the replay produces the same names with the same content, and publishing it again
   replaces a file by an identical one instead of adding a duplicate.
-* Each file is written under a hidden temporary name (`.part-...tmp-<random>`, which
-  Spark, DuckDB and pyarrow skip) and published with an atomic rename, so a reader never
-  sees half a file; a crash leaves at most a hidden temporary file behind.
+* Executors write the files (issue 21: nothing but file names reaches the driver): each
+  Spark task writes its rows, grouped per (topic, queue, hour), under hidden temporary
+  names (`.part-...tmp-<random>`, which Spark, DuckDB and pyarrow skip) and answers with
+  what it staged. The driver then publishes the batch: an atomic rename per file, so a
+  reader never sees half a file, after removing any published file of the same topic and
+  queue whose offset range overlaps a new one: that can only be an earlier attempt of
+  this batch (batches' ranges are disjoint), split differently across tasks, which would
+  otherwise be read twice. A crash leaves at most hidden temporary files, removed by the
+  next publish of their directory once an hour old.
 * Batches after the last committed one start where it ended: the pipeline resumes from
   its checkpoint and never re-reads what an earlier, committed batch archived.
 
-Simplicity over scale: each micro-batch is collected to the driver as Arrow
-(`DataFrame.toArrow()`) and written there with `pyarrow.parquet`, so `output` must be a
-local (or mounted) directory of the driver and a micro-batch must fit in its memory;
-bound it with `max_offsets_per_trigger`. That suits Spark local mode, the default.
+`output` must be a directory that the executors and the driver see alike: a local one in
+local mode (the default), a shared mount on a cluster. A task holds its rows in memory
+while it writes them; bound that with `max_offsets_per_trigger` and the source's
+`minPartitions`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -65,9 +73,20 @@ __all__ = [
     "ArchiveFile",
     "hour_partition",
     "part_path",
+    "publish",
     "run_archive",
+    "stage_table",
     "write_table",
 ]
+
+#: Temporary files older than this, left by a crashed attempt, are removed by the next
+#: publish into their directory (an attempt in flight is far younger).
+STALE_TMP_S: Final = 3600.0
+#: What a task answers the driver for each file it staged.
+STAGED_SCHEMA: Final = (
+    "tmp string, target string, topic string, queue bigint, start_offset bigint, "
+    "end_offset bigint, rows bigint"
+)
 
 META_TOPIC = "tidemq.topic"
 META_QUEUE = "tidemq.queue"
@@ -115,25 +134,88 @@ def part_path(
     )
 
 
-def _publish(table: pa.Table, target: Path) -> None:
-    """Write `table` under a hidden temporary name next to `target`, then rename it into
-    place (atomic on one file system; replaces an earlier, identical file)."""
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A file written under a temporary name, to be published as `file.path`."""
+
+    tmp: Path
+    file: ArchiveFile
+
+
+def _stage(table: pa.Table, target: Path) -> Path:
+    """Write `table` under a hidden temporary name next to `target`; returns that name."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex}")
     try:
         pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    return tmp
 
 
 def write_table(table: pa.Table, root: Path) -> list[ArchiveFile]:
-    """Write the rows of one micro-batch (the source's columns) into `root`: one file per
+    """Stage and publish the rows of one micro-batch in one process (see `stage_table`,
+    `publish`)."""
+    staged = stage_table(table, root)
+    publish(staged)
+    return [s.file for s in staged]
+
+
+def publish(staged: Sequence[Staged]) -> None:
+    """Rename staged files into place (atomic on one file system; a replayed batch's file
+    replaces an identical one), after removing published files of the same topic and
+    queue whose offset ranges overlap theirs (an earlier attempt split otherwise)."""
+    by_dir: dict[Path, list[Staged]] = {}
+    for s in staged:
+        by_dir.setdefault(s.file.path.parent, []).append(s)
+    try:
+        for directory, files in by_dir.items():
+            _remove_overlapping(directory, files)
+            for s in files:
+                os.replace(s.tmp, s.file.path)
+    except BaseException:
+        for s in staged:  # what is not published yet: the replay stages it again
+            s.tmp.unlink(missing_ok=True)
+        raise
+
+
+def _remove_overlapping(directory: Path, files: list[Staged]) -> None:
+    new = {s.file.path.name for s in files}
+    now = time.time()
+    for existing in directory.iterdir():
+        name = existing.name
+        if name.startswith(".") and ".tmp-" in name:
+            if now - existing.stat().st_mtime > STALE_TMP_S:
+                existing.unlink(missing_ok=True)  # left by a crashed attempt
+            continue
+        parsed = _parse_part(name)
+        if parsed is None or name in new:
+            continue
+        queue, start, end = parsed
+        for s in files:
+            f = s.file
+            if f.queue == queue and start < f.end_offset and f.start_offset < end:
+                existing.unlink(missing_ok=True)
+                break
+
+
+def _parse_part(name: str) -> tuple[int, int, int] | None:
+    """(queue, start, end) of a `part-<queue>-<start>-<end>.parquet` name."""
+    if not (name.startswith("part-") and name.endswith(".parquet")):
+        return None
+    fields = name[len("part-") : -len(".parquet")].split("-")
+    if len(fields) != 3 or not all(f.isdigit() for f in fields):
+        return None
+    return int(fields[0]), int(fields[1]), int(fields[2])
+
+
+def stage_table(table: pa.Table, root: Path) -> list[Staged]:
+    """Write rows (the source's columns) under `root` with temporary names: one file per
     (topic, queue, dt, hour) of the message timestamp (UTC), rows in offset order.
 
-    Deterministic: the same rows give the same files, so writing a replayed batch again
-    changes nothing. Pure pyarrow (no JVM)."""
+    Deterministic: the same rows give the same target names and contents, so a replayed
+    batch publishes identical files. Pure pyarrow (no JVM): runs in Spark's tasks."""
     if table.num_rows == 0:
         return []
     ts = table.column("timestamp")
@@ -155,7 +237,7 @@ def write_table(table: pa.Table, root: Path) -> list[ArchiveFile]:
         [("offset", "min"), ("offset", "max"), ("offset", "count")]
     )
     groups = groups.sort_by([(k, "ascending") for k in keys])
-    out: list[ArchiveFile] = []
+    out: list[Staged] = []
     for g in groups.to_pylist():
         mask = pc.and_(
             pc.and_(
@@ -188,20 +270,62 @@ def write_table(table: pa.Table, root: Path) -> list[ArchiveFile]:
             start_offset=start,
             end_offset=end,
         )
-        _publish(part, path)
-        out.append(
-            ArchiveFile(topic, queue, str(g["dt"]), int(g["hour"]), start, end, part.num_rows, path)
+        tmp = _stage(part, path)
+        file = ArchiveFile(
+            topic, queue, str(g["dt"]), int(g["hour"]), start, end, part.num_rows, path
         )
+        out.append(Staged(tmp, file))
     return out
 
 
-def _to_arrow(df: DataFrame) -> pa.Table:
-    """A micro-batch on the driver, as Arrow (`toArrow()`, pyspark >= 4.0; else pandas)."""
-    to_arrow = getattr(df, "toArrow", None)
-    if to_arrow is not None:
-        table: pa.Table = to_arrow()
-        return table
-    return pa.Table.from_pandas(df.toPandas(), preserve_index=False)  # pragma: no cover
+def _stage_partition(root: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A Spark task (`mapInArrow`): stage its rows, answer with what it staged."""
+    table = pa.Table.from_batches(list(batches))
+    staged = stage_table(table, Path(root)) if table.num_rows else []
+    yield pa.RecordBatch.from_pylist(
+        [
+            {
+                "tmp": str(s.tmp),
+                "target": str(s.file.path),
+                "topic": s.file.topic,
+                "queue": s.file.queue,
+                "start_offset": s.file.start_offset,
+                "end_offset": s.file.end_offset,
+                "rows": s.file.rows,
+            }
+            for s in staged
+        ],
+        schema=_STAGED_ARROW,
+    )
+
+
+_STAGED_ARROW: Final = pa.schema(
+    [
+        ("tmp", pa.string()),
+        ("target", pa.string()),
+        ("topic", pa.string()),
+        ("queue", pa.int64()),
+        ("start_offset", pa.int64()),
+        ("end_offset", pa.int64()),
+        ("rows", pa.int64()),
+    ]
+)
+
+
+def _staged_of(row: Any) -> Staged:
+    target = Path(row["target"])
+    dt, hour = target.parent.parent.name.removeprefix("dt="), target.parent.name
+    file = ArchiveFile(
+        row["topic"],
+        int(row["queue"]),
+        dt,
+        int(hour.removeprefix("hour=")),
+        int(row["start_offset"]),
+        int(row["end_offset"]),
+        int(row["rows"]),
+        target,
+    )
+    return Staged(Path(row["tmp"]), file)
 
 
 def run_archive(
@@ -222,8 +346,7 @@ def run_archive(
     raises `StreamingQueryException`); `"continuous"` starts micro-batches one after the
     other and returns the running query (stop it with `query.stop()`).
 
-    Each micro-batch is collected to the driver with `toArrow()` and written with
-    pyarrow: fine for local mode, bounded by `max_offsets_per_trigger`."""
+    Spark's tasks write the files; the driver only renames them into place."""
     if not topics:
         raise ValueError("give at least one topic")
     check_trigger(trigger)
@@ -232,8 +355,11 @@ def run_archive(
         spark, bootstrap=bootstrap, topics=topics, max_offsets_per_trigger=max_offsets_per_trigger
     )
 
+    stage = functools.partial(_stage_partition, str(root))
+
     def archive_batch(df: DataFrame, batch_id: int) -> None:
-        write_table(_to_arrow(df), root)
+        staged = df.mapInArrow(stage, STAGED_SCHEMA).collect()
+        publish([_staged_of(row) for row in staged])
 
     writer = (
         stream.writeStream.queryName(f"tidemq-archive-{uuid.uuid4().hex[:8]}")
