@@ -360,3 +360,45 @@ def test_entries_survive_a_restart(loop: Loop, start_broker: StartBroker) -> Non
             await again.stop()
 
     assert loop.run(check(), timeout_s=30) == [entry]
+
+
+def test_a_producer_may_cancel_the_delayed_messages_of_topics_it_writes(
+    loop: Loop, start_broker: StartBroker
+) -> None:
+    """CANCEL_DELAYED needs WRITE on the message's topic (the broker looks it up from the
+    id), not an operator's ACL: bob, who may write `jobs`, cancels his delayed message;
+    carol, who may not, is refused, and the message stays scheduled."""
+    env = _start(start_broker)
+    admin_config = _config(ADMIN, ADMIN_PASSWORD)
+
+    def write(user: str, topic: str) -> list[tidemq.Acl]:
+        return [
+            tidemq.Acl(principal=f"User:{user}", resource_type="topic", resource_name=topic,
+                       operation=op)
+            for op in ("write", "describe")
+        ]  # fmt: skip
+
+    async def go() -> None:
+        async with tidemq.aio.Admin(env.address, client_config=admin_config) as admin:
+            await admin.create_topic("jobs", 1)
+            await admin.create_topic("other", 1)
+            await admin.create_user(BOB, BOB_PASSWORD)
+            await admin.create_user("carol", "carol-secret-1")
+            await admin.create_acls([*write(BOB, "jobs"), *write("carol", "other")])
+        async with tidemq.aio.Producer(
+            env.address, client_config=_config(BOB, BOB_PASSWORD)
+        ) as bob:
+            first = await bob.send("jobs", b"later", delay=3600)
+            second = await bob.send("jobs", b"later too", delay=3600)
+            async with tidemq.aio.Producer(
+                env.address, client_config=_config("carol", "carol-secret-1")
+            ) as carol:
+                with pytest.raises(AuthorizationFailed, match="may not WRITE topic 'jobs'"):
+                    await carol.cancel(first.message_id)
+            assert (await bob.cancel(first.message_id)).count == 1
+        async with tidemq.aio.Admin(env.address, client_config=admin_config) as admin:
+            status = await admin.timer_status("jobs")
+        assert status.topics[0].pending_batches == 1  # the second one
+        assert second.message_id != first.message_id
+
+    loop.run(go())

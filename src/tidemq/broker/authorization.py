@@ -158,8 +158,9 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         RequestCode.UNREGISTER_BROKER: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
         RequestCode.CLUSTER_STATUS: _CLUSTER_DESCRIBE,
         RequestCode.STATUS: _CLUSTER_DESCRIBE,
-        # The id names the timer's record, not the message's topic: operators only.
-        RequestCode.CANCEL_DELAYED: _CLUSTER_ALTER,
+        # The id names the timer's record: the broker looks its topic up and checks WRITE
+        # on it there (`check_cancel`), as for the send it undoes.
+        RequestCode.CANCEL_DELAYED: (),
         RequestCode.TIMER_STATUS: _CLUSTER_DESCRIBE,
         RequestCode.BEGIN_TXN: (_rule(_WRITE, _X, _group),),
         RequestCode.END_TXN: (_rule(_WRITE, _X, _txn_ids), _rule(_WRITE, _X, _sink)),
@@ -319,6 +320,15 @@ class Authorization:
             f"{principal} may not {req.operation.name} {req.resource_type.value} "
             f"{resource!r} ({code.name})"
         )
+
+    def check_cancel(self, principal: str | None, host: str, topic: str) -> None:
+        """CANCEL_DELAYED of a message of `topic`: WRITE on it, as its send needed."""
+        if not self.enabled:
+            return
+        if principal is None:
+            raise AuthorizationFailed("CANCEL_DELAYED refused: not logged in")
+        requirement = Requirement(_WRITE, _T)
+        self._check_one(RequestCode.CANCEL_DELAYED, principal, host, requirement, topic)
 
     def may_describe(self, principal: str | None, host: str, kind: ResourceType, name: str) -> bool:
         if not self.enabled:

@@ -693,6 +693,8 @@ class Broker:
         authz = self._authz
         if authz.enabled:
             authz.check(code, header, conn.principal, conn.host)
+            if code is RequestCode.CANCEL_DELAYED:
+                self._authorize_cancel(header.message_id, conn)
         if code in AUTH_CODES:
             return await auth.after_login(code, header, conn), b""
         if code in ACL_CODES:
@@ -710,6 +712,13 @@ class Broker:
         if authz.enabled and code in FILTERED_CODES:
             answer = authz.filter(code, header, answer, principal, conn.host)
         return answer, body
+
+    def _authorize_cancel(self, message_id: str, conn: ServerConnection) -> None:
+        """WRITE on the topic of the delayed message a cancel names (an id unknown here is
+        answered UnknownMessage by the cancel itself)."""
+        topic = self._timers.topic_of(message_id)
+        if topic is not None:
+            self._authz.check_cancel(conn.principal, conn.host, topic)
 
     async def _acl_request(self, code: RequestCode, header: Any) -> Any:
         """ACL_CREATE / ACL_DELETE / ACL_LIST (authorized like any request above; with

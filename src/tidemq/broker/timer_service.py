@@ -111,6 +111,23 @@ class TimerService(TimerHandovers):
             self._finish_scheduling(key)
         return result
 
+    def topic_of(self, message_id: str) -> str | None:
+        """The topic of the pending delayed batch `message_id` names here (None: none),
+        for the authorization of its cancel."""
+        try:
+            topic_id, queue, offset = parse_message_id(message_id)
+        except ValueError:
+            return None
+        if queue != 0:
+            return None
+        base = self._adopted_base(topic_id, offset)
+        if base is None and topic_id in (self._timer_id, self._legacy_id):
+            if offset < self._done.low:
+                return None
+            base = _batch_base(self._gateway.store, offset)
+        entry = self._pending.get(base) if base is not None else None
+        return entry.topic if entry is not None else None
+
     async def cancel(self, message_id: str) -> CancelDelayedResponse:
         try:
             topic_id, queue, offset = parse_message_id(message_id)
