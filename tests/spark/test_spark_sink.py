@@ -211,3 +211,46 @@ def test_a_sink_id_reused_by_a_new_checkpoint_fails_the_query(
     with pytest.raises(StreamingQueryException, match="has published batches up to 0 from"):
         _query(spark, options, source, target, tmp_path / "second", {"sinkId": sink_id})
     assert sum(_values(load, target).values()) == 10  # nothing published twice, or lost
+
+
+def test_a_task_over_the_batches_per_transaction_limit_uses_several(
+    spark: SparkSession,
+    admin: Admin,
+    producer: Producer,
+    options: Options,
+    topic_name: str,
+    load: Load,
+    tmp_path: Path,
+) -> None:
+    """A task whose rows need more sends than `maxBatchesPerTransaction` begins another
+    transaction instead of failing (it used to fail again on every replay past the
+    broker's limit); the driver commits them together, exactly once."""
+    source, target, sink_id = topic_name + "-in", topic_name + "-out", topic_name + "-sink"
+    _fill(admin, producer, source, 3, 0, 90)
+    admin.create_topic(target, 3)
+    committed_before = admin.transaction_status().committed
+    stream: DataFrame = (
+        spark.readStream.format("tidemq")
+        .options(**options(subscribe=source, startingOffsets="earliest"))
+        .option("minPartitions", "1")
+        .load()
+        .coalesce(1)  # one task: its rows go to 3 queues, in 3 sends per Arrow batch
+    )
+    query = (
+        stream.select("key", "value", "partition")
+        .writeStream.format("tidemq")
+        .options(**options(topic=target, sinkId=sink_id, maxBatchesPerTransaction="2"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(60)
+    finally:
+        query.stop()
+    assert _values(load, target) == Counter(b"v%d" % i for i in range(90))
+    assert admin.transaction_status().committed - committed_before >= 2
+    assert _open_txns(admin, sink_id) == 0
+    with pytest.raises(Exception, match="maxBatchesPerTransaction' must be a positive"):
+        _query(spark, options, source, target, tmp_path / "cp2", {"sinkId": sink_id + "x",
+               "maxBatchesPerTransaction": "0"})  # fmt: skip

@@ -92,9 +92,15 @@ _SINK_ID: Final = re.compile(SINK_ID_PATTERN)
 SINK_OPTIONS: Final = (
     "sinkId",
     "checkpointLocation",
+    "maxBatchesPerTransaction",
     "testing.failAfterRows",
     "testing.failOnceFile",
 )
+#: Batches (sends) a task puts in one transaction before it begins another (the broker
+#: refuses more than broker.max_batches_per_transaction, 10,000 by default, in one; a
+#: task over it used to fail again on every replay). The driver commits all of a batch's
+#: transactions per broker as one unit, so the split is invisible to readers.
+DEFAULT_BATCHES_PER_TRANSACTION: Final = 1000
 #: Attempts of the driver's commit (it is idempotent: a retry of a committed transaction
 #: returns the same receipts), with this pause between them.
 COMMIT_ATTEMPTS: Final = 3
@@ -115,6 +121,8 @@ class SinkOptions:
     #: The query's checkpointLocation (Spark passes it on): where the sink id's owner is
     #: recorded (`sink_owner.py`).
     checkpoint: str | None = None
+    #: `maxBatchesPerTransaction`: sends per transaction of a task, at most.
+    batches_per_transaction: int = DEFAULT_BATCHES_PER_TRANSACTION
 
     @property
     def group(self) -> str:
@@ -150,12 +158,22 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
             ) from None
         if "testing.failoncefile" not in opts:
             raise OptionError("option 'testing.failAfterRows' needs 'testing.failOnceFile'")
+    per_txn_text = opts.get("maxbatchespertransaction", str(DEFAULT_BATCHES_PER_TRANSACTION))
+    try:
+        per_txn = int(per_txn_text)
+    except ValueError:
+        per_txn = 0
+    if per_txn < 1:
+        raise OptionError(
+            f"option 'maxBatchesPerTransaction' must be a positive integer, got {per_txn_text!r}"
+        )
     return SinkOptions(
         write,
         sink_id,
         fail_after,
         opts.get("testing.failoncefile"),
         opts.get("checkpointlocation"),
+        per_txn,
     )
 
 
@@ -357,11 +375,14 @@ def _maybe_fail(options: SinkOptions, rows: int) -> None:
 def write_transaction(
     options: SinkOptions, batches: Iterable[Any], *, counter: int = 0
 ) -> tuple[list[TxnRef], int]:
-    """Send every row of `batches` inside one transaction left open; returns its refs and
-    the rows sent. On error, rolls back what was begun (best effort) and re-raises."""
+    """Send every row of `batches` inside transactions left open (a new one every
+    `batches_per_transaction` sends); returns their refs and the rows sent. On error,
+    rolls back what was begun (best effort) and re-raises."""
     rt = runtime()
     producer = _producer(options.write.bootstrap, options.group, options.write.client)
     tx = rt.run(producer.begin())
+    earlier: list[TxnRef] = []  # refs of the task's transactions before `tx`
+    in_tx = 0
     rows = 0
     pending: concurrent.futures.Future[int] | None = None
     try:
@@ -378,12 +399,18 @@ def write_transaction(
                     producer.cluster, options.write, batch, counter=counter
                 )
             counter += 1
-            if pending is not None:  # one Arrow batch in flight: order within queues holds
-                rows += pending.result()
-                pending = None
-                _maybe_fail(options, rows)
-            if groups:
-                pending = rt.submit(_send_groups(tx, groups))
+            while groups:
+                if pending is not None:  # one send in flight: order within queues holds
+                    rows += pending.result()
+                    pending = None
+                    _maybe_fail(options, rows)
+                if in_tx >= options.batches_per_transaction:
+                    earlier.extend(tx.refs)
+                    tx, in_tx = rt.run(producer.begin()), 0
+                part = groups[: options.batches_per_transaction - in_tx]
+                groups = groups[len(part) :]
+                pending = rt.submit(_send_groups(tx, part))
+                in_tx += len(part)
         if pending is not None:
             rows += pending.result()
             pending = None
@@ -391,12 +418,22 @@ def write_transaction(
     except BaseException:
         if pending is not None:
             concurrent.futures.wait([pending])
-        try:
-            rt.run(tx.rollback(), _ROLLBACK_TIMEOUT_S)
-        except Exception as exc:  # best effort: the broker rolls it back later
-            log.warning("rolling back a failed sink task's transaction failed: %s", exc)
+        _roll_back(producer, tx, earlier)
         raise
-    return tx.refs, rows
+    return [*earlier, *tx.refs], rows
+
+
+def _roll_back(
+    producer: AsyncTransactionProducer, tx: AsyncTransaction, earlier: list[TxnRef]
+) -> None:
+    """Best effort: a failed task's transactions (the brokers roll back the rest later)."""
+    rt = runtime()
+    try:
+        rt.run(tx.rollback(), _ROLLBACK_TIMEOUT_S)
+        if earlier:
+            rt.run(producer.rollback_many(earlier), _ROLLBACK_TIMEOUT_S)
+    except Exception as exc:  # best effort: the broker rolls it back later
+        log.warning("rolling back a failed sink task's transactions failed: %s", exc)
 
 
 # ------------------------------------------------------------------ the Spark writer
