@@ -5,6 +5,8 @@ The synchronous client API; `tidemq.aio` has the asyncio twins with the same nam
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from tidemq.client.acls import Acl
 from tidemq.client.kv import CompactionReport, KeyLookup
 from tidemq.client.push_consumer import HandlerTimeout, RetryPolicy
@@ -113,6 +115,8 @@ __all__ = [
     "OpenTransaction",
     "PopStatus",
     "Producer",
+    "ProtobufDeserializer",
+    "ProtobufSerializer",
     "PushConsumer",
     "QueueInfo",
     "QueueLag",
@@ -147,3 +151,16 @@ __all__ = [
     "client_tls",
     "tune_malloc",
 ]
+
+
+if TYPE_CHECKING:
+    from tidemq.client.protobuf_serde import ProtobufDeserializer, ProtobufSerializer
+
+
+def __getattr__(name: str) -> Any:
+    # The Protobuf serde imports the protobuf runtime (~50 ms): only when asked for.
+    if name in ("ProtobufSerializer", "ProtobufDeserializer"):
+        from tidemq.client import protobuf_serde  # noqa: PLC0415
+
+        return getattr(protobuf_serde, name)
+    raise AttributeError(f"module 'tidemq' has no attribute {name!r}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -77,8 +78,10 @@ def test_invalid_schemas_are_refused_with_what_is_wrong() -> None:
         parse_schema(AVRO, json.dumps({"type": "record", "name": "R", "fields": [{"name": "a"}]}))
     with pytest.raises(RegistryError, match="invalid JSON schema at /type"):
         parse_schema(SchemaType.JSON, json.dumps({"type": 5}))
-    with pytest.raises(RegistryError, match="PROTOBUF schemas are not supported yet"):
-        parse_schema(SchemaType.PROTOBUF, 'syntax = "proto3";')
+    with pytest.raises(RegistryError, match=r"\.proto text form is not supported yet"):
+        parse_schema(SchemaType.PROTOBUF, 'syntax = "proto3"; message M { int32 a = 1; }')
+    with pytest.raises(RegistryError, match="not a serialized FileDescriptorProto"):
+        parse_schema(SchemaType.PROTOBUF, "AAAA/w==")
 
 
 def test_the_same_schema_written_differently_has_one_identity() -> None:
@@ -343,3 +346,64 @@ def test_one_schema_never_gets_two_ids() -> None:
     assert info.schema_id == info_a.schema_id
     assert again is not None
     assert node.apply(*again)
+
+
+def _pb(build: Any) -> str:
+    """A serialized FileDescriptorProto (base64), after `build(file proto)`."""
+    import base64  # noqa: PLC0415
+
+    from google.protobuf import descriptor_pb2  # noqa: PLC0415
+
+    proto = descriptor_pb2.FileDescriptorProto(name="t.proto", package="p")
+    build(proto)
+    return base64.b64encode(proto.SerializeToString()).decode()
+
+
+def _message(proto: Any, name: str, *fields: tuple[str, int, int, int]) -> Any:
+    m = proto.message_type.add(name=name)
+    for fname, number, ftype, label in fields:
+        m.field.add(name=fname, number=number, type=ftype, label=label)
+    return m
+
+
+def test_protobuf_compatibility_follows_confluents_rules() -> None:
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F  # noqa: PLC0415
+
+    opt, rep, req = F.LABEL_OPTIONAL, F.LABEL_REPEATED, F.LABEL_REQUIRED
+    base = [("id", 1, F.TYPE_INT64, opt), ("name", 2, F.TYPE_STRING, opt)]
+
+    def schema(*fields: tuple[str, int, int, int], package: str = "p") -> Any:
+        def build(proto: Any) -> None:
+            proto.package = package
+            _message(proto, "M", *fields)
+
+        return parse_schema(SchemaType.PROTOBUF, _pb(build))
+
+    old = schema(*base)
+    backward = Compatibility.BACKWARD
+    ok = [
+        schema(*base, ("extra", 3, F.TYPE_BOOL, opt)),  # a field added
+        schema(base[0]),  # a field removed
+        schema(("renamed", 1, F.TYPE_INT64, opt), base[1]),  # renamed, same number
+        schema(("id", 1, F.TYPE_UINT32, opt), base[1]),  # same wire group
+        schema(("id", 1, F.TYPE_INT64, opt), ("name", 2, F.TYPE_BYTES, opt)),
+    ]
+    for new in ok:
+        assert compatibility_problems(backward, new, [old]) == []
+    bad = {
+        "changed type from int64 to string": schema(("id", 1, F.TYPE_STRING, opt), base[1]),
+        "between repeated and singular": schema(("id", 1, F.TYPE_INT64, rep), base[1]),
+        "required field 3": schema(*base, ("must", 3, F.TYPE_INT32, req)),
+        "package changed": schema(*base, package="q"),
+    }
+    for expected, new in bad.items():
+        problems = compatibility_problems(backward, new, [old])
+        assert any(expected in p for p in problems), (expected, problems)
+
+    # The same messages registered under another file name are the same schema.
+    def other_file(proto: Any) -> None:
+        proto.name = "x.proto"
+        _message(proto, "M", *base)
+
+    renamed = parse_schema(SchemaType.PROTOBUF, _pb(other_file))
+    assert renamed.identity == old.identity

@@ -29,6 +29,7 @@ from tidemq.client.serde import (
     SchemaRegistry,
 )
 from tidemq.core.errors import TidemqError
+from tidemq.schema.wire import decode_message_indexes, encode_message_indexes, frame, unframe
 
 __all__ = [
     "DEFAULT_REGISTRY",
@@ -47,6 +48,7 @@ class ValueFormat(enum.StrEnum):
     RAW = "raw"
     AVRO = "avro"
     JSON = "json"
+    PROTOBUF = "protobuf"
 
 
 Registry = Annotated[
@@ -64,8 +66,9 @@ ValueFormatOpt = Annotated[
     typer.Option(
         "--value-format",
         case_sensitive=False,
-        help="raw bytes (default), or avro / json through the schema registry "
-        "(JSON lines in, JSON out).",
+        help="raw bytes (default), or avro / json / protobuf through the schema registry "
+        "(JSON lines in, JSON out; protobuf: the first message of <topic>-value's latest "
+        "schema).",
     ),
 ]
 ValueSchemaOpt = Annotated[
@@ -89,6 +92,10 @@ def encoder(
             raise CliUsageError("--value-schema needs --value-format avro or json")
         return None
     registry = _registry(registry_url)
+    if fmt is ValueFormat.PROTOBUF:
+        if schema_file is not None:
+            raise CliUsageError("--value-schema takes an Avro or JSON schema, not protobuf")
+        return _protobuf_encoder(registry, topic)
     if schema_file is not None:
         schema: dict[str, Any] = json.loads(schema_file.read_text())
     else:
@@ -118,7 +125,13 @@ def decoder(fmt: ValueFormat, registry_url: str) -> Callable[[bytes | None], byt
     if fmt is ValueFormat.RAW:
         return lambda value: value
     registry = _registry(registry_url)
-    read = AvroDeserializer(registry) if fmt is ValueFormat.AVRO else JsonDeserializer(registry)
+    read: Callable[[bytes], Any]
+    if fmt is ValueFormat.PROTOBUF:
+        read = _protobuf_reader(registry)
+    elif fmt is ValueFormat.AVRO:
+        read = AvroDeserializer(registry)
+    else:
+        read = JsonDeserializer(registry)
 
     def decode(value: bytes | None) -> bytes | None:
         if value is None:
@@ -126,6 +139,52 @@ def decoder(fmt: ValueFormat, registry_url: str) -> Callable[[bytes | None], byt
         return json.dumps(read(value), ensure_ascii=False, default=str).encode()
 
     return decode
+
+
+def _protobuf_encoder(registry: SchemaRegistry, topic: str) -> Callable[[bytes, int], bytes]:
+    """JSON lines -> the first message of the subject's latest Protobuf schema."""
+    from google.protobuf import json_format  # noqa: PLC0415 - protobuf on demand
+
+    from tidemq.client.protobuf_serde import message_class  # noqa: PLC0415
+
+    try:
+        schema_id, text, kind = registry.version_info(f"{topic}-value")
+    except TidemqError as exc:
+        raise CliUsageError(f"no Protobuf schema registered for {topic}-value: {exc}") from None
+    if kind != "PROTOBUF":
+        raise CliUsageError(f"{topic}-value holds a {kind} schema, not PROTOBUF")
+    cls = message_class(str(text), [0])
+    prefix = encode_message_indexes([0])
+
+    def encode(value: bytes, number: int) -> bytes:
+        try:
+            message = json_format.Parse(value, cls())
+        except json_format.ParseError as exc:
+            raise LineFormatError(f"line {number}: {exc}") from None
+        return frame(schema_id, prefix + message.SerializeToString())
+
+    return encode
+
+
+def _protobuf_reader(registry: SchemaRegistry) -> Callable[[bytes], Any]:
+    """A framed Protobuf value -> a dict, with its writer's message type."""
+    from google.protobuf import json_format  # noqa: PLC0415 - protobuf on demand
+
+    from tidemq.client.protobuf_serde import message_class  # noqa: PLC0415
+
+    classes: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+    def read(value: bytes) -> Any:
+        framed = unframe(value)
+        indexes, payload = decode_message_indexes(framed.payload)
+        key = (framed.schema_id, tuple(indexes))
+        cls = classes.get(key)
+        if cls is None:
+            text, _ = registry.schema_text(framed.schema_id)
+            cls = classes[key] = message_class(text, indexes)
+        return json_format.MessageToDict(cls.FromString(bytes(payload)))
+
+    return read
 
 
 #: The CA (PEM) an https registry URL is verified against (default: the system's CAs,

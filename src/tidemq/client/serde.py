@@ -128,6 +128,14 @@ class SchemaRegistry:
     def register(self, subject: str, schema: dict[str, Any], schema_type: str = "AVRO") -> int:
         """The id of `schema` under `subject`, registering it if needed (cached)."""
         text = json.dumps(schema, separators=(",", ":"))
+        schema_id = self.register_text(subject, text, schema_type)
+        with self._lock:
+            self._by_id.setdefault(schema_id, schema)
+        return schema_id
+
+    def register_text(self, subject: str, text: str, schema_type: str) -> int:
+        """The id of the schema `text` (as the registry takes it: JSON for Avro and JSON
+        Schema, the serialized descriptor for Protobuf) under `subject` (cached)."""
         with self._lock:
             cached = self._ids.get((subject, text))
         if cached is not None:
@@ -137,21 +145,28 @@ class SchemaRegistry:
         schema_id = int(answer["id"])
         with self._lock:
             self._ids[(subject, text)] = schema_id
-            self._by_id.setdefault(schema_id, schema)
         return schema_id
 
     def version(self, subject: str, version: str | int = "latest") -> dict[str, Any]:
-        """The schema of a subject's version ("latest" by default)."""
-        return self.version_info(subject, version)[1]
+        """The schema (Avro or JSON Schema) of a subject's version ("latest" by default)."""
+        _, schema, kind = self.version_info(subject, version)
+        if not isinstance(schema, dict):
+            raise InvalidRequest(f"{subject} version {version} is a {kind} schema, not JSON")
+        return schema
 
-    def version_info(
-        self, subject: str, version: str | int = "latest"
-    ) -> tuple[int, dict[str, Any], str]:
-        """(schema id, schema, schema type) of a subject's version ("latest" by default)."""
+    def version_info(self, subject: str, version: str | int = "latest") -> tuple[int, Any, str]:
+        """(schema id, schema, schema type) of a subject's version ("latest" by default):
+        the parsed JSON of an Avro or JSON schema, the serialized text of a Protobuf one."""
         quoted = urllib.parse.quote(subject, safe="")
-        answer = self.request("GET", f"/subjects/{quoted}/versions/{version}")
-        schema: dict[str, Any] = json.loads(answer["schema"])
-        return int(answer["id"]), schema, str(answer.get("schemaType", "AVRO"))
+        answer = self.request("GET", f"/subjects/{quoted}/versions/{version}?format=serialized")
+        kind = str(answer.get("schemaType", "AVRO"))
+        text = str(answer["schema"])
+        return int(answer["id"]), (text if kind == "PROTOBUF" else json.loads(text)), kind
+
+    def schema_text(self, schema_id: int) -> tuple[str, str]:
+        """(the schema's text as registered, its schema type) of an id."""
+        answer = self.request("GET", f"/schemas/ids/{schema_id}?format=serialized")
+        return str(answer["schema"]), str(answer.get("schemaType", "AVRO"))
 
     def schema(self, schema_id: int) -> dict[str, Any]:
         """The schema of an id (cached: ids never change meaning)."""

@@ -212,7 +212,7 @@ class _Api:
         return _json([{"subject": s, "version": v} for s, v in uses])
 
     async def schema_types(self, request: Request) -> Response:
-        return _json([SchemaType.AVRO.value, SchemaType.JSON.value])
+        return _json([SchemaType.AVRO.value, SchemaType.JSON.value, SchemaType.PROTOBUF.value])
 
     # ---------------------------------------------------------------- compatibility
 

@@ -6,6 +6,7 @@ written with the new one (reader = old, writer = new); FULL: both. The `_TRANSIT
 modes check every earlier version, the others the latest only; NONE checks nothing.
 
 Avro uses the `avro` package's reader/writer checker (Avro's schema resolution rules).
+Protobuf: `protobuf_schema.protobuf_problems` (Confluent's Protobuf rules).
 JSON Schema has no library checker; ours (`_json_problems`) applies the rules below to
 the reader and writer schemas, recursively, naming the path of each problem:
 
@@ -29,6 +30,7 @@ import avro.schema
 
 from tidemq.schema.formats import ParsedSchema
 from tidemq.schema.model import Compatibility, SchemaType
+from tidemq.schema.protobuf_schema import protobuf_problems
 
 __all__ = ["compatibility_problems"]
 
@@ -63,6 +65,8 @@ def compatibility_problems(
 def _check(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
     if reader.schema_type is SchemaType.AVRO:
         return _avro_problems(reader, writer)
+    if reader.schema_type is SchemaType.PROTOBUF:
+        return protobuf_problems(reader.document, writer.document)
     return _json_problems(reader.document, writer.document, "#")
 
 

@@ -4,7 +4,8 @@ and with the identity two registrations of "the same schema" share.
 AVRO: parsed by fastavro (named types of referenced schemas resolved first); stored as
 compact JSON in the order given; identity: the JSON with keys sorted. JSON: checked
 against its declared (or the latest) JSON Schema metaschema by `jsonschema`; stored and
-identified the same way. PROTOBUF: not supported yet (refused, naming it).
+identified the same way. PROTOBUF: the serialized form (a base64 FileDescriptorProto,
+`protobuf_schema`); stored as given; identity: the descriptor without its file name.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jsonschema.exceptions
 import jsonschema.validators
 
 from tidemq.schema.model import ErrorCode, Reference, RegistryError, SchemaType
+from tidemq.schema.protobuf_schema import parse_protobuf, protobuf_identity
 
 __all__ = ["ParsedSchema", "parse_schema"]
 
@@ -60,7 +62,17 @@ def parse_schema(
     if not isinstance(text, str) or not text.strip():
         raise _invalid("the schema is empty")
     if schema_type is SchemaType.PROTOBUF:
-        raise _invalid("PROTOBUF schemas are not supported yet by tidemq's registry (AVRO, JSON)")
+        try:
+            proto = parse_protobuf(text)
+        except ValueError as exc:
+            raise _invalid(f"invalid Protobuf schema: {exc}") from None
+        return ParsedSchema(
+            schema_type=schema_type,
+            text=text.strip(),
+            identity=protobuf_identity(proto),
+            references=references,
+            document=proto,
+        )
     document = _load_json(text, f"the {schema_type.value} schema")
     if schema_type is SchemaType.AVRO:
         _check_avro(document, referenced)

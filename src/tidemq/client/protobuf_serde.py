@@ -1,0 +1,140 @@
+"""Protobuf values in Confluent's wire format (what confluent-kafka's ProtobufSerializer
+writes and its ProtobufDeserializer reads), with a generated (or dynamically built)
+message class:
+
+    to_bytes = tidemq.ProtobufSerializer(registry, Order)     # Order: a message class
+    producer.send("orders", to_bytes("orders", Order(id=1)))
+    from_bytes = tidemq.ProtobufDeserializer(Order)
+    order = from_bytes(message.value)
+
+The schema registered is the class's file, serialized (a base64 FileDescriptorProto, as
+Confluent's Python serializer registers it), under the topic's subject; the value is the
+magic byte, the schema id, the message's indexes within its file, then its bytes.
+Files that import others are refused for now, but for Protobuf's own well-known types
+(`google/protobuf/*.proto`), which every reader knows.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Generic, TypeVar
+
+from google.protobuf.descriptor import Descriptor
+from google.protobuf.message import DecodeError, Message
+
+from tidemq.client.serde import SchemaRegistry, SubjectStrategy, topic_name_strategy
+from tidemq.schema.wire import decode_message_indexes, encode_message_indexes, frame, unframe
+
+__all__ = ["ProtobufDeserializer", "ProtobufSerializer", "message_indexes"]
+
+M = TypeVar("M", bound=Message)
+
+#: Imports every reader resolves itself (Confluent's serializers skip them too).
+_BUILTIN_PREFIX = "google/protobuf/"
+
+
+def message_indexes(descriptor: Any) -> list[int]:
+    """Where a message type (a `Descriptor`) sits in its file: its index among the
+    top-level messages, then among each level of nested ones."""
+    path: list[int] = []
+    d: Descriptor | None = descriptor
+    while d is not None:
+        parent = d.containing_type
+        siblings = list(parent.nested_types if parent else d.file.message_types_by_name.values())
+        path.append(siblings.index(d))
+        d = parent
+    return path[::-1]
+
+
+class ProtobufSerializer(Generic[M]):
+    """`serializer(topic, message) -> bytes`: a message of `message_class`, framed."""
+
+    def __init__(
+        self,
+        registry: SchemaRegistry,
+        message_class: type[M],
+        *,
+        subject_strategy: SubjectStrategy = topic_name_strategy,
+    ) -> None:
+        descriptor = message_class.DESCRIPTOR
+        imported = [d.name for d in descriptor.file.dependencies]
+        extra = [n for n in imported if not n.startswith(_BUILTIN_PREFIX)]
+        if extra:
+            raise TypeError(
+                f"{descriptor.full_name}'s file imports {extra}: imports are not supported "
+                "by tidemq's Protobuf serializer yet (Protobuf's well-known types are)"
+            )
+        self._registry = registry
+        self._class = message_class
+        self._schema = base64.b64encode(descriptor.file.serialized_pb).decode("ascii")
+        self._indexes = encode_message_indexes(message_indexes(descriptor))
+        self._name = descriptor.full_name
+        self._strategy = subject_strategy
+
+    def prepare(self, topic: str) -> int:
+        """Register (or look up) the schema under the topic's subject; its id (cached)."""
+        return self._registry.register_text(
+            self._strategy(topic, self._name), self._schema, "PROTOBUF"
+        )
+
+    def __call__(self, topic: str, value: Any) -> bytes:
+        if not isinstance(value, self._class):
+            raise TypeError(f"expected a {self._name} message, got {type(value).__name__}")
+        return frame(self.prepare(topic), self._indexes + value.SerializeToString())
+
+
+class ProtobufDeserializer(Generic[M]):
+    """`deserializer(data) -> message`: a framed value read as a `message_class`
+    message (the writer's message must be that type: its indexes are checked)."""
+
+    def __init__(self, message_class: type[M]) -> None:
+        self._class = message_class
+        self._indexes = message_indexes(message_class.DESCRIPTOR)
+
+    def __call__(self, data: bytes | memoryview) -> M:
+        framed = unframe(data)
+        indexes, payload = decode_message_indexes(framed.payload)
+        if indexes != self._indexes:
+            raise TypeError(
+                f"the value holds message {indexes} of its schema, not "
+                f"{self._class.DESCRIPTOR.full_name} ({self._indexes})"
+            )
+        try:
+            return self._class.FromString(bytes(payload))
+        except DecodeError as exc:
+            raise TypeError(
+                f"the value is not a {self._class.DESCRIPTOR.full_name}: {exc}"
+            ) from None
+
+
+def message_class(schema: str, indexes: list[int]) -> type[Message]:
+    """The message class a registered Protobuf schema (serialized, base64) declares at
+    `indexes`, built at run time (for readers without generated code: the CLI)."""
+    from google.protobuf import (  # noqa: PLC0415 - the well-known types join the default pool
+        any_pb2,  # noqa: F401
+        descriptor_pb2,
+        descriptor_pool,
+        duration_pb2,  # noqa: F401
+        empty_pb2,  # noqa: F401
+        message_factory,
+        struct_pb2,  # noqa: F401
+        timestamp_pb2,  # noqa: F401
+        wrappers_pb2,  # noqa: F401
+    )
+
+    proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema))
+    if not proto.name:
+        proto.name = "schema.proto"
+    pool = descriptor_pool.DescriptorPool()
+    default = descriptor_pool.Default()
+    for name in proto.dependency:
+        if not name.startswith(_BUILTIN_PREFIX):
+            raise TypeError(f"the schema imports {name}: imports are not supported yet")
+        pool.AddSerializedFile(default.FindFileByName(name).serialized_pb)
+    pool.Add(proto)
+    file = pool.FindFileByName(proto.name)
+    messages = list(file.message_types_by_name.values())
+    descriptor = messages[indexes[0]]
+    for i in indexes[1:]:
+        descriptor = descriptor.nested_types[i]
+    return message_factory.GetMessageClass(descriptor)
