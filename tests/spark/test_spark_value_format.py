@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from pyspark.errors import PySparkException
@@ -77,7 +77,7 @@ def test_value_format_errors_are_clear(
     admin.create_topic(topic_name, 1)
     with pytest.raises(PySparkException, match="needs schemaRegistry"):
         load(subscribe=topic_name, valueFormat="avro").collect()
-    with pytest.raises(PySparkException, match="valueFormat must be raw, avro or json"):
+    with pytest.raises(PySparkException, match="valueFormat must be raw, avro, json or protobuf"):
         load(subscribe=topic_name, valueFormat="xml", schemaRegistry=registry_url).collect()
     with pytest.raises(PySparkException, match="not found"):
         load(subscribe=topic_name, valueFormat="avro", schemaRegistry=registry_url).collect()
@@ -231,4 +231,70 @@ def test_a_stream_of_avro_structs_is_written_exactly_once_as_avro(
     back = load(subscribe=target, valueFormat="avro", schemaRegistry=registry_url)
     assert sorted((r.user_id, r.item) for r in back.select("value.*").collect()) == [
         (i * 10, f"item-{i}") for i in range(10)
+    ]
+
+
+def _shipment_class() -> Any:
+    """`shop.Shipment` (built at run time): id, a nested Address, repeated tags, an enum,
+    a map of counts."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # noqa: PLC0415
+
+    f = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="shop/shipment.proto", package="shop")
+    proto.syntax = "proto3"
+    speed = proto.enum_type.add(name="Speed")
+    speed.value.add(name="STANDARD", number=0)
+    speed.value.add(name="EXPRESS", number=1)
+    address = proto.message_type.add(name="Address")
+    address.field.add(name="city", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    shipment = proto.message_type.add(name="Shipment")
+    entry = shipment.nested_type.add(name="CountsEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=f.TYPE_INT32, label=f.LABEL_OPTIONAL)
+    for name, number, ftype, label, type_name in (
+        ("id", 1, f.TYPE_INT64, f.LABEL_OPTIONAL, ""),
+        ("to", 2, f.TYPE_MESSAGE, f.LABEL_OPTIONAL, ".shop.Address"),
+        ("tags", 3, f.TYPE_STRING, f.LABEL_REPEATED, ""),
+        ("speed", 4, f.TYPE_ENUM, f.LABEL_OPTIONAL, ".shop.Speed"),
+        ("counts", 5, f.TYPE_MESSAGE, f.LABEL_REPEATED, ".shop.Shipment.CountsEntry"),
+    ):
+        field = shipment.field.add(name=name, number=number, type=ftype, label=label)
+        if type_name:
+            field.type_name = type_name
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Shipment"))
+
+
+def test_protobuf_values_read_as_a_struct(
+    admin: Admin, producer: Producer, topic_name: str, load: Load, registry_url: str
+) -> None:
+    admin.create_topic(topic_name, 1)
+    shipment = _shipment_class()
+    serialize = tidemq.ProtobufSerializer(tidemq.SchemaRegistry(registry_url), shipment)
+    for i in range(3):
+        value = shipment(id=i, tags=["a"] * i, speed=i % 2, counts={"x": i})
+        if i:
+            value.to.city = f"city-{i}"
+        producer.send(topic_name, serialize(topic_name, value))
+    producer.flush()
+    df = load(
+        subscribe=topic_name,
+        valueFormat="protobuf",
+        schemaRegistry=registry_url,
+        protobufMessage="shop.Shipment",
+    )
+    assert df.schema["value"].dataType.simpleString() == (
+        "struct<id:bigint,to:struct<city:string>,tags:array<string>,speed:string,"
+        "counts:map<string,int>>"
+    )
+    rows = sorted(
+        (r.id, r.to.city if r.to else None, list(r.tags), r.speed, dict(r.counts))
+        for r in df.select("value.*").collect()
+    )
+    assert rows == [
+        (0, None, [], "STANDARD", {"x": 0}),
+        (1, "city-1", ["a"], "EXPRESS", {"x": 1}),
+        (2, "city-2", ["a", "a"], "STANDARD", {"x": 2}),
     ]

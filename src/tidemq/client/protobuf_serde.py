@@ -107,9 +107,10 @@ class ProtobufDeserializer(Generic[M]):
             ) from None
 
 
-def message_class(schema: str, indexes: list[int]) -> type[Message]:
+def message_class(schema: str, indexes: list[int], *, name: str = "") -> type[Message]:
     """The message class a registered Protobuf schema (serialized, base64) declares at
-    `indexes`, built at run time (for readers without generated code: the CLI)."""
+    `indexes` (or under the full `name`, when given), built at run time (for readers
+    without generated code: the CLI, Spark)."""
     from google.protobuf import (  # noqa: PLC0415 - the well-known types join the default pool
         any_pb2,  # noqa: F401
         descriptor_pb2,
@@ -127,12 +128,17 @@ def message_class(schema: str, indexes: list[int]) -> type[Message]:
         proto.name = "schema.proto"
     pool = descriptor_pool.DescriptorPool()
     default = descriptor_pool.Default()
-    for name in proto.dependency:
-        if not name.startswith(_BUILTIN_PREFIX):
-            raise TypeError(f"the schema imports {name}: imports are not supported yet")
-        pool.AddSerializedFile(default.FindFileByName(name).serialized_pb)
+    for imported in proto.dependency:
+        if not imported.startswith(_BUILTIN_PREFIX):
+            raise TypeError(f"the schema imports {imported}: imports are not supported yet")
+        pool.AddSerializedFile(default.FindFileByName(imported).serialized_pb)
     pool.Add(proto)
     file = pool.FindFileByName(proto.name)
+    if name:
+        try:
+            return message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+        except KeyError:
+            raise ValueError(f"the schema declares no message {name}") from None
     messages = list(file.message_types_by_name.values())
     descriptor = messages[indexes[0]]
     for i in indexes[1:]:

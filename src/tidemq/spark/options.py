@@ -124,11 +124,12 @@ READ_OPTIONS: Final = (
     "includeHeaders",
     "minPartitions",
     "fetchMaxBytes",
-    # valueFormat=avro (tidemq.spark.value_format)
+    # valueFormat=avro|json|protobuf (tidemq.spark.value_format)
     "valueFormat",
     "schemaRegistry",
     "subject",
     "schemaVersion",
+    "protobufMessage",
 )
 WRITE_OPTIONS: Final = (
     *BOOTSTRAP_NAMES,

@@ -48,7 +48,10 @@ def resolve_write_format(
                 raise ValueError(f"option {name!r} needs valueFormat=avro or json")
         return None
     if fmt not in ("avro", "json"):
-        raise ValueError(f"valueFormat must be raw, avro or json (protobuf: not yet), got {fmt!r}")
+        raise ValueError(
+            f"valueFormat for writes must be raw, avro or json (protobuf writes: not yet), "
+            f"got {fmt!r}"
+        )
     if not pa.types.is_struct(value_type):
         raise ValueError(f"valueFormat={fmt} writes a struct 'value' column, not {value_type}")
     url = options.get("schemaregistry")

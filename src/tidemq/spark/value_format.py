@@ -40,7 +40,13 @@ __all__ = [
     "spark_json_of",
 ]
 
-VALUE_FORMAT_OPTIONS: Final = ("valueFormat", "schemaRegistry", "subject", "schemaVersion")
+VALUE_FORMAT_OPTIONS: Final = (
+    "valueFormat",
+    "schemaRegistry",
+    "subject",
+    "schemaVersion",
+    "protobufMessage",
+)
 
 #: Avro primitive -> Spark's JSON name of the type (`StructType.fromJson` reads these:
 #: this module stays free of pyspark, which only the source and sink import).
@@ -60,14 +66,23 @@ class ValueFormat:
     """What executors need (picklable): the reader schema and where the registry is."""
 
     registry_url: str
-    reader_schema: str  # JSON
-    #: "avro" or "json".
+    #: JSON for Avro and JSON Schema; the serialized descriptor (base64) for Protobuf.
+    reader_schema: str
+    #: "avro", "json" or "protobuf".
     kind: str = "avro"
     #: The id values are written with (writers only; readers take each value's own).
     schema_id: int = -1
+    #: Protobuf: the message type of the value column (full name; "": the file's first).
+    message: str = ""
 
     def spark_json(self) -> dict[str, Any]:
         """The value column's Spark type, in Spark's JSON form of a StructType."""
+        if self.kind == "protobuf":
+            from tidemq.client.protobuf_serde import message_class  # noqa: PLC0415
+            from tidemq.spark.protobuf_types import spark_json_of_message  # noqa: PLC0415
+
+            descriptor = message_class(self.reader_schema, [0], name=self.message).DESCRIPTOR
+            return spark_json_of_message(descriptor)
         schema = json.loads(self.reader_schema)
         if self.kind == "json":
             data_type = spark_json_of_json_schema(schema)
@@ -93,8 +108,8 @@ def resolve_value_format(options: Mapping[str, str]) -> ValueFormat | None:
             if name.lower() in opts:
                 raise ValueError(f"option {name!r} needs valueFormat=avro or json")
         return None
-    if fmt not in ("avro", "json"):
-        raise ValueError(f"valueFormat must be raw, avro or json (protobuf: not yet), got {fmt!r}")
+    if fmt not in ("avro", "json", "protobuf"):
+        raise ValueError(f"valueFormat must be raw, avro, json or protobuf, got {fmt!r}")
     url = opts.get("schemaregistry")
     if not url:
         raise ValueError(f"valueFormat={fmt} needs schemaRegistry=http://HOST:PORT")
@@ -108,8 +123,14 @@ def resolve_value_format(options: Mapping[str, str]) -> ValueFormat | None:
         subject = f"{topic}-value"
     version = opts.get("schemaversion", "latest")
     registry = SchemaRegistry(url)
-    schema = registry.version(subject, version)
-    found = ValueFormat(url, json.dumps(schema), fmt)
+    _, schema, kind = registry.version_info(subject, version)
+    if kind.lower() != fmt:
+        raise ValueError(f"subject {subject!r} holds a {kind} schema, not valueFormat={fmt}")
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    message = opts.get("protobufmessage", "")
+    if message and fmt != "protobuf":
+        raise ValueError("option 'protobufMessage' needs valueFormat=protobuf")
+    found = ValueFormat(url, text, fmt, message=message)
     found.spark_json()  # refuse a schema with no Spark type now, on the driver
     return found
 
@@ -191,6 +212,8 @@ def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, que
     offsets = batch.column(batch.schema.get_field_index("offset")).to_pylist()
     if fmt.kind == "json":
         return _with_values(batch, _json_values(values, offsets, arrow_type, topic, queue))
+    if fmt.kind == "protobuf":
+        return _with_values(batch, _protobuf_values(values, offsets, arrow_type, topic, queue, fmt))
     reader = fastavro.parse_schema(json.loads(fmt.reader_schema))
     writers = _WRITERS.setdefault(fmt.registry_url, {})
     registry = SchemaRegistry(fmt.registry_url)
@@ -213,6 +236,43 @@ def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, que
                 f"schema ({exc})"
             ) from None
     return _with_values(batch, pa.array(decoded, type=arrow_type))
+
+
+def _protobuf_values(  # noqa: PLR0917 - one call site, the column's context
+    values: list[Any], offsets: list[int], arrow_type: Any, topic: str, queue: int, fmt: ValueFormat
+) -> Any:
+    """Each framed value read as the message its indexes name (in the writer's schema,
+    fetched once per executor process), laid out as the reader schema's first message."""
+    from tidemq.client.protobuf_serde import message_class  # noqa: PLC0415
+    from tidemq.schema.wire import decode_message_indexes  # noqa: PLC0415
+    from tidemq.spark.protobuf_types import protobuf_row  # noqa: PLC0415
+
+    registry = SchemaRegistry(fmt.registry_url)
+    classes = _PROTOBUF_CLASSES.setdefault(fmt.registry_url, {})
+    decoded: list[Any] = []
+    for value, offset in zip(values, offsets, strict=True):
+        if value is None:
+            decoded.append(None)
+            continue
+        try:
+            framed = unframe(value)
+            indexes, payload = decode_message_indexes(framed.payload)
+            key = (framed.schema_id, tuple(indexes))
+            cls = classes.get(key)
+            if cls is None:
+                text, _ = registry.schema_text(framed.schema_id)
+                cls = classes[key] = message_class(text, indexes)
+            decoded.append(protobuf_row(cls.FromString(bytes(payload))))
+        except Exception as exc:
+            raise InvalidBatch(
+                f"{topic}/{queue} offset {offset}: the value is not Protobuf of a registered "
+                f"schema ({type(exc).__name__}: {exc})"
+            ) from None
+    return pa.array(decoded, type=arrow_type)
+
+
+#: registry URL -> (schema id, message indexes) -> message class (per executor process).
+_PROTOBUF_CLASSES: dict[str, dict[tuple[int, tuple[int, ...]], Any]] = {}
 
 
 def _json_values(

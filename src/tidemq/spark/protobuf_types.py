@@ -1,0 +1,113 @@
+"""`valueFormat=protobuf`: a Protobuf message type as a Spark struct, and messages as the
+Python values Arrow builds that struct from. No pyspark here (Spark's JSON form of types).
+
+Types: 32-bit ints -> integer, 64-bit ints -> long (unsigned 64-bit too: values past 2^63
+fail the task), float, double, bool, string, bytes -> binary, enums -> string (the value's
+name), messages -> structs (null when unset), repeated -> arrays, maps -> maps. Recursive
+message types have no Spark type and are refused when the query starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from google.protobuf.descriptor import FieldDescriptor
+
+__all__ = ["protobuf_row", "spark_json_of_message"]
+
+_F = FieldDescriptor
+_SCALARS: Final[dict[int, str]] = {
+    _F.TYPE_DOUBLE: "double",
+    _F.TYPE_FLOAT: "float",
+    _F.TYPE_INT64: "long",
+    _F.TYPE_UINT64: "long",
+    _F.TYPE_SINT64: "long",
+    _F.TYPE_FIXED64: "long",
+    _F.TYPE_SFIXED64: "long",
+    _F.TYPE_INT32: "integer",
+    _F.TYPE_UINT32: "long",
+    _F.TYPE_SINT32: "integer",
+    _F.TYPE_FIXED32: "long",
+    _F.TYPE_SFIXED32: "integer",
+    _F.TYPE_BOOL: "boolean",
+    _F.TYPE_STRING: "string",
+    _F.TYPE_BYTES: "binary",
+    _F.TYPE_ENUM: "string",
+}
+
+
+def _is_map(field: Any) -> bool:
+    return (
+        field.type == _F.TYPE_MESSAGE
+        and field.message_type is not None
+        and field.message_type.GetOptions().map_entry
+    )
+
+
+def _is_repeated(field: Any) -> bool:
+    # `is_repeated` (protobuf >= 5); older runtimes have only `label`.
+    repeated = getattr(field, "is_repeated", None)
+    if repeated is None:
+        return bool(field.label == _F.LABEL_REPEATED)
+    return bool(repeated)
+
+
+def spark_json_of_message(descriptor: Any, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The Spark type (JSON form) of a message `Descriptor`."""
+    if descriptor.full_name in seen:
+        raise ValueError(f"message {descriptor.full_name} is recursive: no Spark type")
+    seen = (*seen, descriptor.full_name)
+    return {
+        "type": "struct",
+        "fields": [
+            {"name": f.name, "type": _field_type(f, seen), "nullable": True, "metadata": {}}
+            for f in descriptor.fields
+        ],
+    }
+
+
+def _field_type(field: Any, seen: tuple[str, ...]) -> Any:
+    if _is_map(field):
+        entry = field.message_type
+        return {
+            "type": "map",
+            "keyType": _value_type(entry.fields_by_name["key"], seen),
+            "valueType": _value_type(entry.fields_by_name["value"], seen),
+            "valueContainsNull": True,
+        }
+    element = _value_type(field, seen)
+    if _is_repeated(field):
+        return {"type": "array", "elementType": element, "containsNull": True}
+    return element
+
+
+def _value_type(field: Any, seen: tuple[str, ...]) -> Any:
+    if field.type in (_F.TYPE_MESSAGE, _F.TYPE_GROUP):
+        return spark_json_of_message(field.message_type, seen)
+    return _SCALARS[field.type]
+
+
+def protobuf_row(message: Any) -> dict[str, Any]:
+    """A message as the Python values of its struct (see the module docstring)."""
+    out: dict[str, Any] = {}
+    for f in message.DESCRIPTOR.fields:
+        value = getattr(message, f.name)
+        if _is_map(f):
+            value_field = f.message_type.fields_by_name["value"]
+            out[f.name] = [(k, _value(value_field, v)) for k, v in value.items()]
+        elif _is_repeated(f):
+            out[f.name] = [_value(f, v) for v in value]
+        elif f.type == _F.TYPE_MESSAGE:
+            out[f.name] = protobuf_row(value) if message.HasField(f.name) else None
+        else:
+            out[f.name] = _value(f, value)
+    return out
+
+
+def _value(field: Any, value: Any) -> Any:
+    if field.type == _F.TYPE_ENUM:
+        found = field.enum_type.values_by_number.get(value)
+        return found.name if found is not None else str(value)
+    if field.type == _F.TYPE_MESSAGE:
+        return protobuf_row(value)
+    return value
