@@ -522,12 +522,19 @@ def test_protobuf_values_cross_with_confluents_serializers(
 
     order = _order_class()
     ctx = SerializationContext("pb-orders", MessageField.VALUE)
+    # The .proto text form first, as Confluent's Java tools register it: the serializer's
+    # serialized form of the same messages is the same schema (one id, one version).
+    text = 'syntax = "proto3";\npackage shop;\nmessage Order { int64 id = 1; string item = 2; }\n'
+    text_id = client.register_schema("pb-orders-value", Schema(text, "PROTOBUF"))
     theirs = ConfluentPbSerializer(order, client, {"use.deprecated.format": False})
     written = theirs(order(id=7, item="book"), ctx)
     assert written is not None
     ours = tidemq.ProtobufDeserializer(order)
     assert (ours(written).id, ours(written).item) == (7, "book")
 
+    assert unframe(written).schema_id == text_id
+    assert client.get_versions("pb-orders-value") == [1]
+    assert client.get_schema(text_id).schema_str == text.strip()  # returned as registered
     registry = tidemq.SchemaRegistry(node.url)
     to_bytes = tidemq.ProtobufSerializer(registry, order)
     mine = to_bytes("pb-orders", order(id=8, item="pen"))

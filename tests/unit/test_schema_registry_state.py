@@ -78,8 +78,8 @@ def test_invalid_schemas_are_refused_with_what_is_wrong() -> None:
         parse_schema(AVRO, json.dumps({"type": "record", "name": "R", "fields": [{"name": "a"}]}))
     with pytest.raises(RegistryError, match="invalid JSON schema at /type"):
         parse_schema(SchemaType.JSON, json.dumps({"type": 5}))
-    with pytest.raises(RegistryError, match=r"\.proto text form is not supported yet"):
-        parse_schema(SchemaType.PROTOBUF, 'syntax = "proto3"; message M { int32 a = 1; }')
+    with pytest.raises(RegistryError, match=r"the \.proto text does not parse"):
+        parse_schema(SchemaType.PROTOBUF, 'syntax = "proto3"; message M { int32 a = ; }')
     with pytest.raises(RegistryError, match="not a serialized FileDescriptorProto"):
         parse_schema(SchemaType.PROTOBUF, "AAAA/w==")
 
@@ -407,3 +407,51 @@ def test_protobuf_compatibility_follows_confluents_rules() -> None:
 
     renamed = parse_schema(SchemaType.PROTOBUF, _pb(other_file))
     assert renamed.identity == old.identity
+
+
+def test_the_proto_text_and_serialized_forms_are_one_schema() -> None:
+    """A `.proto` text and the descriptor protoc would make of it (json names filled in,
+    another file name) have one identity; nested types, enums, maps, oneofs and proto3
+    optionals are laid out as protoc lays them."""
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F  # noqa: PLC0415
+
+    text = """syntax = "proto3";
+    package shop;
+    message Order {
+      optional double price = 6;
+      int64 id = 1;
+      oneof pay { string card = 4; }
+      map<string, int32> counts = 3;
+      message Line { Kind kind = 1; enum Kind { A = 0; } }
+      repeated Line lines = 7;
+    }"""
+    parsed = parse_schema(SchemaType.PROTOBUF, text)
+
+    def build(proto: Any) -> None:
+        proto.name, proto.package, proto.syntax = "shop/order.proto", "shop", "proto3"
+        order = proto.message_type.add(name="Order")
+        fields = [("price", 6, F.TYPE_DOUBLE, F.LABEL_OPTIONAL, ""),
+                  ("id", 1, F.TYPE_INT64, F.LABEL_OPTIONAL, ""),
+                  ("card", 4, F.TYPE_STRING, F.LABEL_OPTIONAL, ""),
+                  ("counts", 3, F.TYPE_MESSAGE, F.LABEL_REPEATED, ".shop.Order.CountsEntry"),
+                  ("lines", 7, F.TYPE_MESSAGE, F.LABEL_REPEATED, ".shop.Order.Line")]  # fmt: skip
+        for name, number, ftype, label, type_name in fields:
+            f = order.field.add(name=name, number=number, type=ftype, label=label)
+            f.json_name = name  # protoc fills it in
+            if type_name:
+                f.type_name = type_name
+        order.field[0].proto3_optional, order.field[0].oneof_index = True, 1
+        order.field[2].oneof_index = 0
+        entry = order.nested_type.add(name="CountsEntry")
+        entry.options.map_entry = True
+        entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+        entry.field.add(name="value", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
+        line = order.nested_type.add(name="Line")
+        kind = line.field.add(name="kind", number=1, type=F.TYPE_ENUM, label=F.LABEL_OPTIONAL)
+        kind.type_name = ".shop.Order.Line.Kind"
+        line.enum_type.add(name="Kind").value.add(name="A", number=0)
+        order.oneof_decl.add(name="pay")
+        order.oneof_decl.add(name="_price")
+
+    assert parse_schema(SchemaType.PROTOBUF, _pb(build)).identity == parsed.identity
+    assert parsed.text == text.strip()  # stored as registered

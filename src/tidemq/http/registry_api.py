@@ -21,6 +21,7 @@ from tidemq.schema.model import (
     RegistryError,
     SchemaType,
 )
+from tidemq.schema.protobuf_schema import serialized
 from tidemq.schema.registry_state import Record, RegistryState, VersionInfo
 
 __all__ = ["CONTENT_TYPE", "registry_routes"]
@@ -77,9 +78,23 @@ def _references(body: dict[str, Any]) -> list[Reference]:
         ) from None
 
 
-def _schema_fields(info: VersionInfo | None, schema: Any) -> dict[str, Any]:
+def _text(schema: Any, request: Request | None) -> str:
+    """The schema as registered; a Protobuf one in its serialized form (base64
+    FileDescriptorProto) when the request asks `?format=serialized`, as Confluent's."""
+    if (
+        request is not None
+        and schema.schema_type is SchemaType.PROTOBUF
+        and request.query_params.get("format") == "serialized"
+    ):
+        return serialized(schema.document)
+    return str(schema.text)
+
+
+def _schema_fields(
+    info: VersionInfo | None, schema: Any, request: Request | None = None
+) -> dict[str, Any]:
     """The schema's fields as Confluent returns them (schemaType only when not AVRO)."""
-    out: dict[str, Any] = {"schema": schema.text}
+    out: dict[str, Any] = {"schema": _text(schema, request)}
     if schema.schema_type is not SchemaType.AVRO:
         out["schemaType"] = schema.schema_type.value
     if schema.references:
@@ -136,7 +151,7 @@ class _Api:
         def find(st: RegistryState) -> dict[str, Any]:
             parsed = st.parse(_schema_type(body), str(body.get("schema", "")), _references(body))
             info = st.find(subject, parsed, deleted=deleted)
-            return _schema_fields(info, info.schema)
+            return _schema_fields(info, info.schema, request)
 
         return _json(await self.s.read(find))
 
@@ -163,18 +178,18 @@ class _Api:
             return info, [] if record is None else [record]
 
         info = await self.s.write(plan)
-        return _json({"id": info.schema_id, **_schema_fields(info, info.schema)})
+        return _json({"id": info.schema_id, **_schema_fields(info, info.schema, request)})
 
     async def version(self, request: Request) -> Response:
         subject, version = request.path_params["subject"], request.path_params["version"]
         deleted = _flag(request, "deleted")
         info = await self.s.read(lambda st: st.version(subject, version, deleted=deleted))
-        return _json(_schema_fields(info, info.schema))
+        return _json(_schema_fields(info, info.schema, request))
 
     async def version_schema(self, request: Request) -> Response:
         subject, version = request.path_params["subject"], request.path_params["version"]
         info = await self.s.read(lambda st: st.version(subject, version))
-        return Response(info.schema.text, media_type=CONTENT_TYPE)
+        return Response(_text(info.schema, request), media_type=CONTENT_TYPE)
 
     async def referenced_by(self, request: Request) -> Response:
         subject, version = request.path_params["subject"], request.path_params["version"]
@@ -199,7 +214,7 @@ class _Api:
     async def schema_by_id(self, request: Request) -> Response:
         schema_id = _id(request)
         schema = await self.s.read(lambda st: st.schema(schema_id))
-        return _json(_schema_fields(None, schema))
+        return _json(_schema_fields(None, schema, request))
 
     async def schema_subjects(self, request: Request) -> Response:
         schema_id, deleted = _id(request), _flag(request, "deleted")

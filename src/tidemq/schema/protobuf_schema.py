@@ -1,15 +1,15 @@
 """Protobuf schemas in the registry: parsing the serialized form, identity, and
 compatibility by Confluent's rules.
 
-A Protobuf schema is registered in its serialized form: a `FileDescriptorProto`, base64
-encoded, which is what confluent-kafka's Python serializer sends (and asks back for with
-`?format=serialized`). Its imports are references (each a registered subject). The
-`.proto` text form (what Confluent's Java tools send) is not parsed yet: refused, saying
-so.
+A Protobuf schema is registered in either form Confluent takes: serialized (a
+`FileDescriptorProto`, base64 encoded: what confluent-kafka's Python serializer sends, and
+asks back for with `?format=serialized`) or the `.proto` text (what Confluent's Java
+tools send; `protobuf_text`). Its imports are references (each a registered subject).
 
-Identity: the descriptor serialized deterministically with its file name cleared (the
-Python client renames the file it reads back), so the same messages registered twice get
-one id.
+Identity: the descriptor serialized deterministically without what does not change the
+schema (the file name, which the Python client renames; `json_name`, which protoc fills
+in; options but `map_entry`; source info), so the same messages registered twice, in
+either form, get one id.
 
 Compatibility (`protobuf_problems`, reader against writer), after Confluent's Protobuf
 rules: the package must not change; a writer's message must still exist in the reader;
@@ -30,7 +30,9 @@ from typing import Final
 from google.protobuf import descriptor_pb2
 from google.protobuf.message import DecodeError
 
-__all__ = ["parse_protobuf", "protobuf_identity", "protobuf_problems"]
+from tidemq.schema.protobuf_text import parse_proto_text
+
+__all__ = ["parse_protobuf", "protobuf_identity", "protobuf_problems", "serialized"]
 
 FileProto = descriptor_pb2.FileDescriptorProto
 MessageProto = descriptor_pb2.DescriptorProto
@@ -58,16 +60,13 @@ def parse_protobuf(text: str) -> FileProto:
     except (binascii.Error, ValueError):
         raw = None
     if raw is None or "message " in stripped or "syntax" in stripped:
-        raise ValueError(
-            "tidemq's registry takes a Protobuf schema in its serialized form (a base64 "
-            "FileDescriptorProto, what confluent-kafka's Python serializer sends); the "
-            ".proto text form is not supported yet"
-        )
-    proto = FileProto()
-    try:
-        proto.ParseFromString(raw)
-    except DecodeError as exc:
-        raise ValueError(f"not a serialized FileDescriptorProto: {exc}") from None
+        proto = parse_proto_text(text)
+    else:
+        proto = FileProto()
+        try:
+            proto.ParseFromString(raw)
+        except DecodeError as exc:
+            raise ValueError(f"not a serialized FileDescriptorProto: {exc}") from None
     if not proto.message_type and not proto.enum_type:
         raise ValueError("the Protobuf schema declares no message and no enum")
     for name, message in _messages(proto):
@@ -92,8 +91,24 @@ def _check_message(name: str, message: MessageProto) -> None:
 def protobuf_identity(proto: FileProto) -> str:
     copy = FileProto()
     copy.CopyFrom(proto)
-    copy.ClearField("name")
+    for name in ("name", "options", "source_code_info"):
+        copy.ClearField(name)
+    if copy.syntax == "proto2":
+        copy.ClearField("syntax")  # protoc leaves it unset for proto2
+    for _, message in _messages(copy):
+        map_entry = message.options.map_entry
+        message.ClearField("options")
+        if map_entry:
+            message.options.map_entry = True
+        for f in message.field:
+            f.ClearField("json_name")
+            f.ClearField("options")
     return base64.b64encode(copy.SerializeToString(deterministic=True)).decode()
+
+
+def serialized(proto: FileProto) -> str:
+    """The serialized form (base64) of a schema, as `?format=serialized` answers it."""
+    return base64.b64encode(proto.SerializeToString()).decode("ascii")
 
 
 def _messages(proto: FileProto) -> Iterator[tuple[str, MessageProto]]:
