@@ -153,6 +153,12 @@ def cluster(loop: Loop, tmp_path: Path) -> Iterator[ClusterEnv]:
     yield from start_cluster(loop, tmp_path, ("broker-a", "broker-b"))
 
 
+@pytest.fixture
+def cluster3(loop: Loop, tmp_path: Path) -> Iterator[ClusterEnv]:
+    """A name server and three brokers ("broker-a", "broker-b", "broker-c")."""
+    yield from start_cluster(loop, tmp_path, ("broker-a", "broker-b", "broker-c"))
+
+
 def start_cluster(loop: Loop, tmp_path: Path, names: tuple[str, ...]) -> Iterator[ClusterEnv]:
     """A name server and brokers named `names` registered with it (fixtures yield from it)."""
     ns = NameServerService(

@@ -6,12 +6,9 @@ cancels by id follow them; every step of a hand-over cut short is repeated harml
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from tests.integration.conftest import start_cluster
 
 from tidemq import aio
 from tidemq.broker.broker import Broker
@@ -41,11 +38,6 @@ QUEUES = 2
 KEYS = 6
 #: Far enough ahead that nothing in a test is delivered by it.
 LATER_S = 3600.0
-
-
-@pytest.fixture
-def cluster3(loop: Loop, tmp_path: Path) -> Iterator[ClusterEnv]:
-    yield from start_cluster(loop, tmp_path, ("broker-a", "broker-b", "broker-c"))
 
 
 async def _pending_on(cluster: ClusterEnv) -> dict[str, int]:

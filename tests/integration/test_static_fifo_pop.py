@@ -4,12 +4,9 @@ once every message before the link is finished, so each key is consumed in send 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from tests.integration.conftest import start_cluster
 
 from tidemq import aio
 
@@ -21,11 +18,6 @@ pytestmark = pytest.mark.timeout(120)
 TOPIC = "fifo-orders"
 KEYS = 4
 PER_KEY = 3
-
-
-@pytest.fixture
-def cluster3(loop: Loop, tmp_path: Path) -> Iterator[ClusterEnv]:
-    yield from start_cluster(loop, tmp_path, ("broker-a", "broker-b", "broker-c"))
 
 
 async def _send_round(producer: aio.Producer, round_no: int) -> dict[bytes, int]:

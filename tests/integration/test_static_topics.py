@@ -6,12 +6,10 @@ queue, nothing lost or duplicated; and the bad input a remap must refuse."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from tests.integration.conftest import start_cluster, wait_until
+from tests.integration.conftest import wait_until
 
 from tidemq import aio
 from tidemq.client.cluster import ClusterClient
@@ -33,11 +31,6 @@ pytestmark = pytest.mark.timeout(120)
 TOPIC = "orders"
 QUEUES = 4
 KEYS = 24
-
-
-@pytest.fixture
-def cluster3(loop: Loop, tmp_path: Path) -> Iterator[ClusterEnv]:
-    yield from start_cluster(loop, tmp_path, ("broker-a", "broker-b", "broker-c"))
 
 
 async def _send_round(producer: aio.Producer, round_no: int) -> list[tuple[bytes, bytes, int]]:

@@ -29,7 +29,7 @@ from tidemq.client.serde import (
     SchemaRegistry,
 )
 from tidemq.core.errors import TidemqError
-from tidemq.schema.wire import decode_message_indexes, encode_message_indexes, frame, unframe
+from tidemq.schema.wire import encode_message_indexes, frame
 
 __all__ = [
     "DEFAULT_REGISTRY",
@@ -170,21 +170,10 @@ def _protobuf_reader(registry: SchemaRegistry) -> Callable[[bytes], Any]:
     """A framed Protobuf value -> a dict, with its writer's message type."""
     from google.protobuf import json_format  # noqa: PLC0415 - protobuf on demand
 
-    from tidemq.client.protobuf_serde import message_class  # noqa: PLC0415
+    from tidemq.client.protobuf_serde import WriterMessages  # noqa: PLC0415
 
-    classes: dict[tuple[int, tuple[int, ...]], Any] = {}
-
-    def read(value: bytes) -> Any:
-        framed = unframe(value)
-        indexes, payload = decode_message_indexes(framed.payload)
-        key = (framed.schema_id, tuple(indexes))
-        cls = classes.get(key)
-        if cls is None:
-            text, _ = registry.schema_text(framed.schema_id)
-            cls = classes[key] = message_class(text, indexes)
-        return json_format.MessageToDict(cls.FromString(bytes(payload)))
-
-    return read
+    messages = WriterMessages(registry)
+    return lambda value: json_format.MessageToDict(messages.read(value))
 
 
 #: The CA (PEM) an https registry URL is verified against (default: the system's CAs,

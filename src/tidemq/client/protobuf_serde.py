@@ -25,7 +25,13 @@ from google.protobuf.message import DecodeError, Message
 from tidemq.client.serde import SchemaRegistry, SubjectStrategy, topic_name_strategy
 from tidemq.schema.wire import decode_message_indexes, encode_message_indexes, frame, unframe
 
-__all__ = ["ProtobufDeserializer", "ProtobufSerializer", "message_indexes"]
+__all__ = [
+    "ProtobufDeserializer",
+    "ProtobufSerializer",
+    "WriterMessages",
+    "message_class",
+    "message_indexes",
+]
 
 M = TypeVar("M", bound=Message)
 
@@ -144,3 +150,22 @@ def message_class(schema: str, indexes: list[int], *, name: str = "") -> type[Me
     for i in indexes[1:]:
         descriptor = descriptor.nested_types[i]
     return message_factory.GetMessageClass(descriptor)
+
+
+class WriterMessages:
+    """Framed values read as their writer's message type (from the registry, built at run
+    time, cached per schema id and message indexes): readers without generated code."""
+
+    def __init__(self, registry: SchemaRegistry) -> None:
+        self._registry = registry
+        self._classes: dict[tuple[int, tuple[int, ...]], type[Message]] = {}
+
+    def read(self, value: bytes | memoryview) -> Message:
+        framed = unframe(value)
+        indexes, payload = decode_message_indexes(framed.payload)
+        key = (framed.schema_id, tuple(indexes))
+        cls = self._classes.get(key)
+        if cls is None:
+            text, _ = self._registry.schema_text(framed.schema_id)
+            cls = self._classes[key] = message_class(text, indexes)
+        return cls.FromString(bytes(payload))

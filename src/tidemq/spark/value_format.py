@@ -243,26 +243,21 @@ def _protobuf_values(  # noqa: PLR0917 - one call site, the column's context
 ) -> Any:
     """Each framed value read as the message its indexes name (in the writer's schema,
     fetched once per executor process), laid out as the reader schema's first message."""
-    from tidemq.client.protobuf_serde import message_class  # noqa: PLC0415
-    from tidemq.schema.wire import decode_message_indexes  # noqa: PLC0415
+    from tidemq.client.protobuf_serde import WriterMessages  # noqa: PLC0415
     from tidemq.spark.protobuf_types import protobuf_row  # noqa: PLC0415
 
-    registry = SchemaRegistry(fmt.registry_url)
-    classes = _PROTOBUF_CLASSES.setdefault(fmt.registry_url, {})
+    messages = _PROTOBUF_READERS.get(fmt.registry_url)
+    if messages is None:
+        messages = _PROTOBUF_READERS[fmt.registry_url] = WriterMessages(
+            SchemaRegistry(fmt.registry_url)
+        )
     decoded: list[Any] = []
     for value, offset in zip(values, offsets, strict=True):
         if value is None:
             decoded.append(None)
             continue
         try:
-            framed = unframe(value)
-            indexes, payload = decode_message_indexes(framed.payload)
-            key = (framed.schema_id, tuple(indexes))
-            cls = classes.get(key)
-            if cls is None:
-                text, _ = registry.schema_text(framed.schema_id)
-                cls = classes[key] = message_class(text, indexes)
-            decoded.append(protobuf_row(cls.FromString(bytes(payload))))
+            decoded.append(protobuf_row(messages.read(value)))
         except Exception as exc:
             raise InvalidBatch(
                 f"{topic}/{queue} offset {offset}: the value is not Protobuf of a registered "
@@ -271,8 +266,8 @@ def _protobuf_values(  # noqa: PLR0917 - one call site, the column's context
     return pa.array(decoded, type=arrow_type)
 
 
-#: registry URL -> (schema id, message indexes) -> message class (per executor process).
-_PROTOBUF_CLASSES: dict[str, dict[tuple[int, tuple[int, ...]], Any]] = {}
+#: registry URL -> its writers' message classes (per executor process).
+_PROTOBUF_READERS: dict[str, Any] = {}
 
 
 def _json_values(
