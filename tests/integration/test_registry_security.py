@@ -128,3 +128,35 @@ def test_the_registry_serves_https_to_logged_in_users(secure: SecureNode) -> Non
         producer.send("points", frame(schema_id, b"\x02"))
         with pytest.raises(SchemaValidationFailed, match="schema id 77"):
             producer.send("points", frame(77, b"\x02"))
+
+
+def test_the_spark_options_reach_a_registry_with_tls_and_logins(secure: SecureNode) -> None:
+    """`schemaRegistry.username`, `.password`, `.caFile`: what the Spark source and sink
+    resolve their schema with on the driver and read writers' schemas with on executors
+    (`RegistryLogin`); half a login is refused."""
+    from tidemq.spark.value_format import RegistryLogin, resolve_value_format  # noqa: PLC0415
+
+    registry = tidemq.SchemaRegistry(
+        secure.url,
+        username=USER,
+        password=PASSWORD,
+        ssl_context=ssl.create_default_context(cafile=str(secure.certs.ca)),
+    )
+    schema_id = registry.register("spark-points-value", POINT)
+    options = {
+        "subscribe": "spark-points",
+        "valueFormat": "avro",
+        "schemaRegistry": secure.url,
+        "schemaRegistry.username": USER,
+        "schemaRegistry.password": PASSWORD,
+        "schemaRegistry.caFile": str(secure.certs.ca),
+    }
+    found = resolve_value_format(options)
+    assert found is not None
+    assert json.loads(found.reader_schema)["name"] == "Point"
+    assert "admin-secret" not in repr(found)
+    assert found.registry().schema(schema_id)["name"] == "Point"  # as an executor does
+    with pytest.raises(ValueError, match="go together"):
+        RegistryLogin.of({"schemaregistry.username": USER})
+    with pytest.raises(TidemqError, match="401"):
+        resolve_value_format({**options, "schemaRegistry.password": "wrong"})

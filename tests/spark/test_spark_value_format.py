@@ -298,3 +298,43 @@ def test_protobuf_values_read_as_a_struct(
         (1, "city-1", ["a"], "EXPRESS", {"x": 1}),
         (2, "city-2", ["a", "a"], "STANDARD", {"x": 2}),
     ]
+
+
+def test_a_struct_value_is_written_as_protobuf_and_read_back(
+    spark: SparkSession,
+    admin: Admin,
+    broker: ThreadedBroker,
+    topic_name: str,
+    load: Load,
+    registry_url: str,
+) -> None:
+    """Writes with valueFormat=protobuf encode the struct as the subject's message (here
+    not the file's first: protobufMessage names it); what Spark wrote reads back as the
+    same struct, and as messages of the class."""
+    admin.create_topic(topic_name, 1)
+    shipment = _shipment_class()
+    tidemq.ProtobufSerializer(tidemq.SchemaRegistry(registry_url), shipment).prepare(topic_name)
+    df = spark.createDataFrame(
+        [(1, "paris", ["a"], "EXPRESS", {"x": 2}), (2, None, [], "STANDARD", {})],
+        "id long, city string, tags array<string>, speed string, counts map<string,int>",
+    ).selectExpr(
+        "named_struct('id', id, 'to', if(city is null, null, named_struct('city', city)),"
+        " 'tags', tags, 'speed', speed, 'counts', counts) as value"
+    )
+    options = {"bootstrap": broker.address, "topic": topic_name, "valueFormat": "protobuf",
+               "schemaRegistry": registry_url, "protobufMessage": "shop.Shipment"}  # fmt: skip
+    df.write.mode("append").format("tidemq").options(**options).save()
+    back = load(
+        subscribe=topic_name,
+        valueFormat="protobuf",
+        schemaRegistry=registry_url,
+        protobufMessage="shop.Shipment",
+    )
+    rows = sorted(
+        (r.id, r.to.city if r.to else None, list(r.tags), r.speed, dict(r.counts))
+        for r in back.select("value.*").collect()
+    )
+    assert rows == [(1, "paris", ["a"], "EXPRESS", {"x": 2}), (2, None, [], "STANDARD", {})]
+    read = tidemq.ProtobufDeserializer(shipment)
+    values = [read(r.value) for r in load(subscribe=topic_name).collect()]
+    assert sorted(v.id for v in values) == [1, 2]

@@ -130,6 +130,9 @@ READ_OPTIONS: Final = (
     "subject",
     "schemaVersion",
     "protobufMessage",
+    "schemaRegistry.username",
+    "schemaRegistry.password",
+    "schemaRegistry.caFile",
 )
 WRITE_OPTIONS: Final = (
     *BOOTSTRAP_NAMES,
@@ -141,6 +144,10 @@ WRITE_OPTIONS: Final = (
     "schemaRegistry",
     "subject",
     "schemaVersion",
+    "protobufMessage",
+    "schemaRegistry.username",
+    "schemaRegistry.password",
+    "schemaRegistry.caFile",
 )
 #: Kafka client options users carry over, and what to do instead in tidemq.
 _KAFKA_INSTEAD: Final = {

@@ -9,11 +9,13 @@ message types have no Spark type and are refused when the query starts.
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
 from typing import Any, Final
 
 from google.protobuf.descriptor import FieldDescriptor
 
-__all__ = ["protobuf_row", "spark_json_of_message"]
+__all__ = ["json_of_row", "protobuf_row", "spark_json_of_message"]
 
 _F = FieldDescriptor
 _SCALARS: Final[dict[int, str]] = {
@@ -110,4 +112,40 @@ def _value(field: Any, value: Any) -> Any:
         return found.name if found is not None else str(value)
     if field.type == _F.TYPE_MESSAGE:
         return protobuf_row(value)
+    return value
+
+
+def json_of_row(row: dict[str, Any], descriptor: Any) -> dict[str, Any]:
+    """A struct row in the JSON form `json_format.ParseDict` takes for the message
+    `descriptor` (the writer's side of `protobuf_row`). ValueError for a struct field
+    the message does not have."""
+    unknown = sorted(set(row) - set(descriptor.fields_by_name))
+    if unknown:
+        raise ValueError(f"{descriptor.full_name} has no field {', '.join(unknown)}")
+    out: dict[str, Any] = {}
+    for f in descriptor.fields:
+        value = row.get(f.name)
+        if value is None:
+            continue
+        if _is_map(f):
+            entries = value.items() if isinstance(value, dict) else value
+            value_field = f.message_type.fields_by_name["value"]
+            out[f.name] = {str(k): _json_value(value_field, v) for k, v in entries}
+        elif _is_repeated(f):
+            out[f.name] = [_json_value(f, v) for v in value]
+        else:
+            out[f.name] = _json_value(f, value)
+    return out
+
+
+def _json_value(field: Any, value: Any) -> Any:
+    if field.type == _F.TYPE_MESSAGE and isinstance(value, dict):
+        return json_of_row(value, field.message_type)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, dt.datetime):
+        utc = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+        return utc.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, dt.date):
+        return value.isoformat()
     return value

@@ -25,10 +25,9 @@ from typing import Any, Final
 import fastavro
 import pyarrow as pa
 
-from tidemq.client.serde import SchemaRegistry
 from tidemq.core.errors import InvalidBatch, InvalidRequest
 from tidemq.schema.wire import frame
-from tidemq.spark.value_format import ValueFormat
+from tidemq.spark.value_format import RegistryLogin, ValueFormat
 
 __all__ = ["avro_schema_of_arrow", "encode_value_column", "resolve_write_format"]
 
@@ -43,15 +42,12 @@ def resolve_write_format(
     schema id, from lower-cased `options`. ValueError naming what is wrong."""
     fmt = options.get("valueformat", "raw").lower()
     if fmt == "raw":
-        for name in ("schemaregistry", "subject", "schemaversion"):
+        for name in ("schemaregistry", "subject", "schemaversion", "schemaregistry.username"):
             if name in options:
-                raise ValueError(f"option {name!r} needs valueFormat=avro or json")
+                raise ValueError(f"option {name!r} needs valueFormat=avro, json or protobuf")
         return None
-    if fmt not in ("avro", "json"):
-        raise ValueError(
-            f"valueFormat for writes must be raw, avro or json (protobuf writes: not yet), "
-            f"got {fmt!r}"
-        )
+    if fmt not in ("avro", "json", "protobuf"):
+        raise ValueError(f"valueFormat must be raw, avro, json or protobuf, got {fmt!r}")
     if not pa.types.is_struct(value_type):
         raise ValueError(f"valueFormat={fmt} writes a struct 'value' column, not {value_type}")
     url = options.get("schemaregistry")
@@ -60,7 +56,8 @@ def resolve_write_format(
     subject = options.get("subject") or (f"{topic}-value" if topic else None)
     if subject is None:
         raise ValueError(f"valueFormat={fmt} needs subject=... unless the topic option is set")
-    registry = SchemaRegistry(url)
+    login = RegistryLogin.of(options)
+    registry = login.registry(url)
     version = options.get("schemaversion")
     try:
         schema_id, schema, kind = registry.version_info(subject, version or "latest")
@@ -73,7 +70,18 @@ def resolve_write_format(
         raise ValueError(f"subject {subject!r} holds a {kind} schema, not valueFormat={fmt}")
     if fmt == "avro":
         fastavro.parse_schema(schema)  # a schema fastavro cannot write fails here
-    return ValueFormat(url, json.dumps(schema), fmt, schema_id=schema_id)
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    found = ValueFormat(
+        url,
+        text,
+        fmt,
+        schema_id=schema_id,
+        message=options.get("protobufmessage", ""),
+        login=login,
+    )
+    if fmt == "protobuf":
+        found.spark_json()  # the message exists (and has a Spark type)
+    return found
 
 
 def avro_schema_of_arrow(struct: Any, name: str) -> dict[str, Any]:
@@ -132,6 +140,8 @@ def encode_value_column(batch: Any, fmt: ValueFormat) -> Any:
                 if row is None
                 else frame(fmt.schema_id, json.dumps(row, default=_json).encode())
             )
+    elif fmt.kind == "protobuf":
+        encoded = _protobuf_values(rows, fmt)
     else:
         parsed = fastavro.parse_schema(json.loads(fmt.reader_schema))
         for i, row in enumerate(rows):
@@ -150,6 +160,32 @@ def encode_value_column(batch: Any, fmt: ValueFormat) -> Any:
     columns = [column if i == index else batch.column(i) for i in range(batch.num_columns)]
     fields = [pa.field("value", pa.binary()) if f.name == "value" else f for f in batch.schema]
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _protobuf_values(rows: list[Any], fmt: ValueFormat) -> list[bytes | None]:
+    """Rows as the subject's message (its struct's fields by name; maps, lists, nested
+    structs, enum names), framed with the schema id and the message's indexes."""
+    from google.protobuf import json_format  # noqa: PLC0415 - protobuf on demand
+
+    from tidemq.client.protobuf_serde import message_class, message_indexes  # noqa: PLC0415
+    from tidemq.schema.wire import encode_message_indexes  # noqa: PLC0415
+    from tidemq.spark.protobuf_types import json_of_row  # noqa: PLC0415
+
+    cls = message_class(fmt.reader_schema, [0], name=fmt.message)
+    prefix = encode_message_indexes(message_indexes(cls.DESCRIPTOR))
+    out: list[bytes | None] = []
+    for i, row in enumerate(rows):
+        if row is None:
+            out.append(None)
+            continue
+        try:
+            message = json_format.ParseDict(json_of_row(row, cls.DESCRIPTOR), cls())
+        except (json_format.ParseError, TypeError, ValueError) as exc:
+            raise InvalidBatch(
+                f"row {i} of the batch does not fit the subject's Protobuf message ({exc})"
+            ) from None
+        out.append(frame(fmt.schema_id, prefix + message.SerializeToString()))
+    return out
 
 
 def _avro_row(value: Any) -> Any:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import io
 import json
+import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import fastavro
@@ -46,6 +47,9 @@ VALUE_FORMAT_OPTIONS: Final = (
     "subject",
     "schemaVersion",
     "protobufMessage",
+    "schemaRegistry.username",
+    "schemaRegistry.password",
+    "schemaRegistry.caFile",
 )
 
 #: Avro primitive -> Spark's JSON name of the type (`StructType.fromJson` reads these:
@@ -62,6 +66,37 @@ _PRIMITIVE: Final[dict[str, Any]] = {
 
 
 @dataclass(frozen=True, slots=True)
+class RegistryLogin:
+    """`schemaRegistry.username`, `.password` and `.caFile` (picklable: plain strings;
+    the same CA path must exist on the driver and every executor)."""
+
+    username: str = ""
+    password: str = field(default="", repr=False)
+    ca_file: str = ""
+
+    @classmethod
+    def of(cls, opts: Mapping[str, str]) -> RegistryLogin:
+        """From lower-cased options; ValueError for half a login."""
+        found = cls(
+            opts.get("schemaregistry.username", ""),
+            opts.get("schemaregistry.password", ""),
+            opts.get("schemaregistry.cafile", ""),
+        )
+        if bool(found.username) != bool(found.password):
+            raise ValueError("schemaRegistry.username and schemaRegistry.password go together")
+        return found
+
+    def registry(self, url: str) -> SchemaRegistry:
+        context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
+        return SchemaRegistry(
+            url,
+            username=self.username or None,
+            password=self.password or None,
+            ssl_context=context,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ValueFormat:
     """What executors need (picklable): the reader schema and where the registry is."""
 
@@ -74,6 +109,11 @@ class ValueFormat:
     schema_id: int = -1
     #: Protobuf: the message type of the value column (full name; "": the file's first).
     message: str = ""
+    #: How executors reach the registry (HTTP Basic login, the CA of an https URL).
+    login: RegistryLogin = field(default_factory=RegistryLogin)
+
+    def registry(self) -> SchemaRegistry:
+        return self.login.registry(self.registry_url)
 
     def spark_json(self) -> dict[str, Any]:
         """The value column's Spark type, in Spark's JSON form of a StructType."""
@@ -122,7 +162,8 @@ def resolve_value_format(options: Mapping[str, str]) -> ValueFormat | None:
             )
         subject = f"{topic}-value"
     version = opts.get("schemaversion", "latest")
-    registry = SchemaRegistry(url)
+    login = RegistryLogin.of(opts)
+    registry = login.registry(url)
     _, schema, kind = registry.version_info(subject, version)
     if kind.lower() != fmt:
         raise ValueError(f"subject {subject!r} holds a {kind} schema, not valueFormat={fmt}")
@@ -130,7 +171,7 @@ def resolve_value_format(options: Mapping[str, str]) -> ValueFormat | None:
     message = opts.get("protobufmessage", "")
     if message and fmt != "protobuf":
         raise ValueError("option 'protobufMessage' needs valueFormat=protobuf")
-    found = ValueFormat(url, text, fmt, message=message)
+    found = ValueFormat(url, text, fmt, message=message, login=login)
     found.spark_json()  # refuse a schema with no Spark type now, on the driver
     return found
 
@@ -216,7 +257,7 @@ def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, que
         return _with_values(batch, _protobuf_values(values, offsets, arrow_type, topic, queue, fmt))
     reader = fastavro.parse_schema(json.loads(fmt.reader_schema))
     writers = _WRITERS.setdefault(fmt.registry_url, {})
-    registry = SchemaRegistry(fmt.registry_url)
+    registry = fmt.registry()
     decoded: list[Any] = []
     for value, offset in zip(values, offsets, strict=True):
         if value is None:
@@ -248,9 +289,7 @@ def _protobuf_values(  # noqa: PLR0917 - one call site, the column's context
 
     messages = _PROTOBUF_READERS.get(fmt.registry_url)
     if messages is None:
-        messages = _PROTOBUF_READERS[fmt.registry_url] = WriterMessages(
-            SchemaRegistry(fmt.registry_url)
-        )
+        messages = _PROTOBUF_READERS[fmt.registry_url] = WriterMessages(fmt.registry())
     decoded: list[Any] = []
     for value, offset in zip(values, offsets, strict=True):
         if value is None:
