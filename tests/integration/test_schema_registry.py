@@ -595,3 +595,30 @@ def test_produce_and_consume_protobuf_json_lines(node: Node) -> None:
             if len(got) >= 2:
                 break
     assert [(m.value.id, m.value.item) for m in got] == [(1, "book"), (2, "pen")]
+
+
+def test_a_producer_with_a_key_serializer(node: Node) -> None:
+    """`key_serializer(topic, key) -> bytes` turns every key (of a message, of a batch)
+    into its bytes; the key's queue is the serialized key's."""
+    address = node.broker.address
+    with tidemq.Admin(address) as admin:
+        admin.create_topic("keyed", 4)
+
+    def user_key(topic: str, key: object) -> bytes:
+        assert topic == "keyed"
+        return f"user-{key}".encode()
+
+    with tidemq.Producer(address, key_serializer=user_key) as producer:
+        one = producer.send("keyed", b"a", key=7)
+        batch = producer.send_batch("keyed", [b"b", b"c"], keys=[7, 7])
+    with tidemq.Producer(address) as plain:
+        same = plain.send("keyed", b"d", key=b"user-7")
+    assert one.queue == batch[0].queue == same.queue
+    with tidemq.StreamConsumer(address, start="earliest") as consumer:
+        consumer.assign([("keyed", one.queue)])
+        got: list[tidemq.Message] = []
+        for _ in range(50):
+            got += consumer.poll(timeout_ms=100)
+            if len(got) >= 4:
+                break
+    assert {m.key for m in got} == {b"user-7"}

@@ -84,10 +84,12 @@ class AsyncProducer:
         client_config: ClientConfig | None = None,
         cluster: ClusterClient | None = None,
         value_serializer: ValueSerializer | None = None,
+        key_serializer: ValueSerializer | None = None,
     ) -> None:
         """`value_serializer(topic, value) -> bytes` turns every value given to a send
         into its bytes (for example `tidemq.AvroSerializer`); None values (tombstones)
-        stay None.
+        stay None. `key_serializer(topic, key) -> bytes` does the same for keys (a
+        message's key, and the keys of a batch); without one, keys are bytes.
 
         `max_request_bytes`: the largest encoded batch this producer sends; keep it at or
         below the broker's frame limit (by default its max_fetch_bytes, 16 MiB, plus room
@@ -121,6 +123,7 @@ class AsyncProducer:
         self._senders: dict[tuple[str, int], QueueSender] = {}
         self._closed = False
         self._serializer = value_serializer
+        self._key_serializer = key_serializer
 
     @property
     def config(self) -> ProducerConfig:
@@ -142,6 +145,17 @@ class AsyncProducer:
             return value
         return self._serializer(checks.check_readable_topic(topic), value)
 
+    def serialize_key(self, topic: object, key: object) -> object:
+        """`key` through the producer's `key_serializer` (as it is without one)."""
+        if self._key_serializer is None or key is None:
+            return key
+        return self._key_serializer(checks.check_readable_topic(topic), key)
+
+    def _serialize_keys(self, topic: object, keys: object) -> object:
+        if self._key_serializer is None or not isinstance(keys, list | tuple):
+            return keys
+        return [self.serialize_key(topic, k) for k in keys]
+
     def _serialize_all(self, topic: object, values: object) -> object:
         if self._serializer is None or not isinstance(values, list | tuple):
             return values
@@ -152,7 +166,7 @@ class AsyncProducer:
         topic: str,
         value: object,
         *,
-        key: bytes | None = None,
+        key: object = None,
         tag: str | None = None,
         keys: Sequence[str] = (),
         headers: Mapping[str, bytes] | None = None,
@@ -169,7 +183,14 @@ class AsyncProducer:
         at delivery) and the id to `cancel` it with."""
         future = self.send_nowait_checked(
             *check_send(
-                topic, self.serialize(topic, value), key, tag, keys, headers, queue, timestamp
+                topic,
+                self.serialize(topic, value),
+                self.serialize_key(topic, key),
+                tag,
+                keys,
+                headers,
+                queue,
+                timestamp,
             ),
             due_ms=due_ms_of(delay, deliver_at),
         )
@@ -180,7 +201,7 @@ class AsyncProducer:
         topic: str,
         value: object,
         *,
-        key: bytes | None = None,
+        key: object = None,
         tag: str | None = None,
         keys: Sequence[str] = (),
         headers: Mapping[str, bytes] | None = None,
@@ -193,7 +214,14 @@ class AsyncProducer:
         to one queue are stored in the order of the calls, whatever their path."""
         return self.send_nowait_checked(
             *check_send(
-                topic, self.serialize(topic, value), key, tag, keys, headers, queue, timestamp
+                topic,
+                self.serialize(topic, value),
+                self.serialize_key(topic, key),
+                tag,
+                keys,
+                headers,
+                queue,
+                timestamp,
             ),
             due_ms=due_ms_of(delay, deliver_at),
         )
@@ -247,7 +275,7 @@ class AsyncProducer:
         topic: str,
         values: Sequence[object],
         *,
-        keys: Sequence[bytes | None] | None = None,
+        keys: Sequence[object] | None = None,
         tags: Sequence[str | None] | None = None,
         headers: Mapping[str, bytes] | None = None,
         queue: int | None = None,
@@ -272,7 +300,7 @@ class AsyncProducer:
         topic: str,
         values: Sequence[object],
         *,
-        keys: Sequence[bytes | None] | None = None,
+        keys: Sequence[object] | None = None,
         tags: Sequence[str | None] | None = None,
         headers: Mapping[str, bytes] | None = None,
         queue: int | None = None,
@@ -302,6 +330,7 @@ class AsyncProducer:
         """`send_batch`'s arguments checked and encoded: (topic, payload, count, first
         key, queue). Raises at the call for a wrong argument or a batch too large."""
         values = self._serialize_all(topic, values)
+        keys = self._serialize_keys(topic, keys)
         topic = checks.check_readable_topic(topic)
         checked_queue = checks.check_queue(queue)
         out_values, out_keys, out_tags, hdr = batch_columns(values, keys, tags, headers)

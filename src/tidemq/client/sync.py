@@ -88,9 +88,11 @@ class Producer:
         max_request_bytes: int = 16 << 20,
         client_config: ClientConfig | None = None,
         value_serializer: ValueSerializer | None = None,
+        key_serializer: ValueSerializer | None = None,
     ) -> None:
-        """`value_serializer(topic, value) -> bytes`: see `tidemq.aio.Producer` (it runs
-        in the calling thread, so a value that does not fit raises at the call)."""
+        """`value_serializer(topic, value) -> bytes` and `key_serializer(topic, key) ->
+        bytes`: see `tidemq.aio.Producer` (they run in the calling thread, so a value or a
+        key that does not fit raises at the call)."""
         self._p: AsyncProducer = run(
             _make(
                 AsyncProducer, bootstrap, linger_ms=linger_ms, batch_bytes=batch_bytes,
@@ -98,6 +100,7 @@ class Producer:
                 compression=compression, max_in_flight_per_queue=max_in_flight_per_queue,
                 delivery_timeout_ms=delivery_timeout_ms, max_request_bytes=max_request_bytes,
                 client_config=client_config, value_serializer=value_serializer,
+                key_serializer=key_serializer,
             )
         )  # fmt: skip
         #: The longest a blocking send waits: the delivery timeout, one attempt's grace,
@@ -113,7 +116,7 @@ class Producer:
         topic: str,
         value: object,
         *,
-        key: bytes | None = None,
+        key: object = None,
         tag: str | None = None,
         keys: Sequence[str] = (),
         headers: Mapping[str, bytes] | None = None,
@@ -135,7 +138,7 @@ class Producer:
         topic: str,
         value: object,
         *,
-        key: bytes | None = None,
+        key: object = None,
         tag: str | None = None,
         keys: Sequence[str] = (),
         headers: Mapping[str, bytes] | None = None,
@@ -149,7 +152,14 @@ class Producer:
         when nothing else is on its way to that queue). Cancelling the future stops the
         send only before the client loop has picked it up."""
         checked_topic, record, checked_key, checked_queue = check_send(
-            topic, self._p.serialize(topic, value), key, tag, keys, headers, queue, timestamp
+            topic,
+            self._p.serialize(topic, value),
+            self._p.serialize_key(topic, key),
+            tag,
+            keys,
+            headers,
+            queue,
+            timestamp,
         )
         due_ms = due_ms_of(delay, deliver_at)
         future: concurrent.futures.Future[Receipt] = concurrent.futures.Future()
@@ -164,7 +174,7 @@ class Producer:
         topic: str,
         values: Sequence[object],
         *,
-        keys: Sequence[bytes | None] | None = None,
+        keys: Sequence[object] | None = None,
         tags: Sequence[str | None] | None = None,
         headers: Mapping[str, bytes] | None = None,
         queue: int | None = None,
@@ -184,7 +194,7 @@ class Producer:
         topic: str,
         values: Sequence[object],
         *,
-        keys: Sequence[bytes | None] | None = None,
+        keys: Sequence[object] | None = None,
         tags: Sequence[str | None] | None = None,
         headers: Mapping[str, bytes] | None = None,
         queue: int | None = None,
