@@ -2,8 +2,9 @@
 then restarted from its checkpoint: the archive holds exactly the input, once.
 
 The driver runs in its own process (`_DRIVER` below) with `trigger="continuous"` and small
-micro-batches over 2 topics x 3 queues, while the test produces more. It reports each step
-of writing a batch on stdout (`begin`, `publish`, `tmp` once a file is written under its
+micro-batches over 2 topics x 3 queues, while the test produces more. Spark's tasks stage
+a batch's files under hidden temporary names; the driver publishes them, and reports each
+step on stdout (`begin`, `publish` and `tmp` for a file about to be renamed from its
 hidden temporary name, `published` once renamed into place, `end`) and stops dead at a
 point the test chooses, where the test checks the state and kills it with its JVM (its
 whole process group):
@@ -92,33 +93,26 @@ def stop_here():
     os._exit(3)
 
 
-calls = files = 0
-write_table, publish, pq_write_table = archive.write_table, archive._publish, pq.write_table
+calls = 0
+publish = archive.publish
 
 
-def traced_write_table(table, where):
-    global calls, files
-    calls, files = calls + 1, 0
-    say("begin", calls, table.num_rows)
-    out = write_table(table, where)
-    say("end", calls, len(out))
+def traced_publish(staged):
+    # The driver's publish of one batch (its tasks staged the files): file by file, so
+    # that the test can stop it between two renames.
+    global calls
+    calls += 1
+    say("begin", calls, sum(s.file.rows for s in staged))
+    for n, s in enumerate(staged, 1):
+        target = s.file.path.relative_to(root)
+        say("publish", calls, n, target)
+        say("tmp", calls, n, s.tmp.relative_to(root))
+        if stop_at == ("tmp", str(calls), str(n)):
+            stop_here()
+        publish([s])
+        say("published", calls, n, target)
+    say("end", calls, len(staged))
     if stop_at == ("end", str(calls)):
-        stop_here()
-    return out
-
-
-def traced_publish(table, target):
-    global files
-    files += 1
-    say("publish", calls, files, target.relative_to(root))
-    publish(table, target)
-    say("published", calls, files, target.relative_to(root))
-
-
-def traced_pq_write_table(table, where, *args, **kwargs):
-    pq_write_table(table, where, *args, **kwargs)
-    say("tmp", calls, files, Path(where).relative_to(root))
-    if stop_at == ("tmp", str(calls), str(files)):
         stop_here()
 
 
@@ -139,9 +133,7 @@ archive.run_archive(
     spark, bootstrap=bootstrap, topics=[warm], output=root.parent / f"{warm}-{os.getpid()}",
     checkpoint=root.parent / f"{warm}-checkpoint-{os.getpid()}",
 )
-archive.write_table = traced_write_table
-archive._publish = traced_publish
-pq.write_table = traced_pq_write_table
+archive.publish = traced_publish
 say("ready")
 if sys.stdin.readline().strip() != "go":
     sys.exit(2)

@@ -111,6 +111,10 @@ class Producer:
         """`value` through the producer's `value_serializer` (as it is without one)."""
         return self._p.serialize(topic, value)
 
+    def serialize_key(self, topic: object, key: object) -> object:
+        """`key` through the producer's `key_serializer` (as it is without one)."""
+        return self._p.serialize_key(topic, key)
+
     def send(
         self,
         topic: str,
