@@ -622,3 +622,55 @@ def test_a_producer_with_a_key_serializer(node: Node) -> None:
             if len(got) >= 4:
                 break
     assert {m.key for m in got} == {b"user-7"}
+
+
+def _invoice_class() -> Any:
+    """`shop.Invoice` in invoice.proto, importing `shop.Money` from shop/money.proto."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # noqa: PLC0415
+
+    f = descriptor_pb2.FieldDescriptorProto
+    money = descriptor_pb2.FileDescriptorProto(name="shop/money.proto", package="shop")
+    money.syntax = "proto3"
+    m = money.message_type.add(name="Money")
+    m.field.add(name="cents", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    invoice = descriptor_pb2.FileDescriptorProto(name="shop/invoice.proto", package="shop")
+    invoice.syntax = "proto3"
+    invoice.dependency.append("shop/money.proto")
+    i = invoice.message_type.add(name="Invoice")
+    i.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
+    total = i.field.add(name="total", number=2, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL)
+    total.type_name = ".shop.Money"
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(money)
+    pool.Add(invoice)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Invoice"))
+
+
+def test_protobuf_imports_are_registered_as_references(
+    node: Node, client: SchemaRegistryClient
+) -> None:
+    """tidemq's ProtobufSerializer registers an imported file under its name and names it
+    as a reference, as Confluent's does: both register one schema, and Confluent's
+    deserializer (which resolves the references) reads what tidemq wrote."""
+    from confluent_kafka.schema_registry.protobuf import (  # noqa: PLC0415
+        ProtobufDeserializer as ConfluentPbDeserializer,
+    )
+    from confluent_kafka.schema_registry.protobuf import (  # noqa: PLC0415
+        ProtobufSerializer as ConfluentPbSerializer,
+    )
+
+    invoice = _invoice_class()
+    value = invoice(id=3)
+    value.total.cents = 1250
+    ours = tidemq.ProtobufSerializer(tidemq.SchemaRegistry(node.url), invoice)
+    written = ours("pb-invoices", value)
+    latest = client.get_latest_version("pb-invoices-value")
+    assert [(r.name, r.subject) for r in latest.schema.references or []] == [
+        ("shop/money.proto", "shop/money.proto")
+    ]
+    ctx = SerializationContext("pb-invoices", MessageField.VALUE)
+    theirs = ConfluentPbSerializer(invoice, client, {"use.deprecated.format": False})
+    assert unframe(theirs(value, ctx)).schema_id == unframe(written).schema_id
+    read = ConfluentPbDeserializer(invoice, {"use.deprecated.format": False})(written, ctx)
+    assert (read.id, read.total.cents) == (3, 1250)
+    assert tidemq.ProtobufDeserializer(invoice)(written).total.cents == 1250

@@ -10,8 +10,10 @@ message class:
 The schema registered is the class's file, serialized (a base64 FileDescriptorProto, as
 Confluent's Python serializer registers it), under the topic's subject; the value is the
 magic byte, the schema id, the message's indexes within its file, then its bytes.
-Files that import others are refused for now, but for Protobuf's own well-known types
-(`google/protobuf/*.proto`), which every reader knows.
+The files it imports are registered too, each under its file name as subject (Confluent's
+default reference subject), and named as references; Protobuf's own well-known types
+(`google/protobuf/*.proto`), which every reader knows, are skipped, as Confluent's
+serializer skips them.
 """
 
 from __future__ import annotations
@@ -63,13 +65,8 @@ class ProtobufSerializer(Generic[M]):
         subject_strategy: SubjectStrategy = topic_name_strategy,
     ) -> None:
         descriptor = message_class.DESCRIPTOR
-        imported = [d.name for d in descriptor.file.dependencies]
-        extra = [n for n in imported if not n.startswith(_BUILTIN_PREFIX)]
-        if extra:
-            raise TypeError(
-                f"{descriptor.full_name}'s file imports {extra}: imports are not supported "
-                "by tidemq's Protobuf serializer yet (Protobuf's well-known types are)"
-            )
+        self._file = descriptor.file
+        self._references: list[dict[str, Any]] | None = None
         self._registry = registry
         self._class = message_class
         self._schema = base64.b64encode(descriptor.file.serialized_pb).decode("ascii")
@@ -78,10 +75,24 @@ class ProtobufSerializer(Generic[M]):
         self._strategy = subject_strategy
 
     def prepare(self, topic: str) -> int:
-        """Register (or look up) the schema under the topic's subject; its id (cached)."""
+        """Register (or look up) the schema, and the files it imports, under the topic's
+        subject; its id (cached)."""
+        if self._references is None:
+            self._references = self._register_imports(self._file)
         return self._registry.register_text(
-            self._strategy(topic, self._name), self._schema, "PROTOBUF"
+            self._strategy(topic, self._name), self._schema, "PROTOBUF", self._references
         )
+
+    def _register_imports(self, file: Any) -> list[dict[str, Any]]:
+        references = []
+        for dep in file.dependencies:
+            if dep.name.startswith(_BUILTIN_PREFIX):
+                continue
+            nested = self._register_imports(dep)
+            text = base64.b64encode(dep.serialized_pb).decode("ascii")
+            version = self._registry.register_version(dep.name, text, "PROTOBUF", nested)
+            references.append({"name": dep.name, "subject": dep.name, "version": version})
+        return references
 
     def __call__(self, topic: str, value: Any) -> bytes:
         if not isinstance(value, self._class):

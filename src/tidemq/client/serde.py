@@ -133,19 +133,46 @@ class SchemaRegistry:
             self._by_id.setdefault(schema_id, schema)
         return schema_id
 
-    def register_text(self, subject: str, text: str, schema_type: str) -> int:
+    def register_text(
+        self,
+        subject: str,
+        text: str,
+        schema_type: str,
+        references: list[dict[str, Any]] | None = None,
+    ) -> int:
         """The id of the schema `text` (as the registry takes it: JSON for Avro and JSON
-        Schema, the serialized descriptor for Protobuf) under `subject` (cached)."""
+        Schema, the serialized descriptor for Protobuf) under `subject`, with its
+        `references` ({"name", "subject", "version"} each) (cached)."""
+        key = (subject, text + json.dumps(references or []))
         with self._lock:
-            cached = self._ids.get((subject, text))
+            cached = self._ids.get(key)
         if cached is not None:
             return cached
         path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions"
-        answer = self.request("POST", path, {"schema": text, "schemaType": schema_type})
+        body: dict[str, Any] = {"schema": text, "schemaType": schema_type}
+        if references:
+            body["references"] = references
+        answer = self.request("POST", path, body)
         schema_id = int(answer["id"])
         with self._lock:
-            self._ids[(subject, text)] = schema_id
+            self._ids[key] = schema_id
         return schema_id
+
+    def register_version(
+        self,
+        subject: str,
+        text: str,
+        schema_type: str,
+        references: list[dict[str, Any]] | None = None,
+    ) -> int:
+        """Register `text` under `subject` if needed, and the version it has there (what
+        a reference to it names)."""
+        self.register_text(subject, text, schema_type, references)
+        path = f"/subjects/{urllib.parse.quote(subject, safe='')}"
+        body: dict[str, Any] = {"schema": text, "schemaType": schema_type}
+        if references:
+            body["references"] = references
+        return int(self.request("POST", path, body)["version"])
 
     def version(self, subject: str, version: str | int = "latest") -> dict[str, Any]:
         """The schema (Avro or JSON Schema) of a subject's version ("latest" by default)."""
