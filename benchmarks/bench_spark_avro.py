@@ -5,7 +5,7 @@ Usage: ``python benchmarks/bench_spark_avro.py [--records N] [--runs R] [--json 
 
 One `tidemq server` with its registry; `--records` (200,000) 10-field `Event` records
 (bench_serde's) written typed with `tidemq.AvroSerializer`; a local SparkSession
-(`local[2]`). Each run aggregates over every message twice, taking turns: raw (the
+(bench_spark's, `local[2]`). Each run aggregates over every message twice, taking turns: raw (the
 length of each value, so that Spark reads every value) and decoded (a sum over a
 decoded field, so that every value is decoded). Rows/s, medians of `--runs` (3), with
 CPU steal and the load average.
@@ -25,32 +25,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pyspark.sql import SparkSession
 
 import peers
 import tidemq
 import tidemq.spark
 from bench_serde import BATCH, Event, records
+from bench_spark import _session
 
 TOPIC = "bench-avro"
-
-
-def _session() -> SparkSession:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("bench-spark-avro")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    tidemq.spark.register(spark)
-    return spark
 
 
 def _fill(address: str, url: str, events: list[Event]) -> None:
@@ -92,6 +74,9 @@ def main() -> None:
             .option("schemaRegistry", url)
             .load()
         )
+        # Warm up both (the JVM, Spark's Python workers, the registry lookups) first.
+        raw.selectExpr("sum(length(value))").collect()
+        typed.selectExpr("sum(value.quantity)").collect()
         for _ in range(args.runs):
             figures["raw"].append(
                 _rate(len(events), lambda: raw.selectExpr("sum(length(value))").collect())

@@ -392,10 +392,6 @@ class Broker:
         self._release_lock()
         log.info("broker %s stopped", self.config.broker_name)
 
-    @property
-    def auth_enabled(self) -> bool:
-        return self.config.auth_enabled
-
     async def check_password(self, user: str, password: str, host: str) -> bool:
         """Whether `password` is `user`'s (the HTTP listener's login; see
         `Authenticator.check_password`)."""

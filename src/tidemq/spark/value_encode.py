@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from tidemq.core.errors import InvalidBatch, InvalidRequest
 from tidemq.schema.wire import frame
-from tidemq.spark.value_format import RegistryLogin, ValueFormat
+from tidemq.spark.value_format import ValueFormat, format_request
 
 __all__ = ["avro_schema_of_arrow", "encode_value_column", "resolve_write_format"]
 
@@ -40,24 +40,16 @@ def resolve_write_format(
 ) -> ValueFormat | None:
     """The format to encode the `value` column with (None: raw bytes or strings), with its
     schema id, from lower-cased `options`. ValueError naming what is wrong."""
-    fmt = options.get("valueformat", "raw").lower()
-    if fmt == "raw":
-        for name in ("schemaregistry", "subject", "schemaversion", "schemaregistry.username"):
-            if name in options:
-                raise ValueError(f"option {name!r} needs valueFormat=avro, json or protobuf")
+    request = format_request(options)
+    if request is None:
         return None
-    if fmt not in ("avro", "json", "protobuf"):
-        raise ValueError(f"valueFormat must be raw, avro, json or protobuf, got {fmt!r}")
+    fmt = request.kind
     if not pa.types.is_struct(value_type):
         raise ValueError(f"valueFormat={fmt} writes a struct 'value' column, not {value_type}")
-    url = options.get("schemaregistry")
-    if not url:
-        raise ValueError(f"valueFormat={fmt} needs schemaRegistry=http://HOST:PORT")
     subject = options.get("subject") or (f"{topic}-value" if topic else None)
     if subject is None:
         raise ValueError(f"valueFormat={fmt} needs subject=... unless the topic option is set")
-    login = RegistryLogin.of(options)
-    registry = login.registry(url)
+    registry = request.login.registry(request.registry_url)
     version = options.get("schemaversion")
     try:
         schema_id, schema, kind = registry.version_info(subject, version or "latest")
@@ -72,12 +64,12 @@ def resolve_write_format(
         fastavro.parse_schema(schema)  # a schema fastavro cannot write fails here
     text = schema if isinstance(schema, str) else json.dumps(schema)
     found = ValueFormat(
-        url,
+        request.registry_url,
         text,
         fmt,
         schema_id=schema_id,
-        message=options.get("protobufmessage", ""),
-        login=login,
+        message=request.message,
+        login=request.login,
     )
     if fmt == "protobuf":
         found.spark_json()  # the message exists (and has a Spark type)

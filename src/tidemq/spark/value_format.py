@@ -138,21 +138,45 @@ def _lower(options: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in options.items()}
 
 
-def resolve_value_format(options: Mapping[str, str]) -> ValueFormat | None:
-    """The value format the options ask for (None: raw bytes), its schema resolved from
-    the registry (on the driver). ValueError naming the option that is wrong."""
-    opts = _lower(options)
+@dataclass(frozen=True, slots=True)
+class FormatRequest:
+    """What the value-format options ask for (reads and writes alike), checked."""
+
+    kind: str
+    registry_url: str
+    login: RegistryLogin
+    #: `protobufMessage` ("" unless given).
+    message: str
+
+
+def format_request(opts: Mapping[str, str]) -> FormatRequest | None:
+    """The value format lower-cased `opts` ask for (None: raw); ValueError naming the
+    option that is wrong."""
     fmt = opts.get("valueformat", "raw").lower()
     if fmt == "raw":
         for name in VALUE_FORMAT_OPTIONS[1:]:
             if name.lower() in opts:
-                raise ValueError(f"option {name!r} needs valueFormat=avro or json")
+                raise ValueError(f"option {name!r} needs valueFormat=avro, json or protobuf")
         return None
     if fmt not in ("avro", "json", "protobuf"):
         raise ValueError(f"valueFormat must be raw, avro, json or protobuf, got {fmt!r}")
     url = opts.get("schemaregistry")
     if not url:
         raise ValueError(f"valueFormat={fmt} needs schemaRegistry=http://HOST:PORT")
+    message = opts.get("protobufmessage", "")
+    if message and fmt != "protobuf":
+        raise ValueError("option 'protobufMessage' needs valueFormat=protobuf")
+    return FormatRequest(fmt, url, RegistryLogin.of(opts), message)
+
+
+def resolve_value_format(options: Mapping[str, str]) -> ValueFormat | None:
+    """The value format the options ask for (None: raw bytes), its schema resolved from
+    the registry (on the driver). ValueError naming the option that is wrong."""
+    opts = _lower(options)
+    request = format_request(opts)
+    if request is None:
+        return None
+    fmt = request.kind
     subject = opts.get("subject")
     if subject is None:
         topic = opts.get("subscribe", "")
@@ -162,16 +186,14 @@ def resolve_value_format(options: Mapping[str, str]) -> ValueFormat | None:
             )
         subject = f"{topic}-value"
     version = opts.get("schemaversion", "latest")
-    login = RegistryLogin.of(opts)
-    registry = login.registry(url)
+    registry = request.login.registry(request.registry_url)
     _, schema, kind = registry.version_info(subject, version)
     if kind.lower() != fmt:
         raise ValueError(f"subject {subject!r} holds a {kind} schema, not valueFormat={fmt}")
     text = schema if isinstance(schema, str) else json.dumps(schema)
-    message = opts.get("protobufmessage", "")
-    if message and fmt != "protobuf":
-        raise ValueError("option 'protobufMessage' needs valueFormat=protobuf")
-    found = ValueFormat(url, text, fmt, message=message, login=login)
+    found = ValueFormat(
+        request.registry_url, text, fmt, message=request.message, login=request.login
+    )
     found.spark_json()  # refuse a schema with no Spark type now, on the driver
     return found
 
