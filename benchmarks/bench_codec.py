@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
     batch_to_arrow: Callable[[bytes], object] | None
     try:
-        from tidemq.spark.arrow import batch_to_arrow  # noqa: PLC0415 - needs pyarrow
+        from tidemq.core.arrow import batch_to_arrow  # noqa: PLC0415 - needs pyarrow
     except ImportError:  # pragma: no cover
         batch_to_arrow = None
 

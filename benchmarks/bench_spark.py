@@ -54,7 +54,7 @@ import tidemq.spark
 from peers import start_tidemq
 from tidemq import Admin
 from tidemq.aio import Producer as AsyncProducer
-from tidemq.spark.arrow import source_schema
+from tidemq.core.arrow import source_schema
 from tidemq.spark.source import spark_schema
 
 RESULTS = Path(__file__).resolve().parent / "results" / "spark.json"

@@ -109,17 +109,19 @@ StartBroker = Callable[..., BrokerEnv]
 @pytest.fixture
 def start_broker(loop: Loop, tmp_path: Path) -> Iterator[StartBroker]:
     """`start_broker(**overrides)` starts a broker with an embedded name server on `loop`
-    (see `broker_config` for the overrides; `bootstrap_password` goes to the Broker) and
-    returns it running."""
+    (see `broker_config` for the overrides; `bootstrap_password` and `clock` go to the
+    Broker) and returns it running."""
     started: list[Broker] = []
 
     def start(**overrides: Any) -> BrokerEnv:
         data_dir = tmp_path / f"broker-{len(started)}"
         password = overrides.pop("bootstrap_password", None)
+        clock = overrides.pop("clock", None)
         broker = Broker(
             broker_config(data_dir, **overrides),
             embedded_nameserver=True,
             bootstrap_password=password,
+            clock=clock,
         )
         started.append(broker)
         address = loop.run(broker.start())

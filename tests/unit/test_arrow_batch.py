@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tidemq.core import names
+from tidemq.core.arrow import SCHEMA, batch_to_arrow, batches_to_arrow
 from tidemq.core.batch import (
     ENVELOPE,
     Codec,
@@ -23,7 +24,6 @@ from tidemq.core.batch import (
     encode_values,
 )
 from tidemq.core.errors import BatchTooLarge, InvalidBatch
-from tidemq.spark.arrow import SCHEMA, batch_to_arrow, batches_to_arrow
 
 TS = 1_700_000_000_000
 PROFILE = settings(

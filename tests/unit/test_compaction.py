@@ -241,7 +241,7 @@ def test_compact_delete_applies_retention_to_the_compacted_part(
 
 
 def test_spark_rows_of_a_compacted_queue_carry_their_own_offsets(store: MessageStore) -> None:
-    from tidemq.spark.arrow import records_to_arrow  # noqa: PLC0415 - pyarrow
+    from tidemq.core.arrow import records_to_arrow  # noqa: PLC0415 - pyarrow
 
     _compact_topic(store)
     for i in range(4):

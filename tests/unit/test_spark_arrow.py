@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tidemq.core.arrow import SOURCE_COLUMNS, records_to_arrow, source_schema
 from tidemq.core.batch import MessageRecord, encode_batch, parse_envelope
 from tidemq.core.errors import CorruptRecordError
 from tidemq.core.message import Message, messages_from_records
 from tidemq.core.record import encode_header
-from tidemq.spark.arrow import SOURCE_COLUMNS, records_to_arrow, source_schema
 
 TS = 1_700_000_000_000
 PROFILE = settings(

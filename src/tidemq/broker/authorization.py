@@ -191,6 +191,7 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         RequestCode.ACL_LIST: _CLUSTER_DESCRIBE,
         RequestCode.KV_GET: (_rule(_READ, _T, _topic),),
         RequestCode.COMPACT: (_rule(_ALTER, _T, _topic),),
+        RequestCode.TIER_STATUS: _CLUSTER_DESCRIBE,
         # Links of static topics: a remap moves data placement, an operator's act.
         RequestCode.STATIC_OPEN: (_rule(_CREATE, _T, _topic), _rule(_ALTER, _T, _topic)),
         RequestCode.STATIC_SEAL: (_rule(_ALTER, _T, _topic),),

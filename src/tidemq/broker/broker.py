@@ -20,7 +20,7 @@ import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -87,9 +87,13 @@ from tidemq.protocol.commands import (
     StatusResponse,
 )
 from tidemq.protocol.frame import Frame
+from tidemq.protocol.tier_messages import TierStatusRequest, TierStatusResponse
 from tidemq.store.files import FileSystem
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import MessageType
+
+if TYPE_CHECKING:
+    from tidemq.broker.tier_service import TierService
 
 __all__ = ["Broker", "listener_ssl_context", "name_server_ssl_context"]
 
@@ -162,6 +166,8 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self.nameserver: NameServer | None = None
+        #: Tiered storage (None: `tiered.url` not set).
+        self.tier: TierService | None = None
         self._lock_fd: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -352,15 +358,43 @@ class Broker:
             self._cluster_queue_counts,
             pop_groups=self._pop.groups,
         )
+        self.tier = self._start_tier()
         self._handlers = self._handler_table()
-        self._tasks.append(loop.create_task(self._sweep()))
-        self._tasks.append(loop.create_task(self._retention()))
-        self._tasks.append(loop.create_task(self._save_services_periodically()))
-        self._tasks.append(loop.create_task(self._compaction.run_forever()))
+        self._start_background(loop)
         tls = " (TLS)" if listener_tls is not None else ""
         auth = " (SCRAM-SHA-256 authentication)" if cfg.auth_enabled else ""
         log.info("broker %s serving on %s%s%s", cfg.broker_name, self.address, tls, auth)
         return self.address
+
+    def _start_tier(self) -> TierService | None:
+        """The tier service, when `tiered.url` is set (its modules need pyarrow and
+        obstore, so they are imported only then)."""
+        cfg = self.config
+        if not cfg.tiered.enabled:
+            return None
+        try:
+            from tidemq.broker.tier_service import TierService  # noqa: PLC0415
+        except ImportError as exc:
+            raise ConfigError(
+                f"tiered.url is set but tiered storage cannot load ({exc}); install "
+                "tidemq[server] (pyarrow and obstore)"
+            ) from None
+        tier = TierService(cfg.tiered, cfg.broker_name, self._gateway, self._topics, self._clock)
+        self._data.tier = tier
+        return tier
+
+    def _start_background(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._tasks.append(loop.create_task(self._sweep()))
+        self._tasks.append(loop.create_task(self._retention()))
+        self._tasks.append(loop.create_task(self._save_services_periodically()))
+        self._tasks.append(loop.create_task(self._compaction.run_forever()))
+        if self.tier is not None:
+            self._tasks.append(loop.create_task(self.tier.run_forever()))
+
+    async def _tier_status(self, req: TierStatusRequest) -> TierStatusResponse:
+        if self.tier is None:
+            return TierStatusResponse(enabled=False)
+        return await self.tier.status(req)
 
     async def stop(self) -> None:
         if self._stopped.is_set():
@@ -374,6 +408,8 @@ class Broker:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.tier is not None:
+            await self.tier.close()
         # A run in the worker process finishes its file (which nothing names: the next
         # start removes it) or is cut short by the timeout; then the worker exits.
         with contextlib.suppress(TimeoutError):
@@ -657,6 +693,7 @@ class Broker:
             RequestCode.STATIC_TIMERS_TAKE: plain(self._static.take_timers),
             RequestCode.STATIC_TIMERS_ADOPT: plain(self._static.adopt_timers),
             RequestCode.STATIC_TIMERS_HANDED: plain(self._static.timers_handed),
+            RequestCode.TIER_STATUS: plain(self._tier_status),
         }
 
     async def _status(self) -> StatusResponse:

@@ -26,6 +26,7 @@ from tidemq.core.limits import (
 )
 from tidemq.net.tls import TlsClientAuth
 from tidemq.store.config import StoreConfig
+from tidemq.tiered.config import TieredConfig
 
 __all__ = ["FRAME_OVERHEAD_BYTES", "BrokerConfig"]
 
@@ -156,6 +157,8 @@ class BrokerConfig:
     #: Needs auth_enabled (an ACL names users). Off by default.
     authorization_enabled: bool = False
     store: StoreConfig = field(default_factory=_default_store)
+    #: Tiered storage (`[tiered]`): off unless its url is set.
+    tiered: TieredConfig = field(default_factory=TieredConfig)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.broker_name):

@@ -13,11 +13,13 @@ from typing import Final
 from tidemq.core.errors import ConfigError
 from tidemq.store.compaction_settings import COMPACTION_KEYS, compaction_settings
 from tidemq.store.metadata import CleanupPolicy, MessageType
+from tidemq.store.remote_ranges import USE_RETENTION, tier_settings
 
 __all__ = [
     "HOSTED_QUEUES_KEY",
     "KNOWN",
     "TopicSettings",
+    "check_tier_config",
     "parse_hosted",
     "parse_message_type",
     "parse_topic_config",
@@ -39,9 +41,12 @@ KNOWN: Final[dict[str, str]] = {
     **{key: meaning for key, (_, meaning) in COMPACTION_KEYS.items()},
     "schema.validation": "true | false: refuse values whose schema id is not registered "
     "under <topic>-value in the schema registry",
-    "remote.storage.enable": "tiered storage: not yet implemented",
-    "local.retention.ms": "tiered storage: not yet implemented",
-    "local.retention.bytes": "tiered storage: not yet implemented",
+    "remote.storage.enable": "true | false: offload sealed data to the object store "
+    "(tiered.url); once on, stays on",
+    "local.retention.ms": "keep local copies of offloaded data this long (-2: as "
+    "retention.ms; -1: forever)",
+    "local.retention.bytes": "keep at most this many bytes locally per queue (-2: as "
+    "retention.bytes; -1: no limit)",
 }
 
 
@@ -93,6 +98,7 @@ def parse_topic_config(config: Mapping[str, str]) -> TopicSettings:
         raise ConfigError(
             f"schema.validation must be true or false, got {config['schema.validation']!r}"
         )
+    tier_settings(config)  # ConfigError naming a bad tiered-storage key
     if config.get("message.timestamp.type", "CreateTime") not in ("CreateTime", "LogAppendTime"):
         raise ConfigError("message.timestamp.type must be CreateTime or LogAppendTime")
     extra = {
@@ -118,3 +124,48 @@ def parse_hosted(config: Mapping[str, str], queues: int) -> list[int]:
     if not raw:
         return list(range(queues))
     return [int(q) for q in raw.split(",")]
+
+
+def _within(local: int, total: int) -> bool:
+    """Whether a local retention (-2: as total, -1: none) keeps no more than the total."""
+    if local == USE_RETENTION or total < 0:
+        return True
+    return 0 <= local <= total
+
+
+def check_tier_config(
+    before: Mapping[str, str] | None,
+    after: Mapping[str, str],
+    *,
+    compact: bool,
+    retention_ms: int,
+    retention_bytes: int,
+    tier_configured: bool,
+) -> None:
+    """A topic's tiered-storage configs as a whole (its config `before` an alter, None at
+    create; `after` it, merged): ConfigError naming what is wrong."""
+    now = tier_settings(after)
+    if before is not None and tier_settings(before).enabled and not now.enabled:
+        raise ConfigError(
+            "remote.storage.enable cannot be turned off once on (its offloaded data would "
+            "become unreadable); delete the topic instead"
+        )
+    if not now.enabled:
+        return
+    if not tier_configured:
+        raise ConfigError(
+            "remote.storage.enable=true needs tiered storage on the broker: set tiered.url "
+            "(the [tiered] section of tidemq.toml, or --set tiered.url=s3://bucket/prefix)"
+        )
+    if compact:
+        raise ConfigError("remote.storage.enable=true is not supported for compact topics")
+    if not _within(now.local_retention_ms, retention_ms):
+        raise ConfigError(
+            f"local.retention.ms ({now.local_retention_ms}) must not exceed retention.ms "
+            f"({retention_ms})"
+        )
+    if not _within(now.local_retention_bytes, retention_bytes):
+        raise ConfigError(
+            f"local.retention.bytes ({now.local_retention_bytes}) must not exceed "
+            f"retention.bytes ({retention_bytes})"
+        )

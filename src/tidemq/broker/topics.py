@@ -14,6 +14,8 @@ from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.system_topics import is_internal
 from tidemq.broker.topic_config import (
     HOSTED_QUEUES_KEY,
+    TopicSettings,
+    check_tier_config,
     parse_hosted,
     parse_message_type,
     parse_topic_config,
@@ -29,7 +31,7 @@ from tidemq.core.errors import (
 from tidemq.core.static_chain import STATIC_KEY
 from tidemq.store.compaction_settings import compaction_settings
 from tidemq.store.message_store import MessageStore
-from tidemq.store.metadata import TopicInfo
+from tidemq.store.metadata import CleanupPolicy, TopicInfo
 
 __all__ = ["TopicTable", "check_user_topic"]
 
@@ -140,6 +142,7 @@ class TopicTable:
         if not 1 <= queues <= limits.MAX_QUEUES_PER_TOPIC:
             raise ConfigError(f"queues must be 1..{limits.MAX_QUEUES_PER_TOPIC}, got {queues}")
         settings = parse_topic_config(config or {})
+        self._check_tier(None, config or {}, settings)
         mtype = parse_message_type(message_type)
         extra = {**settings.extra, **_hosted_value(hosted or [], queues)}
         if static:
@@ -174,6 +177,7 @@ class TopicTable:
             )
         settings = parse_topic_config(config)
         compaction_settings({**current.config, **config})  # min/max lag checked together
+        self._check_tier(current, config, settings)
         total = current.queues if queues is None else queues
         extra = {**settings.extra, **_hosted_value(hosted, total)}
 
@@ -190,6 +194,36 @@ class TopicTable:
         info = await self._gateway.call(run)
         await self.refresh()
         return info
+
+    def _check_tier(
+        self, current: TopicInfo | None, config: dict[str, str], settings: TopicSettings
+    ) -> None:
+        """The tiered-storage configs of a topic being created (current None) or altered,
+        with what it already has and the broker's defaults."""
+        store = self._config.store
+        policy = settings.cleanup_policy or (
+            CleanupPolicy.DELETE if current is None else current.cleanup_policy
+        )
+
+        def pick(new: int | None, old: int | None, default: int) -> int:
+            return new if new is not None else old if old is not None else default
+
+        check_tier_config(
+            None if current is None else current.config,
+            {**(current.config if current else {}), **config},
+            compact=policy is not CleanupPolicy.DELETE,
+            retention_ms=pick(
+                settings.retention_ms,
+                None if current is None else current.retention_ms,
+                store.retention_ms,
+            ),
+            retention_bytes=pick(
+                settings.retention_bytes,
+                None if current is None else current.retention_bytes,
+                store.retention_bytes,
+            ),
+            tier_configured=self._config.tiered.enabled,
+        )
 
     async def delete(self, name: str) -> None:
         self.get(name)

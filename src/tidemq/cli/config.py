@@ -29,6 +29,7 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.core.errors import ConfigError
 from tidemq.http.config import HttpConfig
 from tidemq.store.config import StoreConfig
+from tidemq.tiered.config import TieredConfig
 
 __all__ = [
     "ENV_PREFIX",
@@ -54,10 +55,11 @@ SECTIONS: Final[dict[str, type[Any]]] = {
     "broker": BrokerConfig,
     "store": StoreConfig,
     "http": HttpConfig,
+    "tiered": TieredConfig,
 }
 
 #: Fields that are not settable keys (the nested store config is its own section).
-_NOT_KEYS: Final = {("broker", "store")}
+_NOT_KEYS: Final = {("broker", "store"), ("broker", "tiered")}
 
 #: Kafka and RocketMQ spellings of keys, only where the meaning and unit are the same.
 #: (RocketMQ's fileReservedTime is in hours and its disk ratios are percentages: not aliased.)
@@ -369,7 +371,8 @@ def build_config(
         store_values = dict(merged.get("store", {}))
         store_values.setdefault("data_dir", Path("data"))
         store = StoreConfig(**store_values)
-        return BrokerConfig(**dict(merged.get("broker", {})), store=store)
+        tiered = TieredConfig(**dict(merged.get("tiered", {})))
+        return BrokerConfig(**dict(merged.get("broker", {})), store=store, tiered=tiered)
     except ConfigUsageError:
         raise
     except ConfigError as exc:

@@ -17,6 +17,7 @@ __all__ = [
     "BrokerNotAvailable",
     "ConfigError",
     "CorruptRecordError",
+    "DataLost",
     "DelayTooLong",
     "DeserializationFailed",
     "DiskFull",
@@ -37,6 +38,7 @@ __all__ = [
     "StorageFailure",
     "StoreClosed",
     "TidemqError",
+    "TierUnavailable",
     "TopicAlreadyExists",
     "TopicNotFound",
     "TransactionStateError",
@@ -81,6 +83,8 @@ class ErrorCode(IntEnum):
     AUTHORIZATION_FAILED = 30
     QUEUE_MOVED = 31
     SCHEMA_VALIDATION_FAILED = 32
+    TIER_UNAVAILABLE = 33
+    DATA_LOST = 34
 
 
 class TidemqError(Exception):
@@ -283,6 +287,20 @@ class SchemaValidationFailed(InvalidRequest):
     """A topic with `schema.validation=true` refused a batch: a value not in Confluent's
     wire format, or with a schema id not registered under the topic's subject. The message
     names the message index and the id."""
+
+
+@_error(ErrorCode.TIER_UNAVAILABLE, retriable=True)
+class TierUnavailable(TidemqError):
+    """The object store holding an offloaded range (tiered storage) could not be reached
+    or answered with an error: the read may succeed later. The message names the store's
+    answer."""
+
+
+@_error(ErrorCode.DATA_LOST)
+class DataLost(TidemqError):
+    """Messages that were offloaded to the object store are gone from it (a file deleted
+    behind the broker's back, or failing its checksum): readers are told, never handed an
+    empty range. The message names the offsets and the file."""
 
 
 class DeserializationFailed(TidemqError):

@@ -75,6 +75,9 @@ class RequestCode(IntEnum):
     # compact topics (docs/guide/compact-topics.md): a key's latest value, a run on demand
     KV_GET = 100
     COMPACT = 101
+    # tiered storage (docs/guide/tiered-storage.md): what is offloaded, and how it goes
+    TIER_STATUS = 120
     # Planned ranges, so that work on several features at once does not collide:
     # 80-89 authorization (ACLs, issue 16); 90-99 static topics (issue 17);
-    # 100-109 compact topics and key-value access (issue 18); 110-119 operations (issue 22).
+    # 100-109 compact topics and key-value access (issue 18); 110-119 operations (issue 22);
+    # 120-129 tiered storage (issue 20).

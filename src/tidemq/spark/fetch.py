@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from tidemq.client.cluster import ClusterClient
+from tidemq.core.arrow import records_to_arrow
 from tidemq.core.errors import (
     OffsetOutOfRange,
     QueueNotFound,
@@ -27,7 +28,6 @@ from tidemq.core.errors import (
 )
 from tidemq.protocol.commands import FetchRequest, FetchResponse
 from tidemq.spark._runtime import runtime
-from tidemq.spark.arrow import records_to_arrow
 from tidemq.spark.offsets import Bounds, Positions, TopicQueue, resolve_positions
 from tidemq.spark.options import (
     Assign,

@@ -63,8 +63,10 @@ from tidemq.store.files import FileSystem, OsFileSystem
 from tidemq.store.format.checkpoint import Checkpoint
 from tidemq.store.format.index_entry import ENTRY
 from tidemq.store.metadata import CleanupPolicy, MessageType, Metadata, TopicInfo
+from tidemq.store.offload import OffloadView
 from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp, ProducerStates
 from tidemq.store.queue_index import IndexFileCache, QueueIndex
+from tidemq.store.remote_ranges import RemoteRanges
 from tidemq.store.static_queues import StaticQueues
 
 __all__ = [
@@ -187,6 +189,9 @@ class ReadStatus(StrEnum):
     FOUND = "found"
     NO_NEW_MESSAGE = "no_new_message"
     OFFSET_OUT_OF_RANGE = "offset_out_of_range"
+    #: The offset is readable, from the object store only (tiered storage): the broker's
+    #: tier reader serves it.
+    REMOTE = "remote"
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +247,8 @@ class MessageStore:
         self.compacted = CompactedQueues(fs, metadata, compacted or {})
         #: Chains of the static queues this broker holds links of.
         self.static = StaticQueues(metadata)
+        #: What of each queue lives in the object store (tiered storage).
+        self.remote = RemoteRanges(metadata)
         #: Per compact queue, built on its first key lookup: the latest offset of each key
         #: written past its compacted log (kept current by `append`).
         self.dirty_keys: dict[tuple[int, int], dict[bytes, int]] = {}
@@ -360,6 +367,7 @@ class MessageStore:
         del self._topics[name]
         self._producers.drop_topic(info.id)
         self.static.drop_topic(info.id)
+        self.remote.drop_topic(info.id)
         for q in range(info.queues):
             self.compacted.drop((info.id, q))
             self.dirty_keys.pop((info.id, q), None)
@@ -653,6 +661,9 @@ class MessageStore:
         return 0 if compacted is None else compacted.end
 
     def _min_offset(self, info: TopicInfo, queue_id: int, index: QueueIndex) -> int:
+        remote = self.remote.get((info.id, queue_id))
+        if remote is not None:
+            return remote.log_start
         compacted = self.compacted.get((info.id, queue_id))
         return index.min_offset if compacted is None else min(compacted.start, index.min_offset)
 
@@ -705,6 +716,8 @@ class MessageStore:
         lo, hi = self._min_offset(info, queue_id, index), index.next_offset
         if offset < lo or offset > hi:
             return ReadResult(ReadStatus.OFFSET_OUT_OF_RANGE, [], offset, lo, hi)
+        if offset < index.min_offset and (info.id, queue_id) in self.remote:
+            return ReadResult(ReadStatus.REMOTE, [], offset, lo, hi)
         batches: list[StoredBatch] = []
         budget = max_bytes
         next_offset = offset
@@ -843,6 +856,16 @@ class MessageStore:
 
     def queue_indexes(self) -> dict[tuple[int, int], QueueIndex]:
         return self._queues
+
+    def index_of(self, topic: str, queue_id: int) -> tuple[TopicInfo, QueueIndex]:
+        """A live topic's info and one queue's index (for the store's helper modules)."""
+        self._check_open()
+        return self._index(topic, queue_id)
+
+    @property
+    def offload(self) -> OffloadView:
+        """Tiered storage's reads and records (`offload.py`)."""
+        return OffloadView(self)
 
     @property
     def indexed_position(self) -> int:

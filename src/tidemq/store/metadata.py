@@ -87,6 +87,11 @@ CREATE TABLE IF NOT EXISTS static_chains (
     chain BLOB NOT NULL,
     PRIMARY KEY (topic_id, queue_id)
 );
+CREATE TABLE IF NOT EXISTS remote_ranges (
+    topic_id INTEGER NOT NULL, queue_id INTEGER NOT NULL, log_start INTEGER NOT NULL,
+    remote_end INTEGER NOT NULL,
+    PRIMARY KEY (topic_id, queue_id)
+);
 CREATE TABLE IF NOT EXISTS consumer_offsets (
     group_name TEXT NOT NULL, topic TEXT NOT NULL, queue_id INTEGER NOT NULL,
     next_offset INTEGER NOT NULL, updated_ms INTEGER NOT NULL,
@@ -322,6 +327,7 @@ class Metadata:
             self._db.execute("DELETE FROM queue_index_end WHERE topic_id = ?", (topic_id,))
             self._db.execute("DELETE FROM compacted_logs WHERE topic_id = ?", (topic_id,))
             self._db.execute("DELETE FROM static_chains WHERE topic_id = ?", (topic_id,))
+            self._db.execute("DELETE FROM remote_ranges WHERE topic_id = ?", (topic_id,))
             self._db.execute("DELETE FROM producer_state WHERE topic_id = ?", (topic_id,))
 
     # ------------------------------------------------------------------ queue state
@@ -388,6 +394,20 @@ class Metadata:
                 "INSERT OR REPLACE INTO static_chains VALUES (?, ?, ?, ?)",
                 (topic_id, queue_id, int(writable), chain),
             )
+
+    def remote_ranges(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """(log start, remote end) of each queue with offloaded data (tiered storage)."""
+        rows = self._db.execute(
+            "SELECT topic_id, queue_id, log_start, remote_end FROM remote_ranges"
+        )
+        return {(t, q): (s, e) for t, q, s, e in rows}
+
+    @_writes
+    def set_remote_range(self, topic_id: int, queue_id: int, log_start: int, end: int) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO remote_ranges VALUES (?, ?, ?, ?)",
+            (topic_id, queue_id, log_start, end),
+        )
 
     # ------------------------------------------------------------------ consumer offsets
 

@@ -5,6 +5,10 @@ Only whole batches are removed. Time retention keeps every batch stored at or af
 `now - retention.ms`; size retention keeps the newest batches whose records add up to at
 most `retention.bytes`. A segment is deleted only when every live queue's first kept
 record lies past it and the checkpoint no longer needs it for recovery.
+
+A topic with `remote.storage.enable=true` keeps its local copies by `local.retention.*`
+instead, and never drops one that is not yet verified in the object store (its remote
+end, `remote_ranges.py`); how long its data exists at all is the tier service's business.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from tidemq.store.metadata import CleanupPolicy
+from tidemq.store.config import StoreConfig
+from tidemq.store.metadata import CleanupPolicy, TopicInfo
+from tidemq.store.remote_ranges import USE_RETENTION, TierSettings, tier_settings
 
 if TYPE_CHECKING:
     from tidemq.store.message_store import MessageStore
@@ -30,10 +36,8 @@ def apply_retention(store: MessageStore) -> int:
     for info in store.topics():
         if info.cleanup_policy is CleanupPolicy.COMPACT:
             continue  # compact-only topics keep the latest value per key, not a time window
-        retention_ms = config.retention_ms if info.retention_ms is None else info.retention_ms
-        retention_bytes = (
-            config.retention_bytes if info.retention_bytes is None else info.retention_bytes
-        )
+        tier = tier_settings(info.config)
+        retention_ms, retention_bytes = _local_limits(info, config, tier)
         for q in range(info.queues):
             index = indexes[(info.id, q)]
             compacted = store.compacted.get((info.id, q))
@@ -48,6 +52,11 @@ def apply_retention(store: MessageStore) -> int:
                 new_min = max(
                     new_min, _offset_for_size(index.all_entries(), new_min, retention_bytes)
                 )
+            if tier.enabled:
+                # Never past what the object store verifiably holds (none uploaded yet:
+                # nothing goes).
+                remote = store.remote.get((info.id, q))
+                new_min = min(new_min, index.min_offset if remote is None else remote.remote_end)
             if new_min > index.min_offset:
                 index.advance_min_offset(new_min)
                 changed[(info.id, q)] = index.min_offset
@@ -63,6 +72,20 @@ def apply_retention(store: MessageStore) -> int:
         if first is not None and index.min_offset < index.next_offset:
             needed = min(needed, first.log_position)
     return len(store.log.segments.delete_segments_before(needed))
+
+
+def _local_limits(info: TopicInfo, config: StoreConfig, tier: TierSettings) -> tuple[int, int]:
+    """(ms, bytes) of a topic's local retention: its retention.*, or for an offloaded
+    topic its local.retention.* (-2: as retention.*)."""
+    retention_ms = config.retention_ms if info.retention_ms is None else info.retention_ms
+    retention_bytes = (
+        config.retention_bytes if info.retention_bytes is None else info.retention_bytes
+    )
+    if tier.enabled and tier.local_retention_ms != USE_RETENTION:
+        retention_ms = tier.local_retention_ms
+    if tier.enabled and tier.local_retention_bytes != USE_RETENTION:
+        retention_bytes = tier.local_retention_bytes
+    return retention_ms, retention_bytes
 
 
 def _offset_for_size(entries: npt.NDArray[np.void], min_offset: int, retention_bytes: int) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -23,6 +23,7 @@ from tidemq.core.errors import (
     InvalidRequest,
     MessageTypeMismatch,
     QueueMoved,
+    TierUnavailable,
 )
 from tidemq.net.budget import ConnectionBudget
 from tidemq.protocol.commands import (
@@ -39,6 +40,9 @@ from tidemq.store.compacted_queues import message_keys
 from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus
 from tidemq.store.metadata import CleanupPolicy, MessageType
 from tidemq.store.producer_state import ProducerStamp
+
+if TYPE_CHECKING:
+    from tidemq.broker.tier_service import TierService
 
 __all__ = ["DataHandlers"]
 
@@ -67,6 +71,8 @@ class DataHandlers:
         #: The schema registry's check for topics with schema.validation=true (set by the
         #: node that runs the registry; None: sends to such topics are refused).
         self.schema_check: SchemaCheck | None = None
+        #: Tiered storage's reads of offloaded offsets (None: not configured).
+        self.tier: TierService | None = None
 
     async def produce(self, req: ProduceRequest, body: bytes | memoryview) -> ProduceResponse:
         """`body`: the batch payload; a view of the request's own buffer when large (the
@@ -209,6 +215,8 @@ class DataHandlers:
             if budget is not None:
                 max_bytes = await budget.acquire(req.max_bytes)
             result = await self._gateway.call(read)
+            if result.status is ReadStatus.REMOTE:
+                result = await self._read_remote(req.topic, req.queue, result, max_bytes, tag_mask)
             if budget is not None:
                 budget.hold(sum(len(b.record) for b in result.batches))
             if result.status is not ReadStatus.NO_NEW_MESSAGE or result.next_offset != offset:
@@ -237,6 +245,22 @@ class DataHandlers:
             masks=masks,
         )
         return response, (b"".join(records) if join else records)
+
+    async def _read_remote(
+        self, topic: str, queue: int, local: ReadResult, max_bytes: int, tag_mask: int
+    ) -> ReadResult:
+        """A read of an offset the store holds in the object store only (tiered storage)."""
+        if self.tier is None:
+            raise TierUnavailable(
+                f"offset {local.next_offset} of {topic}/{queue} is in the object store, and "
+                "tiered storage (tiered.url) is not set on this broker"
+            )
+        info = self._topics.get(topic)
+        batches, next_offset = await self.tier.read(
+            info, queue, local.next_offset, max_bytes, tag_mask
+        )
+        status = ReadStatus.FOUND if batches else ReadStatus.NO_NEW_MESSAGE
+        return ReadResult(status, batches, next_offset, local.min_offset, local.max_offset)
 
     async def list_offsets(self, req: ListOffsetsRequest) -> ListOffsetsResponse:
         await self._topics.check_queue(req.topic, req.queue)

@@ -1,4 +1,5 @@
-"""Batch payloads as Arrow record batches, the form the Spark connector hands to Spark.
+"""Batch payloads as Arrow record batches: the rows the Spark connector hands to Spark and
+the tier writes to Parquet.
 
 The batch body already is Arrow's layout (see `tidemq.core.batch`), so a RecordBatch is
 built from `decode_columns`' buffers with `pa.Array.from_buffers`: zero-copy for keys,
@@ -20,7 +21,9 @@ source's rows: the message columns plus topic, partition, offset and timestampTy
 the order and Arrow types of `source_schema` (what Spark's `to_arrow_schema(schema,
 timezone="UTC")` gives for the source's schema).
 
-This module imports pyarrow at import time; `tidemq.spark` itself must not import it.
+This module imports pyarrow at import time; nothing imports it at package import (pyarrow
+is needed by the Spark connector and the tier only). It lives in `core`, beside the batch
+format it reads, so that both of them (which may not import each other) share it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,410 @@
+"""Tiered storage on a broker: offload, remote retention, and reads of offloaded offsets.
+
+Every `tiered.check_interval_ms` (and on `run_once`) each hosted queue of each topic with
+`remote.storage.enable=true` gets one pass, at most `tiered.upload_concurrency` at once:
+
+1. **Load** its manifest (once): reconcile it with the store's remote range (a crash may
+   fall between the manifest write and the store's record of it) and delete orphan files
+   (uploads a crash cut off before their manifest listed them).
+2. **Offload**: the durable batches past the remote end form a file once they reach
+   `tiered.file_bytes` or their oldest is `tiered.file_max_age_ms` old. Upload, verify
+   (`verify_upload`), write the manifest, then record the new remote end in the store:
+   only then may local retention drop those batches (reliability rule 8).
+3. **Expire**: whole files past the topic's `retention.ms`/`retention.bytes` (counting the
+   local tail too) go: the store's log start first (readers stop), then the manifest, then
+   the objects.
+
+A failure (store down, slow, refusing) is kept as the queue's error, shown by `tidemq
+tier status`, and the queue backs off (`retry_backoff_ms` doubling to the max); produce and
+fetch never wait for the store. Reads of offloaded offsets (`read`) come from the fetch
+handler when the store answers REMOTE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+import msgspec
+
+from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.tier_state import QueueTier, TierStats, queue_status
+from tidemq.broker.topics import TopicTable
+from tidemq.core.clock import Clock
+from tidemq.core.errors import CorruptRecordError, DataLost, TidemqError, TierUnavailable
+from tidemq.core.record import parse_header
+from tidemq.protocol.tier_messages import (
+    TierQueueStatus,
+    TierStatusRequest,
+    TierStatusResponse,
+)
+from tidemq.store.message_store import MessageStore, StoredBatch
+from tidemq.store.metadata import TopicInfo
+from tidemq.store.offload import QueueTierState
+from tidemq.store.remote_ranges import tier_settings
+from tidemq.tiered.config import TieredConfig
+from tidemq.tiered.manifest import (
+    QueueManifest,
+    RemoteFile,
+    data_file_path,
+    decode_manifest,
+    encode_manifest,
+    manifest_path,
+    queue_data_prefix,
+)
+from tidemq.tiered.object_store import ObjectMissing, ObjectStore, verify_upload
+from tidemq.tiered.parquet_rows import encode_file
+from tidemq.tiered.reader import TierReader
+
+__all__ = ["TierService"]
+
+log = logging.getLogger(__name__)
+
+#: Files one queue uploads in one pass (the other queues get their turn).
+_MAX_FILES_PER_PASS: Final = 8
+_T = TypeVar("_T")
+
+
+@dataclass
+class _Pass:
+    info: TopicInfo
+    queue: int
+    manifest: QueueManifest
+    sizes: list[int] = field(default_factory=list)
+
+
+class TierService:
+    def __init__(
+        self,
+        config: TieredConfig,
+        broker_name: str,
+        gateway: StoreGateway,
+        topics: TopicTable,
+        clock: Clock,
+    ) -> None:
+        self.config = config
+        self._broker = broker_name
+        self._gateway = gateway
+        self._topics = topics
+        self._clock = clock
+        self.store = ObjectStore(config)
+        self.reader = TierReader(self.store, config.cache_bytes)
+        self._queues: dict[tuple[str, int], QueueTier] = {}
+        self._uploads = asyncio.Semaphore(config.upload_concurrency)
+        self.stats = TierStats()
+        self._warming: set[asyncio.Task[None]] = set()
+
+    async def _io(self, fn: Callable[..., _T], *args: object) -> _T:
+        """A blocking object-store or Parquet call, on a worker thread."""
+        return await asyncio.to_thread(fn, *args)
+
+    def _queue(self, info: TopicInfo, queue: int) -> QueueTier:
+        qt = self._queues.get((info.name, queue))
+        if qt is None or qt.topic_created_ms != info.created_ms:
+            qt = QueueTier(info.name, queue, info.created_ms)
+            self._queues[(info.name, queue)] = qt
+        return qt
+
+    # ------------------------------------------------------------------ passes
+
+    async def run_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.check_interval_ms / 1000)
+            try:
+                await self.run_once()
+            except Exception:
+                log.exception("tiered storage pass failed")
+
+    async def run_once(self) -> None:
+        """One pass over every offloaded queue (what the background loop runs)."""
+        topics = [t for t in self._topics.all() if tier_settings(t.config).enabled]
+        await self._forget_deleted({t.name: t for t in topics})
+        await asyncio.gather(
+            *(self._queue_pass(t, q) for t in topics for q in self._topics.hosted(t.name))
+        )
+
+    async def _queue_pass(self, info: TopicInfo, queue: int) -> None:
+        qt = self._queue(info, queue)
+        if int(self._clock.monotonic_ms()) < qt.retry_at_ms:
+            return
+        async with self._uploads, qt.lock:
+            try:
+                manifest = await self._load(qt, info)
+                for _ in range(_MAX_FILES_PER_PASS):
+                    if not await self._offload_one(qt, _Pass(info, queue, manifest)):
+                        break
+                    manifest = qt.loaded()
+                await self._expire(qt, info)
+            except (TierUnavailable, CorruptRecordError) as exc:
+                qt.failed(str(exc), int(self._clock.monotonic_ms()), self.config)
+                self.stats.errors += 1
+                log.warning("tiered storage, %s/%d: %s", info.name, queue, exc)
+                return
+            qt.succeeded()
+
+    # ------------------------------------------------------------------ load, reconcile
+
+    async def _load(self, qt: QueueTier, info: TopicInfo) -> QueueManifest:
+        if qt.manifest is not None:
+            return qt.manifest
+        path = manifest_path(self._broker, info.name, qt.queue)
+        try:
+            manifest: QueueManifest | None = decode_manifest(await self._io(self.store.get, path))
+        except ObjectMissing:
+            manifest = None
+        if manifest is not None and manifest.topic_created_ms != info.created_ms:
+            manifest = None  # an earlier topic of the same name: its files are orphans
+        view = await self._gateway.call(lambda s: s.offload.open_range(info.name, qt.queue))
+        if manifest is None:
+            manifest = QueueManifest(
+                broker=self._broker,
+                topic=info.name,
+                queue=qt.queue,
+                topic_created_ms=info.created_ms,
+                log_start=view.remote_end,
+            )
+            if view.remote_end > view.log_start:
+                qt.lost = (view.log_start, view.remote_end)
+            await self._io(self.store.put, path, encode_manifest(manifest))
+        elif manifest.end > view.remote_end:
+            # The manifest was written, the store's record of it was not (a crash).
+            end = manifest.end
+            await self._gateway.call(lambda s: s.offload.set_remote_end(info.name, qt.queue, end))
+        elif manifest.end < view.remote_end:
+            qt.lost = (manifest.end, view.remote_end)
+            raise CorruptRecordError(
+                f"the tier's manifest of {info.name}/{qt.queue} ends at {manifest.end}, the "
+                f"broker recorded {view.remote_end}: offsets in between are lost"
+            )
+        listed = {f.path for f in manifest.files}
+        prefix = queue_data_prefix(info.name, self._broker, qt.queue)
+        for orphan in await self._io(self.store.list, prefix):
+            if orphan.path not in listed:
+                await self._io(self.store.delete, orphan.path)
+                self.stats.orphans_deleted += 1
+        qt.manifest = manifest
+        return manifest
+
+    async def _forget_deleted(self, live: dict[str, TopicInfo]) -> None:
+        """Delete the remote data of topics deleted (or created again) since it was
+        offloaded."""
+        for key, qt in list(self._queues.items()):
+            info = live.get(qt.topic)
+            if info is not None and info.created_ms == qt.topic_created_ms:
+                continue
+            manifest = qt.manifest
+            del self._queues[key]
+            if manifest is None:
+                continue
+            try:
+                for f in manifest.files:
+                    await self._io(self.store.delete, f.path)
+                    self.reader.drop(f.path)
+                if info is None:
+                    path = manifest_path(self._broker, qt.topic, qt.queue)
+                    await self._io(self.store.delete, path)
+            except TierUnavailable as exc:
+                log.warning("tiered storage: deleting %s/%d: %s", qt.topic, qt.queue, exc)
+
+    # ------------------------------------------------------------------ offload
+
+    async def _durable_batches(self, p: _Pass, start: int) -> tuple[list[StoredBatch], bool]:
+        """The durable batches from `start`, up to `file_bytes`, read in row-group-sized
+        calls (each call blocks the loop for one small read); and whether they fill a file."""
+        out: list[StoredBatch] = []
+        total = 0
+        limit = self.config.file_bytes
+        topic, queue = p.info.name, p.queue
+        while total < limit:
+            step = min(self.config.row_group_bytes, limit - total)
+            at = start if not out else out[-1].base_offset + out[-1].count
+            got = await self._gateway.call(
+                functools.partial(_batches, topic=topic, queue=queue, offset=at, max_bytes=step)
+            )
+            if not got:
+                return out, False
+            out.extend(got)
+            total += sum(len(b.record) for b in got)
+        return out, True
+
+    async def _offload_one(self, qt: QueueTier, p: _Pass) -> bool:
+        batches, full = await self._durable_batches(p, p.manifest.end)
+        if not batches:
+            return False
+        age = self._clock.now_ms() - batches[0].store_time_ms
+        if not full and age < self.config.file_max_age_ms:
+            return False
+        records = [b.record for b in batches]
+        encoded = await self._io(
+            lambda: encode_file(
+                records,
+                topic=p.info.name,
+                queue=p.queue,
+                broker=self._broker,
+                row_group_bytes=self.config.row_group_bytes,
+            )
+        )
+        path = data_file_path(
+            p.info.name,
+            self._broker,
+            p.queue,
+            start=encoded.start,
+            end=encoded.end,
+            store_time_ms=encoded.min_store_time_ms,
+        )
+        etag = await self._io(self.store.put, path, encoded.data)
+        await self._io(verify_upload, self.store, path, encoded.data, etag)
+        remote = RemoteFile(
+            path=path,
+            start=encoded.start,
+            end=encoded.end,
+            messages=encoded.messages,
+            size=len(encoded.data),
+            record_bytes=sum(len(r) for r in records),
+            md5=hashlib.md5(encoded.data, usedforsecurity=False).hexdigest(),
+            sha256=hashlib.sha256(encoded.data).hexdigest(),
+            min_store_time_ms=encoded.min_store_time_ms,
+            max_store_time_ms=encoded.max_store_time_ms,
+            row_groups=encoded.row_groups,
+            uploaded_ms=self._clock.now_ms(),
+        )
+        manifest = msgspec.structs.replace(p.manifest, files=[*p.manifest.files, remote])
+        await self._put_manifest(qt, manifest)
+        end = encoded.end
+        await self._gateway.call(lambda s: s.offload.set_remote_end(p.info.name, p.queue, end))
+        self.stats.uploaded(len(encoded.data), self._clock.now_ms())
+        qt.last_upload_ms = self._clock.now_ms()
+        return True
+
+    async def _put_manifest(self, qt: QueueTier, manifest: QueueManifest) -> None:
+        path = manifest_path(self._broker, manifest.topic, manifest.queue)
+        await self._io(self.store.put, path, encode_manifest(manifest))
+        qt.manifest = manifest
+
+    # ------------------------------------------------------------------ remote retention
+
+    async def _expire(self, qt: QueueTier, info: TopicInfo) -> None:
+        manifest = qt.loaded()
+        files = manifest.files
+        store_config = self._gateway.store.config
+        retention_ms = store_config.retention_ms if info.retention_ms is None else info.retention_ms
+        retention_bytes = (
+            store_config.retention_bytes if info.retention_bytes is None else info.retention_bytes
+        )
+        drop = 0
+        if retention_ms >= 0:
+            cutoff = self._clock.now_ms() - retention_ms
+            while drop < len(files) and files[drop].max_store_time_ms < cutoff:
+                drop += 1
+        if retention_bytes >= 0:
+            state = await self._gateway.call(lambda s: s.offload.state(info.name, qt.queue))
+            total = state.local_bytes + sum(f.record_bytes for f in files[drop:])
+            while drop < len(files) and total > retention_bytes:
+                total -= files[drop].record_bytes
+                drop += 1
+        if drop == 0:
+            return
+        start = files[drop - 1].end
+        await self._gateway.call(lambda s: s.offload.set_log_start(info.name, qt.queue, start))
+        kept = msgspec.structs.replace(manifest, files=files[drop:], log_start=start)
+        await self._put_manifest(qt, kept)
+        for f in files[:drop]:
+            await self._io(self.store.delete, f.path)
+            self.reader.drop(f.path)
+            self.stats.deleted_files += 1
+
+    # ------------------------------------------------------------------ reads
+
+    async def read(
+        self, info: TopicInfo, queue: int, offset: int, max_bytes: int, tag_mask: int
+    ) -> tuple[list[StoredBatch], int]:
+        """The stored batches from the one holding the offloaded `offset`, up to
+        `max_bytes` (at least one, unless `tag_mask` skips them all), and the offset to
+        read next. DataLost when the object store no longer holds them; TierUnavailable
+        when it cannot be read now."""
+        qt = self._queue(info, queue)
+        async with qt.lock:
+            manifest = await self._load(qt, info)
+        file = manifest.file_for(offset)
+        if file is None:
+            raise DataLost(
+                f"{info.name}/{queue}: offset {offset} was offloaded, but the tier's manifest "
+                f"holds no file for it (remote offsets {manifest.log_start}..{manifest.end})"
+            )
+        try:
+            records = await self._io(self.reader.read, manifest, info.id, offset, max_bytes)
+        except (ObjectMissing, CorruptRecordError) as exc:
+            self.stats.errors += 1
+            raise DataLost(
+                f"{info.name}/{queue}: offloaded offsets {file.start}..{file.end} cannot be "
+                f"read back: {exc}"
+            ) from None
+        self.stats.remote_reads += 1
+        batches = []
+        for record in records:
+            header = parse_header(record)
+            if tag_mask and not _tag_summary(record, header.payload_start) & tag_mask:
+                continue
+            batches.append(
+                StoredBatch(header.base_offset, header.count, header.store_time_ms, record)
+            )
+        if not records:
+            return batches, offset
+        last = parse_header(records[-1])
+        following = last.base_offset + last.count
+        self._warm_next(manifest, info.id, following)
+        return batches, following
+
+    def _warm_next(self, manifest: QueueManifest, topic_id: int, following: int) -> None:
+        """A sequential reader's next row group, fetched ahead (one at a time per broker)."""
+        if self._warming or manifest.file_for(following) is None:
+            return
+
+        async def warm() -> None:
+            with contextlib.suppress(TidemqError):  # the read itself will report it
+                await self._io(self.reader.warm, manifest, topic_id, following)
+
+        task = asyncio.get_running_loop().create_task(warm())
+        self._warming.add(task)
+        task.add_done_callback(self._warming.discard)
+
+    # ------------------------------------------------------------------ status
+
+    async def status(self, req: TierStatusRequest) -> TierStatusResponse:
+        out: list[TierQueueStatus] = []
+        now = int(self._clock.monotonic_ms())
+        for info in self._topics.all():
+            if not tier_settings(info.config).enabled or req.topic not in ("", info.name):
+                continue
+            for q in self._topics.hosted(info.name):
+                state = await self._gateway.call(
+                    functools.partial(_state, topic=info.name, queue=q)
+                )
+                out.append(queue_status(info.name, q, state, self._queue(info, q), now))
+        return self.stats.response(self.config.url, out, self.reader)
+
+    async def close(self) -> None:
+        for task in list(self._warming):
+            task.cancel()
+        await asyncio.gather(*self._warming, return_exceptions=True)
+
+
+def _batches(
+    store: MessageStore, *, topic: str, queue: int, offset: int, max_bytes: int
+) -> list[StoredBatch]:
+    return store.offload.batches(topic, queue, offset, max_bytes)
+
+
+def _state(store: MessageStore, *, topic: str, queue: int) -> QueueTierState:
+    return store.offload.state(topic, queue)
+
+
+def _tag_summary(record: bytes, payload_start: int) -> int:
+    """The batch envelope's tag summary (bytes 16..24 of the payload, `core.batch`)."""
+    return int.from_bytes(record[payload_start + 16 : payload_start + 24], "little")
