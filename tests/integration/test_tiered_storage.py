@@ -3,13 +3,16 @@ locally before the object store verifiably holds it; its retention; its failures
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.dataset as ds
 import pytest
+from tests.support.s3_server import S3Server, s3_server
 
 import tidemq.aio
+from tidemq.broker.broker import Broker
 from tidemq.core.errors import ConfigError, DataLost
 from tidemq.testing.clock import ManualClock
 from tidemq.tiered.config import TieredConfig
@@ -181,3 +184,148 @@ def test_a_missing_remote_file_is_reported_as_data_loss(
             await consumer.close()
 
     loop.run(scenario())
+
+
+def test_offload_to_s3_and_read_back(start_broker: StartBroker, loop: Loop) -> None:
+    clock = ManualClock()
+    with s3_server() as s3:
+        env = start_broker(clock=clock, tiered=s3.tiered(**SMALL))
+
+        async def scenario() -> None:
+            async with tidemq.aio.Admin(env.address) as admin:
+                await admin.create_topic(TOPIC, 2, config=OFFLOADED)
+            await _produce(env.address, 1000)
+            local = await _read_all(env.address)
+            await _offload_all(env, clock)
+            status = await env.broker.tier.status(tidemq_status_request())  # type: ignore[union-attr]
+            assert [(q.error, q.local_min == q.remote_end == 500) for q in status.queues] == [
+                ("", True),
+                ("", True),
+            ]
+            assert status.uploaded_files >= 4
+            assert await _read_all(env.address) == local
+
+        loop.run(scenario())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_store_that_is_down_keeps_local_copies_until_it_is_back(
+    start_broker: StartBroker, loop: Loop
+) -> None:
+    """Offload waits and retries with backoff; nothing is deleted locally meanwhile;
+    produce and fetch go on; `tier status` says why; once the store is up it catches up."""
+    clock = ManualClock()
+    port = _free_port()
+    down = S3Server(f"http://127.0.0.1:{port}", "tidemq-tier")
+    env = start_broker(clock=clock, tiered=down.tiered(**SMALL, request_timeout_ms=2_000))
+    tier = env.broker.tier
+    assert tier is not None
+
+    async def produce_and_fail() -> list[Any]:
+        async with tidemq.aio.Admin(env.address) as admin:
+            await admin.create_topic(TOPIC, 2, config=OFFLOADED)
+        await _produce(env.address, 600)
+        await _offload_all(env, clock)
+        status = await tier.status(tidemq_status_request())
+        for q in status.queues:
+            assert "127.0.0.1" in q.error
+            assert q.retry_in_ms >= SMALL["file_max_age_ms"] // 60  # the first backoff
+            assert (q.local_min, q.remote_end, q.next_offset) == (0, 0, 300)
+            assert q.pending_bytes > 0
+        await _produce(env.address, 200)  # produce does not wait for the store
+        return await _read_all(env.address)
+
+    local = loop.run(produce_and_fail())
+    assert len(local) == 800
+    with s3_server(port):
+        clock.advance(60_000)  # past the backoff
+
+        async def recover() -> None:
+            await _offload_all(env, clock)
+            status = await tier.status(tidemq_status_request())
+            for q in status.queues:
+                assert (q.error, q.local_min, q.remote_end, q.next_offset) == ("", 400, 400, 400)
+            assert await _read_all(env.address) == local
+
+        loop.run(recover())
+
+
+def test_remote_retention_deletes_expired_files(
+    start_broker: StartBroker, loop: Loop, tmp_path: Path
+) -> None:
+    clock = ManualClock()
+    bucket = tmp_path / "bucket"
+    env = start_broker(clock=clock, tiered=tiered(f"file://{bucket}"))
+    hour = 3_600_000
+
+    async def scenario() -> None:
+        async with tidemq.aio.Admin(env.address) as admin:
+            await admin.create_topic(
+                TOPIC, 1, config={**OFFLOADED, "retention.ms": str(2 * hour)}
+            )
+        await _produce(env.address, 400, queues=1)
+        await _offload_all(env, clock)
+        old_files = set(bucket.rglob("*.parquet"))
+        clock.advance(hour)
+        await _produce(env.address, 400, queues=1)
+        await _offload_all(env, clock)
+        assert len(set(bucket.rglob("*.parquet"))) > len(old_files)
+        clock.advance(hour + 1)  # the first 400 are now older than retention.ms
+        await env.broker.tier.run_once()  # type: ignore[union-attr]
+        remaining = set(bucket.rglob("*.parquet"))
+        assert not remaining & old_files
+        async with tidemq.aio.Admin(env.address) as admin:
+            info = await admin.describe_topic(TOPIC)
+        assert info.queue_info[0].min_offset == 400
+        assert info.queue_info[0].max_offset == 800
+        consumer = tidemq.aio.StreamConsumer(env.address)
+        try:
+            consumer.assign([(TOPIC, 0)])
+            consumer.seek(TOPIC, 0, 400)
+            got = await consumer.poll(timeout_ms=2000)
+            assert got[0].offset == 400
+        finally:
+            await consumer.close()
+
+    loop.run(scenario())
+
+
+def test_a_restart_resumes_from_the_bucket_and_deletes_orphans(
+    start_broker: StartBroker, loop: Loop, tmp_path: Path
+) -> None:
+    """An upload cut off before its manifest named it leaves an orphan file: the next
+    start deletes it; the manifest, read back from the bucket, serves every offset."""
+    clock = ManualClock()
+    bucket = tmp_path / "bucket"
+    env = start_broker(clock=clock, tiered=tiered(f"file://{bucket}"))
+
+    async def before() -> list[Any]:
+        async with tidemq.aio.Admin(env.address) as admin:
+            await admin.create_topic(TOPIC, 2, config=OFFLOADED)
+        await _produce(env.address, 600)
+        local = await _read_all(env.address)
+        await _offload_all(env, clock)
+        await env.broker.stop()
+        return local
+
+    local = loop.run(before())
+    orphan = next(bucket.rglob("queue=1/**/*.parquet")).with_name("part-1-300-400.parquet")
+    orphan.write_bytes(b"an upload cut off by a crash")
+    restarted = Broker(env.broker.config, embedded_nameserver=True, clock=clock)
+    address = loop.run(restarted.start())
+    try:
+
+        async def after() -> None:
+            assert await _read_all(address) == local  # served from the bucket
+            await restarted.tier.run_once()  # type: ignore[union-attr]
+            assert not orphan.exists()
+            assert restarted.tier.stats.orphans_deleted == 1  # type: ignore[union-attr]
+
+        loop.run(after())
+    finally:
+        loop.run(restarted.stop())

@@ -173,6 +173,16 @@ class TierService:
                 qt.lost = (view.log_start, view.remote_end)
             await self._io(self.store.put, path, encode_manifest(manifest))
         elif manifest.end > view.remote_end:
+            state = await self._gateway.call(
+                functools.partial(_state, topic=info.name, queue=qt.queue)
+            )
+            if manifest.end > state.next_offset:
+                raise CorruptRecordError(
+                    f"the tier's manifest of {info.name}/{qt.queue} ends at offset "
+                    f"{manifest.end}, past this broker's end {state.next_offset}: another "
+                    f"broker named {self._broker!r} uses this bucket, or the local data was "
+                    "lost"
+                )
             # The manifest was written, the store's record of it was not (a crash).
             end = manifest.end
             await self._gateway.call(lambda s: s.offload.set_remote_end(info.name, qt.queue, end))

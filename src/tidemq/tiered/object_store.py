@@ -1,6 +1,6 @@
 """The object store behind the tier: a local directory or any S3 API, one small interface.
 
-Built on `obstore` (Rust's `object_store` crate; ADR 0012): one API for S3 and local
+Built on `obstore` (Rust's `object_store` crate; ADR 0011): one API for S3 and local
 directories, no botocore, and calls that release the GIL, so the tier service runs them
 on worker threads without slowing the event loop. Methods are synchronous; the callers
 (`tidemq.broker.tier_service`) run them with `asyncio.to_thread`.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -58,7 +59,7 @@ class ObjectStore:
         timeout = f"{config.request_timeout_ms}ms"
         retry: Any = {
             "max_retries": _MAX_RETRIES,
-            "retry_timeout": config.request_timeout_ms / 1000 * (_MAX_RETRIES + 1),
+            "retry_timeout": timedelta(milliseconds=config.request_timeout_ms * (_MAX_RETRIES + 1)),
         }
         self._store: Any
         if parts.scheme == "file":
