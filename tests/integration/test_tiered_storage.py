@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "orders"
 #: Small files and row groups, so that a few thousand messages make many of each.
-SMALL = {"file_bytes": 16 * 1024, "row_group_bytes": 4 * 1024, "file_max_age_ms": 60_000}
+SMALL: dict[str, Any] = {"file_bytes": 16 * 1024, "row_group_bytes": 4 * 1024, "file_max_age_ms": 60_000}
 OFFLOADED = {"remote.storage.enable": "true", "local.retention.ms": "0"}
 
 
