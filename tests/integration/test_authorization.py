@@ -42,7 +42,7 @@ from tidemq.protocol.static_messages import (
     StaticTimersTakeRequest,
     StaticUpdateRequest,
 )
-from tidemq.protocol.tier_messages import TierStatusRequest
+from tidemq.protocol.tier_messages import TierFilesRequest, TierStatusRequest
 from tidemq.store.config import StoreConfig
 
 if TYPE_CHECKING:
@@ -131,6 +131,7 @@ SAMPLES: dict[RequestCode, msgspec.Struct] = {
     RequestCode.STATIC_TIMERS_ADOPT: StaticTimersAdoptRequest(topic=T, queue=0, source="b"),
     RequestCode.STATIC_TIMERS_HANDED: StaticTimersHandedRequest(topic=T, queue=0, through=0),
     RequestCode.TIER_STATUS: TierStatusRequest(),
+    RequestCode.TIER_FILES: TierFilesRequest(topic=T),
 }
 #: Codes that stay refused to a user with every ACL entry: user management is for the
 #: super users only (the Authenticator's own check).

@@ -24,7 +24,11 @@ pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "orders"
 #: Small files and row groups, so that a few thousand messages make many of each.
-SMALL: dict[str, Any] = {"file_bytes": 16 * 1024, "row_group_bytes": 4 * 1024, "file_max_age_ms": 60_000}
+SMALL: dict[str, Any] = {
+    "file_bytes": 16 * 1024,
+    "row_group_bytes": 4 * 1024,
+    "file_max_age_ms": 60_000,
+}
 OFFLOADED = {"remote.storage.enable": "true", "local.retention.ms": "0"}
 
 
@@ -265,9 +269,7 @@ def test_remote_retention_deletes_expired_files(
 
     async def scenario() -> None:
         async with tidemq.aio.Admin(env.address) as admin:
-            await admin.create_topic(
-                TOPIC, 1, config={**OFFLOADED, "retention.ms": str(2 * hour)}
-            )
+            await admin.create_topic(TOPIC, 1, config={**OFFLOADED, "retention.ms": str(2 * hour)})
         await _produce(env.address, 400, queues=1)
         await _offload_all(env, clock)
         old_files = set(bucket.rglob("*.parquet"))

@@ -16,7 +16,7 @@ import pytest
 import tidemq
 from tidemq import aio
 from tidemq.client import results
-from tidemq.protocol import commands
+from tidemq.protocol import commands, tier_messages
 
 FACES = [tidemq, aio]
 
@@ -164,6 +164,9 @@ def test_every_wire_struct_converts_to_its_result() -> None:
         commands.PopQueueStatus: results.PopStatus,
         commands.PopResumeResponse: results.ResumeResult,
         commands.UserEntry: results.UserInfo,
+        tier_messages.TierStatusResponse: results.TierStatus,
+        tier_messages.TierQueueStatus: results.TierQueueStatus,
+        tier_messages.TierFile: results.TierFile,
     }
     for wire, result in pairs.items():
         wire_fields = set(wire.__struct_fields__)

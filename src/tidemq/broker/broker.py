@@ -87,7 +87,12 @@ from tidemq.protocol.commands import (
     StatusResponse,
 )
 from tidemq.protocol.frame import Frame
-from tidemq.protocol.tier_messages import TierStatusRequest, TierStatusResponse
+from tidemq.protocol.tier_messages import (
+    TierFilesRequest,
+    TierFilesResponse,
+    TierStatusRequest,
+    TierStatusResponse,
+)
 from tidemq.store.files import FileSystem
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import MessageType
@@ -393,8 +398,17 @@ class Broker:
 
     async def _tier_status(self, req: TierStatusRequest) -> TierStatusResponse:
         if self.tier is None:
-            return TierStatusResponse(enabled=False)
+            return TierStatusResponse(enabled=False, broker=self.config.broker_name)
         return await self.tier.status(req)
+
+    async def _tier_files(self, req: TierFilesRequest) -> TierFilesResponse:
+        if req.queue >= 0:
+            await self._topics.check_queue(req.topic, req.queue)
+        else:
+            self._topics.get(req.topic)  # TopicNotFound
+        if self.tier is None:
+            return TierFilesResponse()
+        return await self.tier.files(req)
 
     async def stop(self) -> None:
         if self._stopped.is_set():
@@ -694,6 +708,7 @@ class Broker:
             RequestCode.STATIC_TIMERS_ADOPT: plain(self._static.adopt_timers),
             RequestCode.STATIC_TIMERS_HANDED: plain(self._static.timers_handed),
             RequestCode.TIER_STATUS: plain(self._tier_status),
+            RequestCode.TIER_FILES: plain(self._tier_files),
         }
 
     async def _status(self) -> StatusResponse:

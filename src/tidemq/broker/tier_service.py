@@ -40,6 +40,9 @@ from tidemq.core.clock import Clock
 from tidemq.core.errors import CorruptRecordError, DataLost, TidemqError, TierUnavailable
 from tidemq.core.record import parse_header
 from tidemq.protocol.tier_messages import (
+    TierFile,
+    TierFilesRequest,
+    TierFilesResponse,
     TierQueueStatus,
     TierStatusRequest,
     TierStatusResponse,
@@ -125,9 +128,14 @@ class TierService:
         """One pass over every offloaded queue (what the background loop runs)."""
         topics = [t for t in self._topics.all() if tier_settings(t.config).enabled]
         await self._forget_deleted({t.name: t for t in topics})
+        uploaded = self.stats.uploaded_files
         await asyncio.gather(
             *(self._queue_pass(t, q) for t in topics for q in self._topics.hosted(t.name))
         )
+        if self.stats.uploaded_files != uploaded:
+            # Local copies past local.retention.* may go now rather than at the next
+            # retention run: a disk filled while the store was down empties as it catches up.
+            await self._gateway.call(lambda s: s.enforce_retention())
 
     async def _queue_pass(self, info: TopicInfo, queue: int) -> None:
         qt = self._queue(info, queue)
@@ -397,7 +405,36 @@ class TierService:
                     functools.partial(_state, topic=info.name, queue=q)
                 )
                 out.append(queue_status(info.name, q, state, self._queue(info, q), now))
-        return self.stats.response(self.config.url, out, self.reader)
+        response = self.stats.response(self.config.url, out, self.reader)
+        response.broker = self._broker
+        return response
+
+    async def files(self, req: TierFilesRequest) -> TierFilesResponse:
+        """The remote files of a topic holding offsets in [start, end), by queue."""
+        info = self._topics.get(req.topic)
+        queues = self._topics.hosted(info.name) if req.queue < 0 else [req.queue]
+        end = req.end if req.end >= 0 else None
+        base = self.config.url.rstrip("/")
+        out: list[TierFile] = []
+        for q in queues:
+            qt = self._queue(info, q)
+            async with qt.lock:
+                manifest = await self._load(qt, info)
+            out.extend(
+                TierFile(
+                    queue=q,
+                    url=f"{base}/{f.path}",
+                    start=f.start,
+                    end=f.end,
+                    messages=f.messages,
+                    size=f.size,
+                    min_store_time_ms=f.min_store_time_ms,
+                    max_store_time_ms=f.max_store_time_ms,
+                )
+                for f in manifest.files
+                if f.end > req.start and (end is None or f.start < end)
+            )
+        return TierFilesResponse(files=out)
 
     async def close(self) -> None:
         for task in list(self._warming):

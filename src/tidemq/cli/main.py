@@ -25,6 +25,7 @@ from tidemq.cli import (
     commands_schema,
     commands_server,
     commands_special,
+    commands_tier,
     commands_topic,
     commands_user,
     pipeline_common,
@@ -82,6 +83,7 @@ app.add_typer(commands_acl.app, name="acl")
 app.add_typer(commands_kv.app, name="kv")
 app.add_typer(commands_message.app, name="message")
 app.add_typer(commands_schema.app, name="schema")
+app.add_typer(commands_tier.app, name="tier")
 # the pipeline commands register on pipeline_common.app when their modules are imported
 _ = (commands_pipeline, commands_pipeline_analytics, commands_pipeline_dbsync)
 app.add_typer(pipeline_common.app, name="pipeline")

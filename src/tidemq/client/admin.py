@@ -34,6 +34,8 @@ from tidemq.client.results import (
     GroupDescription,
     PopStatus,
     ResumeResult,
+    TierFile,
+    TierStatus,
     TimerStatus,
     TopicInfo,
     TransactionStatus,
@@ -44,6 +46,7 @@ from tidemq.client.results import (
     group_description_from_wire,
     pop_status_from_wire,
     resume_result_from_wire,
+    tier_status_from_wire,
     timer_status_from_wire,
     topic_info_from_wire,
     transaction_status_from_wire,
@@ -102,6 +105,12 @@ from tidemq.protocol.commands import (
     UserListRequest,
     UserListResponse,
     UserUpsertRequest,
+)
+from tidemq.protocol.tier_messages import (
+    TierFilesRequest,
+    TierFilesResponse,
+    TierStatusRequest,
+    TierStatusResponse,
 )
 
 __all__ = [
@@ -596,6 +605,39 @@ class AsyncAdmin:
         assert total is not None
         total.topics = sorted(merged.values(), key=lambda t: t.topic)
         return timer_status_from_wire(total)
+
+    async def tier_status(self, topic: str = "") -> list[TierStatus]:
+        """Tiered storage on every broker (one entry each, by broker name): what each
+        offloaded queue holds remotely and locally, and the last upload error if any."""
+        out = [
+            tier_status_from_wire(
+                await self._cluster.call(
+                    address, TierStatusRequest(topic=topic), TierStatusResponse
+                )
+            )
+            for address in await self._brokers()
+        ]
+        return sorted(out, key=lambda s: s.broker)
+
+    async def tier_files(
+        self, topic: str, *, queue: int | None = None, start: int = 0, end: int | None = None
+    ) -> list[TierFile]:
+        """The remote (Parquet) files of `topic` holding offsets in [start, end), by queue
+        and offset: their URLs open in pyarrow, DuckDB and Spark."""
+        checks.check_offset(start, "start")
+        if end is not None:
+            checks.check_offset(end, "end")
+        request = TierFilesRequest(
+            topic=topic, queue=-1 if queue is None else queue, start=start,
+            end=-1 if end is None else end,
+        )  # fmt: skip
+        files: list[TierFile] = []
+        for address in await self._hosting(topic):
+            answer = await self._cluster.call(address, request, TierFilesResponse)
+            files.extend(
+                TierFile(**{f: getattr(w, f) for f in w.__struct_fields__}) for w in answer.files
+            )
+        return sorted(files, key=lambda f: (f.queue, f.start))
 
     async def transaction_status(self) -> TransactionStatus:
         """Open transactions, and those the brokers rolled back after their check-backs."""

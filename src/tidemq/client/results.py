@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from tidemq.core.static_chain import QueueChain
 from tidemq.protocol import commands as wire
+from tidemq.protocol import tier_messages
 
 __all__ = [
     "BrokerInfo",
@@ -35,6 +36,9 @@ __all__ = [
     "QueueLag",
     "ResumeResult",
     "SuspendedMessage",
+    "TierFile",
+    "TierQueueStatus",
+    "TierStatus",
     "TimerStatus",
     "TimerTopicStatus",
     "TopicInfo",
@@ -53,6 +57,7 @@ __all__ = [
     "queue_lag_from_wire",
     "resume_result_from_wire",
     "suspended_message_from_wire",
+    "tier_status_from_wire",
     "timer_status_from_wire",
     "timer_topic_status_from_wire",
     "topic_info_from_wire",
@@ -329,6 +334,74 @@ def timer_status_from_wire(msg: wire.TimerStatusResponse) -> TimerStatus:
         delivered_batches=msg.delivered_batches,
         cancelled_batches=msg.cancelled_batches,
     )
+
+
+# ------------------------------------------------------------------ tiered storage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TierQueueStatus:
+    """One offloaded queue: offsets [log_start, remote_end) are in the object store,
+    [local_min, next_offset) on the broker's disk."""
+
+    topic: str
+    queue: int
+    log_start: int
+    remote_end: int
+    local_min: int
+    next_offset: int
+    files: int
+    remote_bytes: int
+    #: Bytes on disk not yet offloaded.
+    pending_bytes: int
+    last_upload_ms: int
+    #: The last failure ("" while uploads succeed), and how long until the next try.
+    error: str
+    retry_in_ms: int
+    #: Offsets [lost_from, lost_to) that were offloaded and are gone from the store.
+    lost_from: int
+    lost_to: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TierStatus:
+    """Tiered storage on one broker: its counters since start and its offloaded queues."""
+
+    broker: str
+    #: False: the broker has no `tiered.url`.
+    enabled: bool
+    url: str
+    uploaded_files: int
+    uploaded_bytes: int
+    deleted_files: int
+    orphans_deleted: int
+    errors: int
+    remote_reads: int
+    #: Bytes of remote row groups held in the broker's read cache.
+    cache_bytes: int
+    queues: tuple[TierQueueStatus, ...]
+
+
+def tier_status_from_wire(msg: tier_messages.TierStatusResponse) -> TierStatus:
+    fields = {f: getattr(msg, f) for f in msg.__struct_fields__ if f != "queues"}
+    queues = tuple(
+        TierQueueStatus(**{f: getattr(q, f) for f in q.__struct_fields__}) for q in msg.queues
+    )
+    return TierStatus(**fields, queues=queues)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TierFile:
+    """A remote file of a queue: Parquet, offsets [start, end), at `url`."""
+
+    queue: int
+    url: str
+    start: int
+    end: int
+    messages: int
+    size: int
+    min_store_time_ms: int
+    max_store_time_ms: int
 
 
 # ------------------------------------------------------------------ transactions

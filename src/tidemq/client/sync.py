@@ -30,6 +30,8 @@ from tidemq.client.results import (
     GroupDescription,
     PopStatus,
     ResumeResult,
+    TierFile,
+    TierStatus,
     TimerStatus,
     TopicInfo,
     TransactionStatus,
@@ -700,6 +702,14 @@ class Admin:
 
     def timer_status(self, topic: str = "") -> TimerStatus:
         return run(self._a.timer_status(topic))
+
+    def tier_status(self, topic: str = "") -> list[TierStatus]:
+        return run(self._a.tier_status(topic))
+
+    def tier_files(
+        self, topic: str, *, queue: int | None = None, start: int = 0, end: int | None = None
+    ) -> list[TierFile]:
+        return run(self._a.tier_files(topic, queue=queue, start=start, end=end))
 
     def pop_status(self, group: str) -> list[PopStatus]:
         return run(self._a.pop_status(group))

@@ -1,4 +1,5 @@
-"""Tiered-storage requests (codes 120-129): the tier's status on a broker. Appended to
+"""Tiered-storage requests (codes 120-129): the tier's status on a broker, and the
+remote files of a topic's offset range. Appended to
 `commands.REQUESTS`; fields only ever added at the end."""
 
 from __future__ import annotations
@@ -9,7 +10,15 @@ import msgspec
 
 from tidemq.protocol.codes import RequestCode
 
-__all__ = ["TIER_REQUESTS", "TierQueueStatus", "TierStatusRequest", "TierStatusResponse"]
+__all__ = [
+    "TIER_REQUESTS",
+    "TierFile",
+    "TierFilesRequest",
+    "TierFilesResponse",
+    "TierQueueStatus",
+    "TierStatusRequest",
+    "TierStatusResponse",
+]
 
 
 class _Msg(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -54,8 +63,37 @@ class TierStatusResponse(_Msg):
     remote_reads: int = 0
     cache_bytes: int = 0
     queues: list[TierQueueStatus] = msgspec.field(default_factory=list)
+    #: The answering broker's name (the files it offloads are under broker=<name>).
+    broker: str = ""
+
+
+class TierFilesRequest(_Msg):
+    topic: str
+    #: One queue, or -1 for all the broker hosts.
+    queue: int = -1
+    #: Files holding any offset in [start, end) (end -1: no bound).
+    start: int = 0
+    end: int = -1
+
+
+class TierFile(_Msg):
+    queue: int
+    #: The file's full URL (tiered.url joined with its path): what pyarrow, DuckDB or
+    #: Spark open (with the store's credentials).
+    url: str
+    start: int
+    end: int
+    messages: int
+    size: int
+    min_store_time_ms: int
+    max_store_time_ms: int
+
+
+class TierFilesResponse(_Msg):
+    files: list[TierFile] = msgspec.field(default_factory=list)
 
 
 TIER_REQUESTS: Final[dict[RequestCode, tuple[type[msgspec.Struct], type[msgspec.Struct]]]] = {
     RequestCode.TIER_STATUS: (TierStatusRequest, TierStatusResponse),
+    RequestCode.TIER_FILES: (TierFilesRequest, TierFilesResponse),
 }
