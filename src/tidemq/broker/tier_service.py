@@ -341,14 +341,17 @@ class TierService:
 
     async def read(
         self, info: TopicInfo, queue: int, offset: int, max_bytes: int, tag_mask: int
-    ) -> tuple[list[StoredBatch], int]:
+    ) -> tuple[list[StoredBatch], int] | None:
         """The stored batches from the one holding the offloaded `offset`, up to
         `max_bytes` (at least one, unless `tag_mask` skips them all), and the offset to
-        read next. DataLost when the object store no longer holds them; TierUnavailable
-        when it cannot be read now."""
+        read next; None when remote retention removed `offset` meanwhile (the caller
+        asks the store again). DataLost when the object store no longer holds them;
+        TierUnavailable when it cannot be read now."""
         qt = self._queue(info, queue)
         async with qt.lock:
             manifest = await self._load(qt, info)
+        if offset < manifest.log_start and qt.lost is None:
+            return None
         file = manifest.file_for(offset)
         if file is None:
             raise DataLost(

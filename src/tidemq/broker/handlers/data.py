@@ -256,9 +256,14 @@ class DataHandlers:
                 "tiered storage (tiered.url) is not set on this broker"
             )
         info = self._topics.get(topic)
-        batches, next_offset = await self.tier.read(
-            info, queue, local.next_offset, max_bytes, tag_mask
-        )
+        got = await self.tier.read(info, queue, local.next_offset, max_bytes, tag_mask)
+        if got is None:
+            # Remote retention removed the offset while the read waited: out of range now.
+            offset = local.next_offset
+            return await self._gateway.call(
+                lambda s: s.read(topic, queue, offset, max_bytes=max_bytes, tag_mask=tag_mask)
+            )
+        batches, next_offset = got
         status = ReadStatus.FOUND if batches else ReadStatus.NO_NEW_MESSAGE
         return ReadResult(status, batches, next_offset, local.min_offset, local.max_offset)
 
