@@ -13,7 +13,7 @@ from tests.support.s3_server import S3Server, s3_server
 
 import tidemq.aio
 from tidemq.broker.broker import Broker
-from tidemq.core.errors import ConfigError, DataLost
+from tidemq.core.errors import ConfigError, DataLost, Unsupported
 from tidemq.testing.clock import ManualClock
 from tidemq.tiered.config import TieredConfig
 
@@ -331,3 +331,71 @@ def test_a_restart_resumes_from_the_bucket_and_deletes_orphans(
         loop.run(after())
     finally:
         loop.run(restarted.stop())
+
+
+def test_seek_to_time_finds_offloaded_messages(
+    start_broker: StartBroker, loop: Loop, tmp_path: Path
+) -> None:
+    """A lookup by time older than the local data looks into the tier: same answer as
+    before the offload."""
+    clock = ManualClock()
+    env = start_broker(clock=clock, tiered=tiered(f"file://{tmp_path / 'bucket'}"))
+    hour = 3_600_000
+
+    async def first_offset_at(when_ms: int) -> int:
+        consumer = tidemq.aio.StreamConsumer(env.address)
+        try:
+            consumer.assign([(TOPIC, 0)])
+            await consumer.seek_to_time(when_ms / 1000)
+            return (await consumer.poll(timeout_ms=2000))[0].offset
+        finally:
+            await consumer.close()
+
+    async def scenario() -> None:
+        async with tidemq.aio.Admin(env.address) as admin:
+            await admin.create_topic(TOPIC, 1, config=OFFLOADED)
+        fourth_batches = []  # per round of six batches of 50, the time of the fourth
+        async with tidemq.aio.Producer(env.address) as producer:
+            for _ in range(3):
+                for batch in range(6):
+                    if batch == 3:
+                        fourth_batches.append(clock.now_ms())
+                    for _ in range(50):
+                        stamp = clock.now_ms() / 1000
+                        await producer.send_nowait(TOPIC, b"x" * 40, queue=0, timestamp=stamp)
+                    await producer.flush()
+                    clock.advance(1000)
+                clock.advance(hour)
+        before = [await first_offset_at(t) for t in fourth_batches]
+        assert before == [150, 450, 750]
+        await _offload_all(env, clock)
+        status = await env.broker.tier.status(tidemq_status_request())  # type: ignore[union-attr]
+        assert status.queues[0].local_min == 900  # all of it is remote only now
+        assert [await first_offset_at(t) for t in fourth_batches] == before
+
+    loop.run(scenario())
+
+
+def test_pop_from_the_tier_is_refused_clearly(
+    start_broker: StartBroker, loop: Loop, tmp_path: Path
+) -> None:
+    """Pop consumption does not read offloaded offsets yet: a group whose next message is
+    only in the object store gets a clear error at `receive`, never an endless wait."""
+    clock = ManualClock()
+    env = start_broker(clock=clock, tiered=tiered(f"file://{tmp_path / 'bucket'}"))
+
+    async def scenario() -> None:
+        async with tidemq.aio.Admin(env.address) as admin:
+            await admin.create_topic(TOPIC, 1, config=OFFLOADED)
+        await _produce(env.address, 300, queues=1)
+        await _offload_all(env, clock)
+        consumer = tidemq.aio.SimpleConsumer(
+            env.address, "workers", {TOPIC: "*"}, await_duration=0.2
+        )
+        try:
+            with pytest.raises(Unsupported, match="object store only"):
+                await consumer.receive(16)
+        finally:
+            await consumer.close()
+
+    loop.run(scenario())

@@ -61,7 +61,7 @@ from tidemq.broker.system_topics import MovedRecord, read_internal
 from tidemq.core import names
 from tidemq.core.batch import MessageRecord, decode_messages, encode_batch
 from tidemq.core.clock import Clock
-from tidemq.core.errors import InvalidRequest, TidemqError, TopicNotFound
+from tidemq.core.errors import InvalidRequest, TidemqError, TopicNotFound, Unsupported
 from tidemq.core.filters import Sql92Filter, TagExpression
 from tidemq.core.message import message_id, parse_message_id, record_offsets, topic_hash
 from tidemq.core.properties import (
@@ -1097,6 +1097,13 @@ def _take_new(
                 break
             next_offset = result.min_offset  # retention removed the ones before
             continue
+        if result.status is ReadStatus.REMOTE:
+            raise Unsupported(
+                f"{topic}/{queue}: the group's next message (offset {next_offset}) is in the "
+                "object store only, and pop consumption does not read the tier yet; read it "
+                "with a stream or group consumer, or keep local.retention.ms above the "
+                "group's lag"
+            )
         if result.status is not ReadStatus.FOUND:
             return records, max(next_offset, result.next_offset)
         for batch in result.batches:

@@ -382,6 +382,18 @@ class TierService:
         self._warm_next(manifest, info.id, following)
         return batches, following
 
+    async def offset_for_time(self, info: TopicInfo, queue: int, timestamp_ms: int) -> int | None:
+        """The first offloaded offset whose message is stored at or after `timestamp_ms`
+        with a timestamp at or after it (as the store answers for local data); None when
+        no offloaded message is."""
+        qt = self._queue(info, queue)
+        async with qt.lock:
+            manifest = await self._load(qt, info)
+        try:
+            return await self._io(self.reader.offset_for_time, manifest, timestamp_ms)
+        except (ObjectMissing, CorruptRecordError) as exc:
+            raise DataLost(f"{info.name}/{queue}: offloaded data cannot be read: {exc}") from None
+
     def _warm_next(self, manifest: QueueManifest, topic_id: int, following: int) -> None:
         """A sequential reader's next row group, fetched ahead (one at a time per broker)."""
         if self._warming or manifest.file_for(following) is None:

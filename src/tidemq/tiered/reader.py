@@ -21,6 +21,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Final
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidemq.core.errors import CorruptRecordError, TierUnavailable
@@ -34,6 +36,8 @@ __all__ = ["TierReader"]
 _TAIL_BYTES: Final = 64 * 1024
 #: Footers (file metadata) kept, by file.
 _MAX_FOOTERS: Final = 1024
+#: What a lookup by time reads of a row group.
+_TIME_COLUMNS: Final = ["offset", "timestamp", "store_time_ms"]
 
 
 class _SparseFile(io.RawIOBase):
@@ -154,6 +158,24 @@ class TierReader:
                 self._cached -= sum(len(r) for r in dropped)
         return records
 
+    def offset_for_time(self, manifest: QueueManifest, timestamp_ms: int) -> int | None:
+        """The first remote offset stored at or after `timestamp_ms` whose message's
+        timestamp is at or after it too; None if none is. Reads only the three columns
+        it needs, of the row groups of the files that can hold it."""
+        for file in manifest.files:
+            if file.max_store_time_ms < timestamp_ms:
+                continue
+            for group in range(len(file.row_groups)):
+                table = self._table(file, group, manifest, _TIME_COLUMNS)
+                stored = table.column("store_time_ms").to_numpy()
+                stamps = table.column("timestamp").cast(pa.int64()).to_numpy() // 1000
+                hits = np.flatnonzero((stored >= timestamp_ms) & (stamps >= timestamp_ms))
+                offsets = table.column("offset").to_numpy()
+                hits = hits[offsets[hits] >= manifest.log_start]
+                if len(hits):
+                    return int(offsets[hits[0]])
+        return None
+
     def warm(self, manifest: QueueManifest, topic_id: int, offset: int) -> None:
         """Fetch the row group holding `offset` into the cache (a sequential reader's next)."""
         file = manifest.file_for(offset)
@@ -207,6 +229,18 @@ class TierReader:
     def _fetch(
         self, file: RemoteFile, group: int, manifest: QueueManifest, topic_id: int
     ) -> list[bytes]:
+        table = self._table(file, group, manifest, None)
+        return table_to_records(table, topic_id, manifest.queue)
+
+    def _table(
+        self,
+        file: RemoteFile,
+        group: int,
+        manifest: QueueManifest,
+        columns: list[str] | None,
+    ) -> Any:
+        """A row group of a file (only `columns`, or all), fetched with one ranged GET of
+        its span (and the footer, once per file)."""
         footer = self._footer(file)
         meta = footer.metadata
         if group >= meta.num_row_groups:
@@ -229,10 +263,9 @@ class TierReader:
                 sparse, metadata=meta, page_checksum_verification=True, pre_buffer=False
             )
             check_file_metadata(parquet.schema_arrow.metadata, manifest.topic, manifest.queue)
-            table = parquet.read_row_group(group)
+            return parquet.read_row_group(group, columns=columns)
         except (OSError, ValueError) as exc:  # a page checksum fails, a page undecodable
             raise CorruptRecordError(f"{file.path}: row group {group}: {exc}") from None
-        return table_to_records(table, topic_id, manifest.queue)
 
 
 def _end_of(record: bytes) -> int:

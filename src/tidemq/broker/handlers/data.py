@@ -272,20 +272,27 @@ class DataHandlers:
 
         view = self._static.view(req.topic, req.queue)
 
-        def run(store: MessageStore) -> ListOffsetsResponse:
+        def run(store: MessageStore) -> tuple[int, int, int | None, int]:
             lo, hi = store.queue_bounds(req.topic, req.queue)
             at = None
             if req.timestamp_ms is not None:
                 at = store.offset_for_time(req.topic, req.queue, req.timestamp_ms)
-            if view is not None:
-                if at is not None:
-                    at = view.logical(max(at, lo))
-                lo, hi = view.bounds(lo, hi)
-                if at is not None:
-                    at = min(max(at, lo), hi)
-            return ListOffsetsResponse(min_offset=lo, max_offset=hi, offset_for_time=at)
+            return lo, hi, at, store.index_of(req.topic, req.queue)[1].min_offset
 
-        return await self._gateway.call(run)
+        lo, hi, at, local_min = await self._gateway.call(run)
+        if at is not None and at <= local_min and lo < local_min and self.tier is not None:
+            # The first local match may have an earlier one in the object store.
+            assert req.timestamp_ms is not None
+            info = self._topics.get(req.topic)
+            remote = await self.tier.offset_for_time(info, req.queue, req.timestamp_ms)
+            at = at if remote is None else remote
+        if view is not None:
+            if at is not None:
+                at = view.logical(max(at, lo))
+            lo, hi = view.bounds(lo, hi)
+            if at is not None:
+                at = min(max(at, lo), hi)
+        return ListOffsetsResponse(min_offset=lo, max_offset=hi, offset_for_time=at)
 
     async def init_producer(self, req: InitProducerRequest) -> InitProducerResponse:
         # Every producer instance gets a fresh id at epoch 0: its sequences start over,
