@@ -97,7 +97,7 @@ from tidemq.protocol.commands import (
     PopSubscription,
     PopSuspended,
 )
-from tidemq.store.message_store import MessageStore, ReadStatus
+from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus
 
 __all__ = ["PopService", "Scheduler", "dlq_topic", "retry_topic"]
 
@@ -1097,13 +1097,7 @@ def _take_new(
                 break
             next_offset = result.min_offset  # retention removed the ones before
             continue
-        if result.status is ReadStatus.REMOTE:
-            raise Unsupported(
-                f"{topic}/{queue}: the group's next message (offset {next_offset}) is in the "
-                "object store only, and pop consumption does not read the tier yet; read it "
-                "with a stream or group consumer, or keep local.retention.ms above the "
-                "group's lag"
-            )
+        _refuse_remote(result, topic, queue)
         if result.status is not ReadStatus.FOUND:
             return records, max(next_offset, result.next_offset)
         for batch in result.batches:
@@ -1157,6 +1151,17 @@ class _Origin:
         if self.id_origin is not None:
             return message_id(*self.id_origin)
         return message_id(self.topic, self.queue, self.offset)
+
+
+def _refuse_remote(result: ReadResult, topic: str, queue: int) -> None:
+    """Pop does not read the object store yet (tiered storage): say so at the receive."""
+    if result.status is ReadStatus.REMOTE:
+        raise Unsupported(
+            f"{topic}/{queue}: the group's next message (offset {result.next_offset}) is in "
+            "the object store only, and pop consumption does not read the tier yet; read "
+            "it with a stream or group consumer, or keep local.retention.ms above the "
+            "group's lag"
+        )
 
 
 def _read_message(
