@@ -42,7 +42,11 @@ from tidemq.protocol.static_messages import (
     StaticTimersTakeRequest,
     StaticUpdateRequest,
 )
-from tidemq.protocol.tier_messages import TierFilesRequest, TierStatusRequest
+from tidemq.protocol.tier_messages import (
+    TierFilesRequest,
+    TierOffloadRequest,
+    TierStatusRequest,
+)
 from tidemq.store.config import StoreConfig
 
 if TYPE_CHECKING:
@@ -132,6 +136,7 @@ SAMPLES: dict[RequestCode, msgspec.Struct] = {
     RequestCode.STATIC_TIMERS_HANDED: StaticTimersHandedRequest(topic=T, queue=0, through=0),
     RequestCode.TIER_STATUS: TierStatusRequest(),
     RequestCode.TIER_FILES: TierFilesRequest(topic=T),
+    RequestCode.TIER_OFFLOAD: TierOffloadRequest(topic=T),
 }
 #: Codes that stay refused to a user with every ACL entry: user management is for the
 #: super users only (the Authenticator's own check).

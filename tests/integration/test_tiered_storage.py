@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 from tests.support.s3_server import S3Server, s3_server
 
 import tidemq.aio
 from tidemq.broker.broker import Broker
-from tidemq.core.errors import ConfigError, DataLost, Unsupported
+from tidemq.core.errors import ConfigError, DataLost, TopicNotFound, Unsupported
 from tidemq.testing.clock import ManualClock
 from tidemq.tiered.config import TieredConfig
 
@@ -397,5 +398,34 @@ def test_pop_from_the_tier_is_refused_clearly(
                 await consumer.receive(16)
         finally:
             await consumer.close()
+
+    loop.run(scenario())
+
+
+def test_offload_now_and_list_the_files(
+    start_broker: StartBroker, loop: Loop, tmp_path: Path
+) -> None:
+    """`Admin.tier_offload` uploads what is durable at once (no size or age threshold);
+    `tier_files` lists the Parquet files of an offset range, which pyarrow opens as they
+    are."""
+    bucket = tmp_path / "bucket"
+    env = start_broker(tiered=TieredConfig(url=f"file://{bucket}"))  # default thresholds
+
+    async def scenario() -> None:
+        async with tidemq.aio.Admin(env.address) as admin:
+            await admin.create_topic(TOPIC, 2, config=OFFLOADED)
+            await _produce(env.address, 400)
+            (status,) = await admin.tier_offload(TOPIC)
+            assert [(q.remote_end, q.local_min, q.next_offset) for q in status.queues] == [
+                (200, 200, 200),
+                (200, 200, 200),
+            ]
+            files = await admin.tier_files(TOPIC, queue=1, start=50, end=60)
+            assert [(f.queue, f.start <= 50, f.end >= 60) for f in files] == [(1, True, True)]
+            table = pq.read_table(files[0].url.removeprefix("file://"))
+            assert table.column("offset").to_pylist() == list(range(files[0].start, files[0].end))
+            assert await admin.tier_files(TOPIC, start=10_000) == []
+            with pytest.raises(TopicNotFound):
+                await admin.tier_files("nope")
 
     loop.run(scenario())

@@ -194,6 +194,7 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         RequestCode.TIER_STATUS: _CLUSTER_DESCRIBE,
         # The files' names and ranges: a topic's metadata.
         RequestCode.TIER_FILES: (_rule(_DESCRIBE, _T, _topic),),
+        RequestCode.TIER_OFFLOAD: (_rule(_ALTER, _T, _topic),),
         # Links of static topics: a remap moves data placement, an operator's act.
         RequestCode.STATIC_OPEN: (_rule(_CREATE, _T, _topic), _rule(_ALTER, _T, _topic)),
         RequestCode.STATIC_SEAL: (_rule(_ALTER, _T, _topic),),

@@ -90,6 +90,7 @@ from tidemq.protocol.frame import Frame
 from tidemq.protocol.tier_messages import (
     TierFilesRequest,
     TierFilesResponse,
+    TierOffloadRequest,
     TierStatusRequest,
     TierStatusResponse,
 )
@@ -401,6 +402,15 @@ class Broker:
             return TierStatusResponse(enabled=False, broker=self.config.broker_name)
         return await self.tier.status(req)
 
+    async def _tier_offload(self, req: TierOffloadRequest) -> TierStatusResponse:
+        self._topics.get(req.topic)  # TopicNotFound
+        if self.tier is None:
+            raise ConfigError(
+                f"broker {self.config.broker_name} has no tiered storage (tiered.url)"
+            )
+        await self.tier.offload_now(req.topic)
+        return await self.tier.status(TierStatusRequest(topic=req.topic))
+
     async def _tier_files(self, req: TierFilesRequest) -> TierFilesResponse:
         if req.queue >= 0:
             await self._topics.check_queue(req.topic, req.queue)
@@ -709,6 +719,7 @@ class Broker:
             RequestCode.STATIC_TIMERS_HANDED: plain(self._static.timers_handed),
             RequestCode.TIER_STATUS: plain(self._tier_status),
             RequestCode.TIER_FILES: plain(self._tier_files),
+            RequestCode.TIER_OFFLOAD: plain(self._tier_offload),
         }
 
     async def _status(self) -> StatusResponse:

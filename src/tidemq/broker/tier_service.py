@@ -28,7 +28,7 @@ import functools
 import hashlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, TypeVar
 
 import msgspec
@@ -37,7 +37,13 @@ from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.tier_state import QueueTier, TierStats, queue_status
 from tidemq.broker.topics import TopicTable
 from tidemq.core.clock import Clock
-from tidemq.core.errors import CorruptRecordError, DataLost, TidemqError, TierUnavailable
+from tidemq.core.errors import (
+    ConfigError,
+    CorruptRecordError,
+    DataLost,
+    TidemqError,
+    TierUnavailable,
+)
 from tidemq.core.record import parse_header
 from tidemq.protocol.tier_messages import (
     TierFile,
@@ -71,6 +77,8 @@ log = logging.getLogger(__name__)
 
 #: Files one queue uploads in one pass (the other queues get their turn).
 _MAX_FILES_PER_PASS: Final = 8
+#: Passes `offload_now` runs at most (each uploads up to _MAX_FILES_PER_PASS per queue).
+_MAX_FORCED_PASSES: Final = 1000
 _T = TypeVar("_T")
 
 
@@ -79,7 +87,8 @@ class _Pass:
     info: TopicInfo
     queue: int
     manifest: QueueManifest
-    sizes: list[int] = field(default_factory=list)
+    #: Offload what is durable now, whatever its size and age (`offload_now`).
+    force: bool = False
 
 
 class TierService:
@@ -124,28 +133,50 @@ class TierService:
             except Exception:
                 log.exception("tiered storage pass failed")
 
-    async def run_once(self) -> None:
-        """One pass over every offloaded queue (what the background loop runs)."""
+    async def run_once(self, topic: str = "", *, force: bool = False) -> None:
+        """One pass over every offloaded queue (what the background loop runs), or over
+        `topic`'s; `force`: upload what is durable whatever its size and age, and now
+        even if the queue is backing off after a failure."""
         topics = [t for t in self._topics.all() if tier_settings(t.config).enabled]
         await self._forget_deleted({t.name: t for t in topics})
+        topics = [t for t in topics if topic in ("", t.name)]
         uploaded = self.stats.uploaded_files
         await asyncio.gather(
-            *(self._queue_pass(t, q) for t in topics for q in self._topics.hosted(t.name))
+            *(
+                self._queue_pass(t, q, force=force)
+                for t in topics
+                for q in self._topics.hosted(t.name)
+            )
         )
         if self.stats.uploaded_files != uploaded:
             # Local copies past local.retention.* may go now rather than at the next
             # retention run: a disk filled while the store was down empties as it catches up.
             await self._gateway.call(lambda s: s.enforce_retention())
 
-    async def _queue_pass(self, info: TopicInfo, queue: int) -> None:
+    async def offload_now(self, topic: str) -> None:
+        """Upload every durable batch of `topic` (an operator before maintenance, or a
+        demo); raises TierUnavailable naming a queue that failed."""
+        info = self._topics.get(topic)
+        if not tier_settings(info.config).enabled:
+            raise ConfigError(f"topic {topic!r} does not have remote.storage.enable=true")
+        for _ in range(_MAX_FORCED_PASSES):
+            before = self.stats.uploaded_files
+            await self.run_once(topic, force=True)
+            failed = [qt for qt in self._queues.values() if qt.topic == topic and qt.error]
+            if failed:
+                raise TierUnavailable(f"{topic}/{failed[0].queue}: {failed[0].error}")
+            if self.stats.uploaded_files == before:
+                return
+
+    async def _queue_pass(self, info: TopicInfo, queue: int, *, force: bool = False) -> None:
         qt = self._queue(info, queue)
-        if int(self._clock.monotonic_ms()) < qt.retry_at_ms:
+        if not force and int(self._clock.monotonic_ms()) < qt.retry_at_ms:
             return
         async with self._uploads, qt.lock:
             try:
                 manifest = await self._load(qt, info)
                 for _ in range(_MAX_FILES_PER_PASS):
-                    if not await self._offload_one(qt, _Pass(info, queue, manifest)):
+                    if not await self._offload_one(qt, _Pass(info, queue, manifest, force)):
                         break
                     manifest = qt.loaded()
                 await self._expire(qt, info)
@@ -256,7 +287,7 @@ class TierService:
         if not batches:
             return False
         age = self._clock.now_ms() - batches[0].store_time_ms
-        if not full and age < self.config.file_max_age_ms:
+        if not (full or p.force) and age < self.config.file_max_age_ms:
             return False
         records = [b.record for b in batches]
         encoded = await self._io(

@@ -107,3 +107,26 @@ def tier_files(
             for f in files
         ),
     )  # fmt: skip
+
+
+@command(app, "offload")
+def tier_offload(
+    topic: Annotated[str, typer.Argument(help="A topic with remote.storage.enable=true.")],
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Upload every durable message of a topic to the object store now, whatever the file
+    size and age thresholds (before maintenance); local copies then go by
+    local.retention.*."""
+    with Admin(check_bootstrap(bootstrap), client_config=client_config()) as admin:
+        brokers = admin.tier_offload(topic)
+    if output is Output.JSON:
+        emit_json(brokers)
+        return
+    for b in brokers:
+        for q in b.queues:
+            typer.echo(
+                f"{b.broker} {q.topic}/{q.queue}: offsets {q.log_start}..{q.remote_end} in "
+                f"{q.files} files ({_mib(q.remote_bytes)} MiB), {q.local_min}..{q.next_offset} "
+                "on disk"
+            )

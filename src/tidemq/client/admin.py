@@ -109,6 +109,7 @@ from tidemq.protocol.commands import (
 from tidemq.protocol.tier_messages import (
     TierFilesRequest,
     TierFilesResponse,
+    TierOffloadRequest,
     TierStatusRequest,
     TierStatusResponse,
 )
@@ -616,6 +617,20 @@ class AsyncAdmin:
                 )
             )
             for address in await self._brokers()
+        ]
+        return sorted(out, key=lambda s: s.broker)
+
+    async def tier_offload(self, topic: str) -> list[TierStatus]:
+        """Upload every durable batch of `topic` to the object store now, whatever its
+        size and age (before maintenance; local copies then go per local.retention.*);
+        returns the status of each broker hosting it, once done."""
+        out = [
+            tier_status_from_wire(
+                await self._cluster.call(
+                    address, TierOffloadRequest(topic=topic), TierStatusResponse
+                )
+            )
+            for address in await self._hosting(topic)
         ]
         return sorted(out, key=lambda s: s.broker)
 

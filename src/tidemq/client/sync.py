@@ -706,6 +706,9 @@ class Admin:
     def tier_status(self, topic: str = "") -> list[TierStatus]:
         return run(self._a.tier_status(topic))
 
+    def tier_offload(self, topic: str) -> list[TierStatus]:
+        return run(self._a.tier_offload(topic))
+
     def tier_files(
         self, topic: str, *, queue: int | None = None, start: int = 0, end: int | None = None
     ) -> list[TierFile]:

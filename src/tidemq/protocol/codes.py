@@ -78,6 +78,7 @@ class RequestCode(IntEnum):
     # tiered storage (docs/guide/tiered-storage.md): what is offloaded, and how it goes
     TIER_STATUS = 120
     TIER_FILES = 121
+    TIER_OFFLOAD = 122
     # Planned ranges, so that work on several features at once does not collide:
     # 80-89 authorization (ACLs, issue 16); 90-99 static topics (issue 17);
     # 100-109 compact topics and key-value access (issue 18); 110-119 operations (issue 22);

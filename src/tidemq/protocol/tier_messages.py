@@ -15,6 +15,7 @@ __all__ = [
     "TierFile",
     "TierFilesRequest",
     "TierFilesResponse",
+    "TierOffloadRequest",
     "TierQueueStatus",
     "TierStatusRequest",
     "TierStatusResponse",
@@ -93,7 +94,14 @@ class TierFilesResponse(_Msg):
     files: list[TierFile] = msgspec.field(default_factory=list)
 
 
+class TierOffloadRequest(_Msg):
+    #: Upload every durable batch of this topic now, whatever its size and age; the
+    #: answer is the broker's tier status for the topic, once done.
+    topic: str
+
+
 TIER_REQUESTS: Final[dict[RequestCode, tuple[type[msgspec.Struct], type[msgspec.Struct]]]] = {
     RequestCode.TIER_STATUS: (TierStatusRequest, TierStatusResponse),
     RequestCode.TIER_FILES: (TierFilesRequest, TierFilesResponse),
+    RequestCode.TIER_OFFLOAD: (TierOffloadRequest, TierStatusResponse),
 }
