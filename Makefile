@@ -26,7 +26,7 @@ $(SERVER_STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(SERVER_STAMP)
-	$(VENV)/bin/tidemq server --data-dir ./data
+	$(VENV)/bin/tidemq server --data-dir ./data --set tiered.url=file://$(CURDIR)/tier
 
 check: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks

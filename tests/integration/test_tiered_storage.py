@@ -16,6 +16,7 @@ import tidemq.aio
 from tidemq.broker.broker import Broker
 from tidemq.core.errors import ConfigError, DataLost, TopicNotFound, Unsupported
 from tidemq.testing.clock import ManualClock
+from tidemq.testing.faulty_http import FaultMode, FaultyHttpProxy
 from tidemq.tiered.config import TieredConfig
 
 if TYPE_CHECKING:
@@ -429,3 +430,58 @@ def test_offload_now_and_list_the_files(
                 await admin.tier_files("nope")
 
     loop.run(scenario())
+
+
+def test_store_faults_are_retried_and_show_in_the_status(
+    start_broker: StartBroker, loop: Loop
+) -> None:
+    """500s, a store that hangs, refused connections and lost acknowledgements of
+    uploads (through a faulty proxy in front of moto): each pass fails clearly and backs
+    off; local copies stay; once the store behaves, every message is offloaded exactly
+    once, no orphan remains, and everything reads back."""
+    clock = ManualClock()
+    with s3_server() as s3, FaultyHttpProxy(s3.endpoint) as proxy:
+        flaky = S3Server(proxy.endpoint, s3.bucket)
+        settings = {**SMALL, "file_bytes": 1024 * 1024, "request_timeout_ms": 500}
+        env = start_broker(clock=clock, tiered=flaky.tiered(**settings))
+        tier = env.broker.tier
+        assert tier is not None
+
+        async def scenario() -> None:
+            async with tidemq.aio.Admin(env.address) as admin:
+                await admin.create_topic(TOPIC, 1, config=OFFLOADED)
+            await _produce(env.address, 600, queues=1)
+            local = await _read_all(env.address, queues=1)
+            await tier.run_once()  # reads the (empty) manifest; nothing is old enough yet
+            assert tier.stats.uploaded_files == 0
+            clock.advance(SMALL["file_max_age_ms"])
+            for mode, said in [
+                (FaultMode.ERROR, "500"),
+                (FaultMode.HANG, "error sending request"),  # after request_timeout_ms
+                (FaultMode.REFUSE, "error sending request"),
+                (FaultMode.LOSE_ACK, "500"),  # the data file is stored, its PUT answered 500
+            ]:
+                proxy.set_mode(mode)
+                clock.advance(120_000)  # past any backoff
+                await tier.run_once()
+                (q,) = (await tier.status(tidemq_status_request())).queues
+                assert said in q.error.lower(), (mode, q.error)
+                assert q.retry_in_ms > 0
+                await env.broker._gateway.call(lambda s: s.enforce_retention())
+                assert (q.local_min, q.next_offset) == (0, 600)  # nothing local deleted
+            proxy.set_mode(FaultMode.PASS)
+            clock.advance(120_000)
+            await _offload_all(env, clock)
+            (q,) = (await tier.status(tidemq_status_request())).queues
+            assert (q.error, q.remote_end, q.local_min) == ("", 600, 600)
+            listed = {f.url.split("/", 3)[-1] for f in await _files(env.address)}
+            stored = {o.path for o in tier.store.list(f"topic={TOPIC}/")}
+            assert stored == {p.removeprefix("cluster-1/") for p in listed}  # no orphan
+            assert await _read_all(env.address, queues=1) == local
+
+        loop.run(scenario())
+
+
+async def _files(address: str) -> list[Any]:
+    async with tidemq.aio.Admin(address) as admin:
+        return await admin.tier_files(TOPIC)

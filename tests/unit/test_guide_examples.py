@@ -28,6 +28,7 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.cli.node import Node
 from tidemq.http.config import HttpConfig
 from tidemq.store.config import StoreConfig
+from tidemq.tiered.config import TieredConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guide"
@@ -81,7 +82,12 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str]]:
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     broker = Broker(
-        BrokerConfig(port=0, store=StoreConfig(data_dir=tmp_path / "data")),
+        BrokerConfig(
+            port=0,
+            store=StoreConfig(data_dir=tmp_path / "data"),
+            # As `make run` starts it: a local-directory tier (docs/guide/tiered-storage.md).
+            tiered=TieredConfig(url=f"file://{tmp_path / 'tier'}"),
+        ),
         embedded_nameserver=True,
     )
     # What `tidemq server` runs: the broker and its HTTP listener, wired by the node.
@@ -99,9 +105,11 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str]]:
 
 @pytest.fixture
 def server_process(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """`tidemq server --data-dir DIR` as `make run` starts it, on free ports:
+    """`tidemq server --data-dir DIR --set tiered.url=...` as `make run` starts it, on free
+    ports:
     (broker address, HTTP address)."""
-    with running_server(tmp_path, start_timeout_s=START_TIMEOUT_S) as server:
+    tier = ["--set", f"tiered.url=file://{tmp_path / 'tier'}"]  # as `make run` does
+    with running_server(tmp_path, tier, start_timeout_s=START_TIMEOUT_S) as server:
         yield server.address, server.http_address
 
 
