@@ -12,11 +12,13 @@ of 1 KiB messages in batches of 500; then
 2. `Admin.tier_offload` of the topic: MB/s of records uploaded (encode to Parquet with
    zstd, PUT, verify, manifest);
 3. the same full read, now served from the tier (local copies dropped), cold cache: MB/s
-   and its ratio to the local read.
+   and its ratio to the local read;
+4. kill -9 of the server, and a new one on an empty data directory with the same tier:
+   seconds from its start until it serves the first offloaded message (it restores its
+   topics and manifests from the bucket; the process start is included).
 
 Medians of `--runs` (3). CPU steal and load average over the run are printed with the
-figures. Not measured yet: the restore of an empty broker (not built), local disk under
-steady load with 1 h local retention.
+figures. Not measured yet: local disk under steady load with 1 h local retention.
 """
 
 from __future__ import annotations
@@ -72,6 +74,22 @@ def _read_all(address: str, count: int) -> float:
     return time.perf_counter() - started
 
 
+def _serving_again(address: str, started: float) -> float:
+    """Seconds from the start of a broker on an empty disk until it serves the first
+    offloaded message again (it restores its topics from the bucket)."""
+    deadline = started + 120
+    with tidemq.StreamConsumer(address) as consumer:
+        while time.perf_counter() < deadline:
+            try:
+                consumer.assign([(TOPIC, 0)])
+                consumer.seek(TOPIC, 0, 0)
+                if consumer.poll(1000):
+                    return time.perf_counter() - started
+            except tidemq.TopicNotFound:
+                time.sleep(0.05)  # not restored yet
+    raise RuntimeError("the restored broker did not serve the topic in 120 s")
+
+
 def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
     port = peers.free_port()
     exe = Path(sys.executable).parent / "moto_server"
@@ -124,6 +142,12 @@ def one_run(kind: str, mib: int) -> dict[str, float]:
             queues = [q for s in statuses for q in s.queues]
             assert all(q.local_min == q.next_offset for q in queues), queues
             remote_s = _read_all(server.address, count)
+            assert server.proc is not None
+            server.proc.kill()  # kill -9: its disk is lost with it
+            server.proc.wait(30)
+        started = time.perf_counter()
+        with peers.start_tidemq("sync", extra=extra) as fresh:
+            restore_s = _serving_again(fresh.address, started)
     finally:
         shutil.rmtree(tier, ignore_errors=True)
         if moto is not None:
@@ -134,6 +158,7 @@ def one_run(kind: str, mib: int) -> dict[str, float]:
         "local_read_mib_s": size / local_s,
         "offload_mib_s": size / offload_s,
         "remote_read_mib_s": size / remote_s,
+        "restore_s": restore_s,
     }
 
 
@@ -153,7 +178,9 @@ def main() -> None:
         print(
             f"{kind:>3}: offload {med['offload_mib_s']:.1f} MiB/s; full read local "
             f"{med['local_read_mib_s']:.1f} MiB/s, from the tier {med['remote_read_mib_s']:.1f} "
-            f"MiB/s ({med['remote_vs_local']:.2f}x); {args.mib} MiB, median of {args.runs}"
+            f"MiB/s ({med['remote_vs_local']:.2f}x); an empty broker serves again after "
+            f"{med['restore_s']:.2f} s (process start included); {args.mib} MiB, median of "
+            f"{args.runs}"
         )
     j = peers.machine_jiffies() - j0
     steal = 100 * j.steal / j.total if j.total else 0.0

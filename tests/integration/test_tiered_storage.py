@@ -485,3 +485,45 @@ def test_store_faults_are_retried_and_show_in_the_status(
 async def _files(address: str) -> list[Any]:
     async with tidemq.aio.Admin(address) as admin:
         return await admin.tier_files(TOPIC)
+
+
+def test_an_empty_broker_restores_its_topics_from_the_bucket(
+    start_broker: StartBroker, loop: Loop, tmp_path: Path
+) -> None:
+    """The old broker's disk is gone: a broker of the same name on an empty data directory
+    with the same tier rebuilds its offloaded topics (configs, queues, offsets) and serves
+    every offloaded message; new messages continue after them."""
+    clock = ManualClock()
+    bucket = tmp_path / "bucket"
+    config = {**OFFLOADED, "retention.ms": "86400000"}
+    old = start_broker(clock=clock, tiered=tiered(f"file://{bucket}"))
+
+    async def before() -> list[Any]:
+        async with tidemq.aio.Admin(old.address) as admin:
+            await admin.create_topic(TOPIC, 2, config=config)
+        await _produce(old.address, 600)
+        local = await _read_all(old.address)
+        await _offload_all(old, clock)
+        await old.broker.stop()
+        return local
+
+    offloaded = loop.run(before())
+    fresh = start_broker(
+        clock=clock, tiered=tiered(f"file://{bucket}"), broker_name=old.broker.config.broker_name
+    )
+    assert fresh.data_dir != old.data_dir
+
+    async def after() -> None:
+        tier = fresh.broker.tier
+        assert tier is not None
+        await tier.run_once()  # the first pass restores
+        async with tidemq.aio.Admin(fresh.address) as admin:
+            info = await admin.describe_topic(TOPIC)
+        assert {k: info.config[k] for k in config} == config
+        assert [(q.min_offset, q.max_offset) for q in info.queue_info] == [(0, 300), (0, 300)]
+        assert await _read_all(fresh.address) == offloaded
+        async with tidemq.aio.Producer(fresh.address) as producer:
+            receipt = await producer.send(TOPIC, b"after the restore", queue=0)
+        assert receipt.offset == 300
+
+    loop.run(after())

@@ -34,6 +34,7 @@ from typing import Final, TypeVar
 import msgspec
 
 from tidemq.broker.store_gateway import StoreGateway
+from tidemq.broker.tier_catalog import TierCatalog
 from tidemq.broker.tier_state import QueueTier, TierStats, queue_status
 from tidemq.broker.topics import TopicTable
 from tidemq.core.clock import Clock
@@ -111,6 +112,7 @@ class TierService:
         self._uploads = asyncio.Semaphore(config.upload_concurrency)
         self.stats = TierStats()
         self._warming: set[asyncio.Task[None]] = set()
+        self.catalog = TierCatalog(self.store, broker_name, gateway, topics)
 
     async def _io(self, fn: Callable[..., _T], *args: object) -> _T:
         """A blocking object-store or Parquet call, on a worker thread."""
@@ -126,6 +128,9 @@ class TierService:
     # ------------------------------------------------------------------ passes
 
     async def run_forever(self) -> None:
+        # A broker on an empty disk restores its topics at once, not a pass later.
+        with contextlib.suppress(TierUnavailable, CorruptRecordError):
+            await self.catalog.restore()  # (on failure, each pass tries again)
         while True:
             await asyncio.sleep(self.config.check_interval_ms / 1000)
             try:
@@ -137,7 +142,19 @@ class TierService:
         """One pass over every offloaded queue (what the background loop runs), or over
         `topic`'s; `force`: upload what is durable whatever its size and age, and now
         even if the queue is backing off after a failure."""
+        try:
+            await self.catalog.restore()  # a broker rebuilt on an empty disk: once
+        except (TierUnavailable, CorruptRecordError) as exc:
+            self.stats.errors += 1
+            log.warning("tiered storage: restoring topics from the bucket: %s", exc)
+            return  # no topic here yet: the next pass tries again
         topics = [t for t in self._topics.all() if tier_settings(t.config).enabled]
+        try:
+            await self.catalog.publish(topics)
+        except (TierUnavailable, CorruptRecordError) as exc:
+            # Each queue's pass will fail (and show) the same way; the entries go later.
+            self.stats.errors += 1
+            log.warning("tiered storage: writing the topic catalog: %s", exc)
         await self._forget_deleted({t.name: t for t in topics})
         topics = [t for t in topics if topic in ("", t.name)]
         uploaded = self.stats.uploaded_files
@@ -260,6 +277,12 @@ class TierService:
                     await self._io(self.store.delete, path)
             except TierUnavailable as exc:
                 log.warning("tiered storage: deleting %s/%d: %s", qt.topic, qt.queue, exc)
+        for name in self.catalog.known():
+            if name not in live:
+                try:
+                    await self.catalog.forget(name)
+                except TierUnavailable as exc:
+                    log.warning("tiered storage: deleting the entry of %s: %s", name, exc)
 
     # ------------------------------------------------------------------ offload
 

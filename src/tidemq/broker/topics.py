@@ -149,17 +149,14 @@ class TopicTable:
             extra[STATIC_KEY] = "true"
 
         def run(store: MessageStore) -> TopicInfo:
-            kwargs = {}
-            if settings.cleanup_policy is not None:
-                kwargs["cleanup_policy"] = settings.cleanup_policy
             return store.create_topic(
                 name,
                 queues,
                 message_type=mtype,
+                cleanup_policy=settings.cleanup_policy or CleanupPolicy.DELETE,
                 retention_ms=settings.retention_ms,
                 retention_bytes=settings.retention_bytes,
                 config=extra,
-                **kwargs,
             )
 
         info = await self._gateway.call(run)

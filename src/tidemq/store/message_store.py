@@ -299,7 +299,10 @@ class MessageStore:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         config: Mapping[str, str] | None = None,
+        created_ms: int | None = None,
     ) -> TopicInfo:
+        """`created_ms`: the creation time to record (a topic restored from the tier keeps
+        its original one); now by default."""
         self._check_open()
         info = self._meta.create_topic(
             TopicInfo(
@@ -311,7 +314,7 @@ class MessageStore:
                 retention_ms=retention_ms,
                 retention_bytes=retention_bytes,
                 config=dict(config or {}),
-                created_ms=self._clock.now_ms(),
+                created_ms=self._clock.now_ms() if created_ms is None else created_ms,
             )
         )
         self._topics[name] = info

@@ -95,6 +95,19 @@ class OffloadView:
             )
         self._store.remote.set((info.id, queue_id), have.log_start, end)
 
+    def restore_queue(self, topic: str, queue_id: int, log_start: int, remote_end: int) -> None:
+        """An empty queue continues where its offloaded data ends (a broker rebuilt from
+        the tier): [log_start, remote_end) is remote, the next message gets remote_end."""
+        info, index = self._store.index_of(topic, queue_id)
+        key = (info.id, queue_id)
+        if index.next_offset != 0 or key in self._store.remote:
+            raise StorageFailure(f"{topic}/{queue_id} is not empty: it cannot be restored")
+        index.reset(remote_end)
+        # What recovery reads back: the queue's start and its end as of a checkpoint.
+        self._store.metadata.set_queue_min_offsets({key: remote_end})
+        self._store.metadata.set_queue_index_ends({key: remote_end})
+        self._store.remote.set(key, log_start, remote_end)
+
     def set_log_start(self, topic: str, queue_id: int, start: int) -> None:
         """Offsets below `start` are gone (remote retention): local copies of them too."""
         info, index = self._store.index_of(topic, queue_id)
