@@ -73,6 +73,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) benchmarks/bench_metrics.py --runs 6 --json benchmarks/results/metrics.json
 	$(PY) benchmarks/bench_serde.py --json benchmarks/results/serde.json
 	$(PY) benchmarks/bench_spark_avro.py --json benchmarks/results/spark_avro.json
+	$(PY) benchmarks/bench_tier.py --json benchmarks/results/tier.json
 
 soak: $(STAMP)
 	TIDEMQ_SOAK=1 $(VENV)/bin/pytest -W error -q -m "slow" tests/simulation tests/integration
