@@ -418,7 +418,7 @@ class Broker:
             self._topics.get(req.topic)  # TopicNotFound
         if self.tier is None:
             return TierFilesResponse()
-        return await self.tier.files(req)
+        return await self.tier.reads.files(req)
 
     async def stop(self) -> None:
         if self._stopped.is_set():

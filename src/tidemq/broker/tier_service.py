@@ -35,21 +35,16 @@ import msgspec
 
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.tier_catalog import TierCatalog
+from tidemq.broker.tier_reads import TierReads
 from tidemq.broker.tier_state import QueueTier, TierStats, queue_status
 from tidemq.broker.topics import TopicTable
 from tidemq.core.clock import Clock
 from tidemq.core.errors import (
     ConfigError,
     CorruptRecordError,
-    DataLost,
-    TidemqError,
     TierUnavailable,
 )
-from tidemq.core.record import parse_header
 from tidemq.protocol.tier_messages import (
-    TierFile,
-    TierFilesRequest,
-    TierFilesResponse,
     TierQueueStatus,
     TierStatusRequest,
     TierStatusResponse,
@@ -111,8 +106,9 @@ class TierService:
         self._queues: dict[tuple[str, int], QueueTier] = {}
         self._uploads = asyncio.Semaphore(config.upload_concurrency)
         self.stats = TierStats()
-        self._warming: set[asyncio.Task[None]] = set()
         self.catalog = TierCatalog(self.store, broker_name, gateway, topics)
+        #: What the fetch, lookup-by-time and file-list handlers call.
+        self.reads = TierReads(self.reader, self.stats, topics, self.loaded, config.url)
 
     async def _io(self, fn: Callable[..., _T], *args: object) -> _T:
         """A blocking object-store or Parquet call, on a worker thread."""
@@ -391,76 +387,6 @@ class TierService:
             self.reader.drop(f.path)
             self.stats.deleted_files += 1
 
-    # ------------------------------------------------------------------ reads
-
-    async def read(
-        self, info: TopicInfo, queue: int, offset: int, max_bytes: int, tag_mask: int
-    ) -> tuple[list[StoredBatch], int] | None:
-        """The stored batches from the one holding the offloaded `offset`, up to
-        `max_bytes` (at least one, unless `tag_mask` skips them all), and the offset to
-        read next; None when remote retention removed `offset` meanwhile (the caller
-        asks the store again). DataLost when the object store no longer holds them;
-        TierUnavailable when it cannot be read now."""
-        qt = self._queue(info, queue)
-        async with qt.lock:
-            manifest = await self._load(qt, info)
-        if offset < manifest.log_start and qt.lost is None:
-            return None
-        file = manifest.file_for(offset)
-        if file is None:
-            raise DataLost(
-                f"{info.name}/{queue}: offset {offset} was offloaded, but the tier's manifest "
-                f"holds no file for it (remote offsets {manifest.log_start}..{manifest.end})"
-            )
-        try:
-            records = await self._io(self.reader.read, manifest, info.id, offset, max_bytes)
-        except (ObjectMissing, CorruptRecordError) as exc:
-            self.stats.errors += 1
-            raise DataLost(
-                f"{info.name}/{queue}: offloaded offsets {file.start}..{file.end} cannot be "
-                f"read back: {exc}"
-            ) from None
-        self.stats.remote_reads += 1
-        batches = []
-        for record in records:
-            header = parse_header(record)
-            if tag_mask and not _tag_summary(record, header.payload_start) & tag_mask:
-                continue
-            batches.append(
-                StoredBatch(header.base_offset, header.count, header.store_time_ms, record)
-            )
-        if not records:
-            return batches, offset
-        last = parse_header(records[-1])
-        following = last.base_offset + last.count
-        self._warm_next(manifest, info.id, following)
-        return batches, following
-
-    async def offset_for_time(self, info: TopicInfo, queue: int, timestamp_ms: int) -> int | None:
-        """The first offloaded offset whose message is stored at or after `timestamp_ms`
-        with a timestamp at or after it (as the store answers for local data); None when
-        no offloaded message is."""
-        qt = self._queue(info, queue)
-        async with qt.lock:
-            manifest = await self._load(qt, info)
-        try:
-            return await self._io(self.reader.offset_for_time, manifest, timestamp_ms)
-        except (ObjectMissing, CorruptRecordError) as exc:
-            raise DataLost(f"{info.name}/{queue}: offloaded data cannot be read: {exc}") from None
-
-    def _warm_next(self, manifest: QueueManifest, topic_id: int, following: int) -> None:
-        """A sequential reader's next row group, fetched ahead (one at a time per broker)."""
-        if self._warming or manifest.file_for(following) is None:
-            return
-
-        async def warm() -> None:
-            with contextlib.suppress(TidemqError):  # the read itself will report it
-                await self._io(self.reader.warm, manifest, topic_id, following)
-
-        task = asyncio.get_running_loop().create_task(warm())
-        self._warming.add(task)
-        task.add_done_callback(self._warming.discard)
-
     # ------------------------------------------------------------------ status
 
     async def status(self, req: TierStatusRequest) -> TierStatusResponse:
@@ -478,37 +404,15 @@ class TierService:
         response.broker = self._broker
         return response
 
-    async def files(self, req: TierFilesRequest) -> TierFilesResponse:
-        """The remote files of a topic holding offsets in [start, end), by queue."""
-        info = self._topics.get(req.topic)
-        queues = self._topics.hosted(info.name) if req.queue < 0 else [req.queue]
-        end = req.end if req.end >= 0 else None
-        base = self.config.url.rstrip("/")
-        out: list[TierFile] = []
-        for q in queues:
-            qt = self._queue(info, q)
-            async with qt.lock:
-                manifest = await self._load(qt, info)
-            out.extend(
-                TierFile(
-                    queue=q,
-                    url=f"{base}/{f.path}",
-                    start=f.start,
-                    end=f.end,
-                    messages=f.messages,
-                    size=f.size,
-                    min_store_time_ms=f.min_store_time_ms,
-                    max_store_time_ms=f.max_store_time_ms,
-                )
-                for f in manifest.files
-                if f.end > req.start and (end is None or f.start < end)
-            )
-        return TierFilesResponse(files=out)
+    async def loaded(self, info: TopicInfo, queue: int) -> QueueTier:
+        """A queue's bookkeeping with its manifest loaded (for reads)."""
+        qt = self._queue(info, queue)
+        async with qt.lock:
+            await self._load(qt, info)
+        return qt
 
     async def close(self) -> None:
-        for task in list(self._warming):
-            task.cancel()
-        await asyncio.gather(*self._warming, return_exceptions=True)
+        await self.reads.close()
 
 
 def _batches(
@@ -519,8 +423,3 @@ def _batches(
 
 def _state(store: MessageStore, *, topic: str, queue: int) -> QueueTierState:
     return store.offload.state(topic, queue)
-
-
-def _tag_summary(record: bytes, payload_start: int) -> int:
-    """The batch envelope's tag summary (bytes 16..24 of the payload, `core.batch`)."""
-    return int.from_bytes(record[payload_start + 16 : payload_start + 24], "little")

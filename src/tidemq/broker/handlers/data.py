@@ -256,7 +256,7 @@ class DataHandlers:
                 "tiered storage (tiered.url) is not set on this broker"
             )
         info = self._topics.get(topic)
-        got = await self.tier.read(info, queue, local.next_offset, max_bytes, tag_mask)
+        got = await self.tier.reads.read(info, queue, local.next_offset, max_bytes, tag_mask)
         if got is None:
             # Remote retention removed the offset while the read waited: out of range now.
             offset = local.next_offset
@@ -284,7 +284,7 @@ class DataHandlers:
             # The first local match may have an earlier one in the object store.
             assert req.timestamp_ms is not None
             info = self._topics.get(req.topic)
-            remote = await self.tier.offset_for_time(info, req.queue, req.timestamp_ms)
+            remote = await self.tier.reads.offset_for_time(info, req.queue, req.timestamp_ms)
             at = at if remote is None else remote
         if view is not None:
             if at is not None:
