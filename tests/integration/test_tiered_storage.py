@@ -3,6 +3,7 @@ locally before the object store verifiably holds it; its retention; its failures
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -527,3 +528,41 @@ def test_an_empty_broker_restores_its_topics_from_the_bucket(
         assert receipt.offset == 300
 
     loop.run(after())
+
+
+def test_reads_do_not_wait_behind_an_upload(start_broker: StartBroker, loop: Loop) -> None:
+    """An upload that hangs (its PUTs stalled by the store) holds its queue's pass; reads
+    of the queue's offloaded offsets go on meanwhile."""
+    clock = ManualClock()
+    with s3_server() as s3, FaultyHttpProxy(s3.endpoint) as proxy:
+        stalled = S3Server(proxy.endpoint, s3.bucket)
+        env = start_broker(clock=clock, tiered=stalled.tiered(**SMALL, request_timeout_ms=20_000))
+        tier = env.broker.tier
+        assert tier is not None
+
+        async def scenario() -> None:
+            async with tidemq.aio.Admin(env.address) as admin:
+                await admin.create_topic(TOPIC, 1, config=OFFLOADED)
+            await _produce(env.address, 300, queues=1)
+            offloaded = await _read_all(env.address, queues=1)
+            await _offload_all(env, clock)  # all 300 remote only
+            await _produce(env.address, 300, queues=1)
+            clock.advance(SMALL["file_max_age_ms"])
+            proxy.set_mode(FaultMode.HANG, only=frozenset({"PUT"}))
+            puts = proxy.requests["PUT"]
+            uploading = asyncio.ensure_future(tier.run_once())
+            await loop.wait_until(lambda: proxy.requests["PUT"] > puts, what="a PUT hanging")
+            consumer = tidemq.aio.StreamConsumer(env.address)
+            try:
+                consumer.assign([(TOPIC, 0)])
+                consumer.seek(TOPIC, 0, 0)
+                first = await consumer.poll(timeout_ms=5000)
+            finally:
+                await consumer.close()
+            assert first, "the read waited behind the upload"
+            assert [_fields(m) for m in first] == offloaded[: len(first)]
+            assert not uploading.done()  # the read did not wait for it
+            proxy.set_mode(FaultMode.PASS)
+            await uploading
+
+        loop.run(scenario())

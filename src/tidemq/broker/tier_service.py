@@ -407,8 +407,11 @@ class TierService:
     async def loaded(self, info: TopicInfo, queue: int) -> QueueTier:
         """A queue's bookkeeping with its manifest loaded (for reads)."""
         qt = self._queue(info, queue)
-        async with qt.lock:
-            await self._load(qt, info)
+        if qt.manifest is None:
+            # Only the first load waits for the queue's pass: once loaded, a manifest is
+            # replaced whole, never changed, so a read never waits behind an upload.
+            async with qt.lock:
+                await self._load(qt, info)
         return qt
 
     async def close(self) -> None:

@@ -50,6 +50,7 @@ class FaultyHttpProxy:
         parts = urlsplit(upstream)
         self._upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.mode = FaultMode.PASS
+        self._only: frozenset[str] | None = None
         self.requests: Counter[str] = Counter()
         self._hang_limit_s = hang_limit_s
         self._changed = threading.Event()
@@ -88,8 +89,10 @@ class FaultyHttpProxy:
         self._server.server_close()
         self._thread.join(10)
 
-    def set_mode(self, mode: FaultMode) -> None:
+    def set_mode(self, mode: FaultMode, *, only: frozenset[str] | None = None) -> None:
+        """`only`: the HTTP methods the fault applies to (others pass); None: all."""
         self.mode = mode
+        self._only = only
         self._changed.set()
         self._changed = threading.Event()
 
@@ -106,9 +109,11 @@ class FaultyHttpProxy:
         length = int(req.headers.get("Content-Length") or 0)
         body = req.rfile.read(length) if length else b""
         mode = self.mode
+        if self._only is not None and req.command not in self._only:
+            mode = FaultMode.PASS
         if mode is FaultMode.HANG:
             self._changed.wait(self._hang_limit_s)
-            mode = self.mode if self.mode is not FaultMode.HANG else FaultMode.REFUSE
+            mode = FaultMode.REFUSE if self.mode is FaultMode.HANG else FaultMode.PASS
         if mode is FaultMode.REFUSE:
             req.close_connection = True
             return
