@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import errno
 import logging
-import os
 import re
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.tmpfs import mount_tmpfs, unmount, used_fraction
 
 from tidemq import aio
 from tidemq.client.cluster import ClientConfig, ClusterClient
@@ -118,39 +118,16 @@ def test_watermark_looks_again_after_its_interval_and_appends_resume(tmp_path: P
 # ---------------------------------------------------------------------------- a real disk
 
 
-def _mount_tmpfs(where: Path, size_bytes: int) -> str | None:
-    """Mount a tmpfs of `size_bytes` at `where`; None, or why it cannot be done."""
-    where.mkdir()
-    if os.geteuid() != 0:
-        return "mounting a small tmpfs needs root"
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        return f"mount -t tmpfs is not permitted here: {done.stderr.strip()}"
-    return None
-
-
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     mnt = tmp_path / "mnt"
-    why = _mount_tmpfs(mnt, FS_BYTES)
+    why = mount_tmpfs(mnt, FS_BYTES)
     if why is not None:
         pytest.skip(why)
     try:
         yield mnt
     finally:
-        _unmount(mnt)
-
-
-def _unmount(mnt: Path) -> None:
-    """Unmount; lazily if something still holds it open (a test that failed midway)."""
-    subprocess.run(["umount", str(mnt)], check=False, capture_output=True)
-    if os.path.ismount(mnt):
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        unmount(mnt)
 
 
 class Server:
@@ -201,11 +178,6 @@ class Server:
         if self.proc.stderr is not None:
             self.proc.stderr.close()
         return code
-
-
-def _used(path: Path) -> float:
-    st = os.statvfs(path)
-    return 1.0 - st.f_bavail / st.f_blocks
 
 
 def _fill(path: Path, limit_bytes: int | None = None) -> int:
@@ -264,12 +236,12 @@ def test_full_disk_end_to_end_on_a_small_tmpfs(small_fs: Path) -> None:
                 except DiskFull:
                     break
                 acked += 1
-                used_max = max(used_max, _used(small_fs))
+                used_max = max(used_max, used_fraction(small_fs))
             else:
                 raise AssertionError("the watermark never refused an append")
         finally:
             await producer.close()
-        used_at_refusal = _used(small_fs)
+        used_at_refusal = used_fraction(small_fs)
         assert used_at_refusal < 1.0
 
         # Something else fills the rest: metadata writes must fail with DiskFull.
@@ -364,7 +336,7 @@ def test_metadata_maps_a_full_disk_to_disk_full_and_logs_each_change_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     mnt = tmp_path / "meta"
-    why = _mount_tmpfs(mnt, 1 << 20)
+    why = mount_tmpfs(mnt, 1 << 20)
     if why is not None:
         pytest.skip(why)
     try:
@@ -386,4 +358,26 @@ def test_metadata_maps_a_full_disk_to_disk_full_and_logs_each_change_once(
         assert "succeed again" in messages[1]
         meta.close()
     finally:
-        _unmount(mnt)
+        unmount(mnt)
+
+
+def test_producer_ids_on_a_full_disk_are_refused_with_disk_full(tmp_path: Path) -> None:
+    """INIT_PRODUCER's id counter is a metadata write too: DiskFull, never an internal
+    error (found by the tiered disk-full test)."""
+    mnt = tmp_path / "meta"
+    why = mount_tmpfs(mnt, 1 << 20)
+    if why is not None:
+        pytest.skip(why)
+    try:
+        meta = Metadata(mnt / "meta.sqlite")
+        filler = mnt / "filler"
+        _fill(filler)
+        # Each id is one small commit; the log of commits grows until the disk refuses.
+        with pytest.raises(DiskFull, match="next_producer_id"):
+            for _ in range(10_000):
+                meta.next_producer_id()
+        filler.unlink()
+        assert meta.next_producer_id() > 0
+        meta.close()
+    finally:
+        unmount(mnt)

@@ -161,9 +161,11 @@ class TierService:
                 for q in self._topics.hosted(t.name)
             )
         )
-        if self.stats.uploaded_files != uploaded:
+        if self.stats.uploaded_files != uploaded or self._gateway.store.watermark.full:
             # Local copies past local.retention.* may go now rather than at the next
-            # retention run: a disk filled while the store was down empties as it catches up.
+            # retention run: a disk filled while the store was down empties as it catches
+            # up (and, while appends are refused, at every pass: what else holds the
+            # segments, such as the services' scan position, moves on its own schedule).
             await self._gateway.call(lambda s: s.enforce_retention())
 
     async def offload_now(self, topic: str) -> None:

@@ -444,6 +444,7 @@ class Metadata:
         row = self._db.execute("SELECT value FROM counters WHERE name = 'producer_id'").fetchone()
         return 0 if row is None else int(row[0])
 
+    @_writes
     def next_producer_id(self) -> int:
         with self._tx():
             self._db.execute(

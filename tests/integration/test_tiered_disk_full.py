@@ -1,0 +1,180 @@
+"""A full disk while the object store is down (tiered storage): produce is refused with
+DiskFull, nothing acknowledged is lost, and produce resumes once the store is back and
+offload has caught up (local copies of offloaded data go, the disk empties), without a
+restart. A real `tidemq server` on a small tmpfs (root only; skipped with the reason
+otherwise), the store a moto S3 server brought up on a port chosen in advance."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.support.s3_server import s3_server
+from tests.support.tmpfs import mount_tmpfs, unmount, used_fraction
+
+from tidemq import aio
+from tidemq.client.cluster import ClientConfig
+from tidemq.core.errors import DiskFull
+
+pytestmark = pytest.mark.timeout(180)
+
+FS_BYTES = 24 << 20
+VALUE = bytes(range(256)) * 128  # 32 KiB
+TOPIC = "offloaded"
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "mnt"
+    why = mount_tmpfs(mnt, FS_BYTES)
+    if why is not None:
+        pytest.skip(why)
+    try:
+        yield mnt
+    finally:
+        unmount(mnt)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+#: The server's log lines (stderr), shown when the test fails.
+LOG: list[str] = []
+
+
+def _drain(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stderr is not None
+    for raw in proc.stderr:
+        LOG.append(raw.decode(errors="replace"))
+
+
+def _start(data_dir: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
+    settings = {
+        "tiered.url": "s3://tidemq-tier/disk-full",
+        "tiered.endpoint": f"http://127.0.0.1:{port}",
+        "tiered.access_key_id": "test",
+        "tiered.secret_access_key": "test",
+        "tiered.file_max_age_ms": 1,
+        "tiered.check_interval_ms": 50,
+        "tiered.retry_backoff_ms": 50,
+        "tiered.retry_backoff_max_ms": 200,
+        "tiered.request_timeout_ms": 1000,
+        # Small segments: local copies free whole segments as soon as they are offloaded.
+        "store.segment_size_bytes": 1 << 20,
+        "store.disk_check_interval_ms": 100,
+        # The services' scan position holds log segments until their next checkpoint.
+        "broker.service_checkpoint_interval_ms": 500,
+    }
+    sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidemq.cli.main", "server", "--data-dir", str(data_dir),
+         "--port", "0", "--flush", "sync", "--log-level", "warning", *sets],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline().decode(errors="replace")
+        if not line:
+            break
+        found = re.search(r"serving on (\S+:\d+)", line)
+        if found:
+            threading.Thread(target=_drain, args=(proc,), daemon=True).start()
+            return proc, found.group(1)
+    proc.kill()
+    raise AssertionError("server did not start")
+
+
+def test_disk_full_while_the_store_is_down_resumes_when_offload_catches_up(
+    small_fs: Path,
+) -> None:
+    port = _free_port()
+    proc, address = _start(small_fs / "data", port)
+    no_retry = ClientConfig(retries=0, request_timeout_ms=5_000)
+    acked: list[int] = []
+
+    async def fill() -> None:
+        async with aio.Admin(address, client_config=no_retry) as admin:
+            await admin.create_topic(
+                TOPIC, 1, config={"remote.storage.enable": "true", "local.retention.ms": "0"}
+            )
+        async with aio.Producer(
+            address, client_config=no_retry, delivery_timeout_ms=2_000, linger_ms=0
+        ) as producer:
+            for _ in range(FS_BYTES // len(VALUE) * 2):
+                try:
+                    acked.append((await producer.send(TOPIC, VALUE, queue=0)).offset)
+                except DiskFull:
+                    return
+        raise AssertionError("the watermark never refused an append")
+
+    async def resume() -> float:
+        """Seconds until as many bytes again as filled the disk are accepted: only
+        possible once offload caught up and local copies went."""
+        started = time.monotonic()
+        wanted = len(acked)
+        async with aio.Producer(
+            address, client_config=no_retry, delivery_timeout_ms=2_000, linger_ms=0
+        ) as producer:
+            while wanted:
+                assert time.monotonic() - started < 120, f"{wanted} sends still refused"
+                try:
+                    acked.append((await producer.send(TOPIC, VALUE, queue=0)).offset)
+                    wanted -= 1
+                except DiskFull:
+                    await asyncio.sleep(0.1)
+        return time.monotonic() - started
+
+    async def read_back() -> None:
+        consumer = aio.StreamConsumer(address)
+        consumer.assign([(TOPIC, 0)])
+        consumer.seek(TOPIC, 0, 0)
+        got: dict[int, bytes | None] = {}
+        try:
+            while len(got) < len(acked):
+                batch = await consumer.poll(timeout_ms=5000)
+                assert batch, f"read stalled at {len(got)} of {len(acked)}"
+                got.update((m.offset, m.value) for m in batch)
+        finally:
+            await consumer.close()
+        assert sorted(got) == acked
+        assert all(got[o] == VALUE for o in acked)
+
+    LOG.clear()
+    try:
+        asyncio.run(asyncio.wait_for(fill(), 90))
+        assert acked, "nothing was accepted before the disk filled"
+        full = used_fraction(small_fs)
+        with s3_server(port):
+            waited = asyncio.run(asyncio.wait_for(resume(), 90))
+            asyncio.run(asyncio.wait_for(read_back(), 90))
+        print(
+            f"tiered disk full: {len(acked) // 2} x 32 KiB acked before DiskFull at "
+            f"{full:.0%} used, as many again {waited:.1f} s after the store came back; "
+            f"{used_fraction(small_fs):.0%} used then"
+        )
+    except BaseException:
+        print("".join(LOG[-200:]))
+        raise
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        assert proc.stderr is not None
+        proc.stderr.close()
