@@ -32,6 +32,7 @@ from tidemq.broker.broker import Broker
 from tidemq.broker.config import BrokerConfig
 from tidemq.http.listener import HttpListener
 from tidemq.store.config import StoreConfig
+from tidemq.tiered.config import TieredConfig
 
 T = TypeVar("T")
 TIMEOUT_S = 60.0
@@ -113,7 +114,9 @@ def spark() -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedBroker]:
-    tb = ThreadedBroker(tmp_path_factory.mktemp("spark-broker") / "data")
+    root = tmp_path_factory.mktemp("spark-broker")
+    # With a local-directory tier: topics with remote.storage.enable=true offload there.
+    tb = ThreadedBroker(root / "data", tiered=TieredConfig(url=f"file://{root / 'tier'}"))
     try:
         yield tb
     finally:
