@@ -15,7 +15,7 @@ from tests.support.s3_server import S3Server, s3_server
 
 import tidemq.aio
 from tidemq.broker.broker import Broker
-from tidemq.core.errors import ConfigError, DataLost, TopicNotFound, Unsupported
+from tidemq.core.errors import ConfigError, DataLost, TopicNotFound
 from tidemq.testing.clock import ManualClock
 from tidemq.testing.faulty_http import FaultMode, FaultyHttpProxy
 from tidemq.tiered.config import TieredConfig
@@ -379,11 +379,11 @@ def test_seek_to_time_finds_offloaded_messages(
     loop.run(scenario())
 
 
-def test_pop_from_the_tier_is_refused_clearly(
+def test_pop_consumers_read_from_the_tier(
     start_broker: StartBroker, loop: Loop, tmp_path: Path
 ) -> None:
-    """Pop consumption does not read offloaded offsets yet: a group whose next message is
-    only in the object store gets a clear error at `receive`, never an endless wait."""
+    """A pop group whose messages are only in the object store leases them from there;
+    a nacked one is delivered again (read from the tier again), and acks finish them."""
     clock = ManualClock()
     env = start_broker(clock=clock, tiered=tiered(f"file://{tmp_path / 'bucket'}"))
 
@@ -391,13 +391,34 @@ def test_pop_from_the_tier_is_refused_clearly(
         async with tidemq.aio.Admin(env.address) as admin:
             await admin.create_topic(TOPIC, 1, config=OFFLOADED)
         await _produce(env.address, 300, queues=1)
+        local = {f[1]: f for f in await _read_all(env.address, queues=1)}
         await _offload_all(env, clock)
+        status = await env.broker.tier.status(tidemq_status_request())  # type: ignore[union-attr]
+        assert status.queues[0].local_min == 300  # nothing left on the local disk
         consumer = tidemq.aio.SimpleConsumer(
             env.address, "workers", {TOPIC: "*"}, await_duration=0.2
         )
         try:
-            with pytest.raises(Unsupported, match="object store only"):
-                await consumer.receive(16)
+            got: dict[int, Any] = {}
+            for _ in range(100):
+                batch = await consumer.receive(32)
+                if not batch:
+                    break
+                for m in batch:
+                    assert m.offset not in got
+                    got[m.offset] = m
+            assert sorted(got) == list(range(300))
+            assert all(_fields(m) == local[o] for o, m in got.items())
+            nacked = got.pop(7)
+            await consumer.ack_many(list(got.values()))
+            await consumer.nack(nacked)
+            (again,) = await consumer.receive(32)  # through %RETRY%workers: its message,
+            assert again.delivery_attempt == 2  # read back from the tier, and its first id
+            assert again.value == local[7][2]
+            assert again.message_id == local[7][8]
+            assert again.headers["tidemq.retry.offset"] == b"7"
+            await again.ack()
+            assert await consumer.receive(32) == []
         finally:
             await consumer.close()
 

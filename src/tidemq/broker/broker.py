@@ -386,7 +386,7 @@ class Broker:
                 "tidemq[server] (pyarrow and obstore)"
             ) from None
         tier = TierService(cfg.tiered, cfg.broker_name, self._gateway, self._topics, self._clock)
-        self._data.tier = tier
+        self._data.tier = self._pop.tier = tier
         return tier
 
     def _start_background(self, loop: asyncio.AbstractEventLoop) -> None:

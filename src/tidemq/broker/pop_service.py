@@ -45,7 +45,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
@@ -61,7 +61,7 @@ from tidemq.broker.system_topics import MovedRecord, read_internal
 from tidemq.core import names
 from tidemq.core.batch import MessageRecord, decode_messages, encode_batch
 from tidemq.core.clock import Clock
-from tidemq.core.errors import InvalidRequest, TidemqError, TopicNotFound, Unsupported
+from tidemq.core.errors import InvalidRequest, TidemqError, TierUnavailable, TopicNotFound
 from tidemq.core.filters import Sql92Filter, TagExpression
 from tidemq.core.message import message_id, parse_message_id, record_offsets, topic_hash
 from tidemq.core.properties import (
@@ -97,7 +97,10 @@ from tidemq.protocol.commands import (
     PopSubscription,
     PopSuspended,
 )
-from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus
+from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus, StoredBatch
+
+if TYPE_CHECKING:
+    from tidemq.broker.tier_service import TierService
 
 __all__ = ["PopService", "Scheduler", "dlq_topic", "retry_topic"]
 
@@ -293,6 +296,8 @@ class PopService:
         self._schedule = schedule
         self._logical_offset = logical_offset
         self._pop_limit = pop_limit
+        #: Tiered storage's reads of offloaded offsets (None: not configured).
+        self.tier: TierService | None = None
         self._tables: dict[tuple[str, str, int], _PopQueue] = {}
         #: Retries and dead letters being written: the saved state's scan position stays
         #: at or before each until its lease is finished in the tables.
@@ -582,10 +587,12 @@ class PopService:
         start_next = table.next_offset
         fifo = self._is_fifo(topic)
         limit = self._pop_limit(req.group, topic, queue) if fifo else None
+        first = await self._read_tier_first(topic, queue, table.next_offset, flt)
         records, next_offset = _take_new(
             store,
             topic,
             queue,
+            read=_queue_reader(store, topic, queue, first, tiered=self.tier is not None),
             flt=flt,
             next_offset=table.next_offset,
             taken=taken,
@@ -619,10 +626,9 @@ class PopService:
         self._apply(op)
         for offset, _ in chosen:
             if not any(offset in _offsets(r) for r in records.values()):
-                found = store.read(topic, queue, offset, max_bytes=1)
-                if found.batches:
-                    b = found.batches[0]
-                    records[b.base_offset] = b.record
+                found = await self._read_one(topic, queue, offset)
+                if found is not None:
+                    records[found.base_offset] = found.record
         popped = [
             PoppedMessage(
                 topic=topic,
@@ -636,6 +642,39 @@ class PopService:
         ]
         return [r for _, r in sorted(records.items())], popped, op
 
+    async def _read_tier_first(
+        self, topic: str, queue: int, offset: int, flt: TagExpression | Sql92Filter
+    ) -> ReadResult | None:
+        """The first read of a receive, from the object store when `offset` is only
+        there (tiered storage); None when the store holds it (or no tier is set)."""
+        store = self._gateway.store
+        mask = summary_mask(flt)
+        result = store.read(topic, queue, offset, max_bytes=_READ_BYTES, tag_mask=mask)
+        if result.status is not ReadStatus.REMOTE or self.tier is None:
+            return None
+        got = await self.tier.reads.read(store.topic(topic), queue, offset, _READ_BYTES, mask)
+        if got is None:  # remote retention removed it meanwhile: the store says so
+            return None
+        batches, next_offset = got
+        status = ReadStatus.FOUND if batches else ReadStatus.NO_NEW_MESSAGE
+        return ReadResult(status, batches, next_offset, result.min_offset, result.max_offset)
+
+    async def _read_one(self, topic: str, queue: int, offset: int) -> StoredBatch | None:
+        """The stored batch holding `offset` (a redelivery), from the tier if need be."""
+        store = self._gateway.store
+        found = store.read(topic, queue, offset, max_bytes=1)
+        if found.status is ReadStatus.REMOTE and self.tier is not None:
+            got = await self.tier.reads.read(store.topic(topic), queue, offset, 1, 0)
+            return got[0][0] if got and got[0] else None
+        return found.batches[0] if found.batches else None
+
+    async def _message_at(
+        self, topic: str, queue: int, offset: int
+    ) -> tuple[MessageRecord, tuple[str, int, int] | None] | None:
+        """`_read_message`, from the tier too (a message leased from offloaded data)."""
+        found = await self._read_one(topic, queue, offset)
+        return None if found is None else _message_of(found, offset)
+
     async def _dead_letter(
         self, group: str, topic: str, queue: int, table: _PopQueue, offsets: list[int]
     ) -> None:
@@ -648,7 +687,7 @@ class PopService:
         items: list[tuple[str, int, bytes | memoryview, bytes, int]] = []
         moving: list[int] = []
         for offset in offsets:
-            found = _read_message(store, topic, queue, offset)
+            found = await self._message_at(topic, queue, offset)
             if found is None:
                 continue
             m, _ = found
@@ -864,7 +903,7 @@ class PopService:
         receive takes it, every handle of it is stale); if the write fails it is due now."""
         topic, queue, offset = where
         store = self._gateway.store
-        found = _read_message(store, topic, queue, offset)
+        found = await self._message_at(topic, queue, offset)
         if found is None:
             raise InvalidRequest(f"{topic}/{queue} offset {offset} is no longer stored")
         m, _ = found
@@ -1073,6 +1112,7 @@ def _take_new(
     topic: str,
     queue: int,
     *,
+    read: Callable[[int, int], ReadResult],
     flt: TagExpression | Sql92Filter,
     next_offset: int,
     taken: _Taken,
@@ -1084,20 +1124,17 @@ def _take_new(
     returns the records read (by base offset) and the new next offset. With `fifo_table`
     (a FIFO topic), a message whose group (its key) has an earlier unfinished message is
     held back instead, and at most one message per group is taken. Nothing at or past
-    `limit` is read."""
+    `limit` is read. `read(offset, tag_mask)` reads the queue (`_queue_reader`)."""
     records: dict[int, bytes] = {}
     chosen = taken.chosen
     end = min(store.queue_bounds(topic, queue)[1], limit)
     while len(chosen) < want and next_offset < end and len(taken.held) < _MAX_HELD_PER_RECEIVE:
-        result = store.read(
-            topic, queue, next_offset, max_bytes=_READ_BYTES, tag_mask=summary_mask(flt)
-        )
+        result = read(next_offset, summary_mask(flt))
         if result.status is ReadStatus.OFFSET_OUT_OF_RANGE:
             if next_offset >= result.min_offset:
                 break
             next_offset = result.min_offset  # retention removed the ones before
             continue
-        _refuse_remote(result, topic, queue)
         if result.status is not ReadStatus.FOUND:
             return records, max(next_offset, result.next_offset)
         for batch in result.batches:
@@ -1153,26 +1190,45 @@ class _Origin:
         return message_id(self.topic, self.queue, self.offset)
 
 
-def _refuse_remote(result: ReadResult, topic: str, queue: int) -> None:
-    """Pop does not read the object store yet (tiered storage): say so at the receive."""
-    if result.status is ReadStatus.REMOTE:
-        raise Unsupported(
-            f"{topic}/{queue}: the group's next message (offset {result.next_offset}) is in "
-            "the object store only, and pop consumption does not read the tier yet; read "
-            "it with a stream or group consumer, or keep local.retention.ms above the "
-            "group's lag"
+def _queue_reader(
+    store: MessageStore, topic: str, queue: int, first: ReadResult | None, *, tiered: bool
+) -> Callable[[int, int], ReadResult]:
+    """`_take_new`'s reads of a queue: `first` (read from the tier by the caller) for the
+    first call, then the store. An offset that is only in the tier ends the receive's
+    scan (the next receive reads it from the tier first); without a tier it is an error."""
+    pending = [] if first is None else [first]
+
+    def read(offset: int, tag_mask: int) -> ReadResult:
+        if pending:
+            return pending.pop()
+        result = store.read(topic, queue, offset, max_bytes=_READ_BYTES, tag_mask=tag_mask)
+        if result.status is not ReadStatus.REMOTE:
+            return result
+        if not tiered:
+            raise TierUnavailable(
+                f"offset {offset} of {topic}/{queue} is in the object store, and tiered "
+                "storage (tiered.url) is not set on this broker"
+            )
+        return ReadResult(
+            ReadStatus.NO_NEW_MESSAGE, [], offset, result.min_offset, result.max_offset
         )
+
+    return read
 
 
 def _read_message(
     store: MessageStore, topic: str, queue: int, offset: int
 ) -> tuple[MessageRecord, tuple[str, int, int] | None] | None:
     """The message at `offset`, and the id origin its record names (delivered by the
-    timer, published by a transaction), or None if it is no longer stored."""
+    timer, published by a transaction), or None if it is no longer stored locally."""
     found = store.read(topic, queue, offset, max_bytes=1)
-    if not found.batches:
-        return None
-    b = found.batches[0]
+    return _message_of(found.batches[0], offset) if found.batches else None
+
+
+def _message_of(
+    b: StoredBatch, offset: int
+) -> tuple[MessageRecord, tuple[str, int, int] | None] | None:
+    """The message at `offset` of stored batch `b`, and its id origin (see above)."""
     offsets = record_offsets(b.record)
     i = bisect.bisect_left(offsets, offset)
     if i == len(offsets) or offsets[i] != offset:
