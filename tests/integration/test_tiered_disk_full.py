@@ -7,17 +7,13 @@ otherwise), the store a moto S3 server brought up on a port chosen in advance.""
 from __future__ import annotations
 
 import asyncio
-import re
-import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.killable_server import KillableServer
 from tests.support.s3_server import s3_server
 from tests.support.tmpfs import mount_tmpfs, unmount, used_fraction
 
@@ -50,17 +46,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-#: The server's log lines (stderr), shown when the test fails.
-LOG: list[str] = []
-
-
-def _drain(proc: subprocess.Popen[bytes]) -> None:
-    assert proc.stderr is not None
-    for raw in proc.stderr:
-        LOG.append(raw.decode(errors="replace"))
-
-
-def _start(data_dir: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
+def _start(data_dir: Path, port: int) -> KillableServer:
     settings = {
         "tiered.url": "s3://tidemq-tier/disk-full",
         "tiered.endpoint": f"http://127.0.0.1:{port}",
@@ -77,32 +63,17 @@ def _start(data_dir: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
         # The services' scan position holds log segments until their next checkpoint.
         "broker.service_checkpoint_interval_ms": 500,
     }
-    sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tidemq.cli.main", "server", "--data-dir", str(data_dir),
-         "--port", "0", "--flush", "sync", "--log-level", "warning", *sets],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline().decode(errors="replace")
-        if not line:
-            break
-        found = re.search(r"serving on (\S+:\d+)", line)
-        if found:
-            threading.Thread(target=_drain, args=(proc,), daemon=True).start()
-            return proc, found.group(1)
-    proc.kill()
-    raise AssertionError("server did not start")
+    return KillableServer(
+        data_dir, *(a for k, v in settings.items() for a in ("--set", f"{k}={v}"))
+    )
 
 
 def test_disk_full_while_the_store_is_down_resumes_when_offload_catches_up(
     small_fs: Path,
 ) -> None:
     port = _free_port()
-    proc, address = _start(small_fs / "data", port)
+    server = _start(small_fs / "data", port)
+    address = server.address
     no_retry = ClientConfig(retries=0, request_timeout_ms=5_000)
     acked: list[int] = []
 
@@ -153,7 +124,6 @@ def test_disk_full_while_the_store_is_down_resumes_when_offload_catches_up(
         assert sorted(got) == acked
         assert all(got[o] == VALUE for o in acked)
 
-    LOG.clear()
     try:
         asyncio.run(asyncio.wait_for(fill(), 90))
         assert acked, "nothing was accepted before the disk filled"
@@ -167,14 +137,7 @@ def test_disk_full_while_the_store_is_down_resumes_when_offload_catches_up(
             f"{used_fraction(small_fs):.0%} used then"
         )
     except BaseException:
-        print("".join(LOG[-200:]))
+        print("".join(server.lines[-200:]))  # the broker's side of the failure
         raise
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        assert proc.stderr is not None
-        proc.stderr.close()
+        server.stop()

@@ -19,14 +19,13 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.support.killable_server import KillableServer
 
 from tidemq import aio
 from tidemq.client.cluster import ClientConfig
@@ -44,22 +43,8 @@ CYCLE_TIME_LIMIT_S = 15
 #: Remote files expire past this many bytes per queue (remote deletions during the run).
 RETENTION_BYTES = 256 * 1024
 
-_DRAINS: dict[int, threading.Thread] = {}
 
-
-def _reap(proc: subprocess.Popen[bytes]) -> int:
-    if proc.poll() is None:
-        proc.kill()
-    code = proc.wait(30)
-    drain = _DRAINS.pop(proc.pid, None)
-    if drain is not None:
-        drain.join(10)
-    if proc.stderr is not None:
-        proc.stderr.close()
-    return code
-
-
-def _start_server(data_dir: Path, bucket: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start_server(data_dir: Path, bucket: Path) -> KillableServer:
     tiered = {
         "url": f"file://{bucket}",
         "file_bytes": 8192,
@@ -68,34 +53,16 @@ def _start_server(data_dir: Path, bucket: Path) -> tuple[subprocess.Popen[bytes]
         "check_interval_ms": 20,
         "retry_backoff_ms": 20,
     }
-    sets = [arg for k, v in tiered.items() for arg in ("--set", f"tiered.{k}={v}")]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tidemq.cli.main", "server", "--data-dir", str(data_dir),
-         "--port", "0", "--flush", "sync", "--log-level", "warning", *sets],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    deadline = time.monotonic() + 60
-    lines: list[str] = []
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline().decode(errors="replace")
-        if not line:
-            break
-        lines.append(line)
-        if line.startswith("serving on "):
-            drain = threading.Thread(target=proc.stderr.read, daemon=True)
-            drain.start()
-            _DRAINS[proc.pid] = drain
-            return proc, line.split()[-1]
-    _reap(proc)
-    raise AssertionError(f"server did not start: {''.join(lines)}")
+    return KillableServer(
+        data_dir, *(a for k, v in tiered.items() for a in ("--set", f"tiered.{k}={v}"))
+    )
 
 
 async def _produce_until_killed(
-    address: str, proc: subprocess.Popen[bytes], rng: random.Random, cycle: int,
+    server: KillableServer, rng: random.Random, cycle: int,
     acked: dict[int, dict[int, bytes]],
 ) -> None:  # fmt: skip
+    proc, address = server.proc, server.address
     killer = threading.Timer(rng.uniform(0.3, 1.5), proc.send_signal, (signal.SIGKILL,))
     producer = aio.Producer(
         address, linger_ms=1, client_config=ClientConfig(retries=0, request_timeout_ms=5000)
@@ -195,11 +162,11 @@ def test_kill9_during_offload_loses_nothing_acknowledged(
     cycles = SOAK_CYCLES if soak else CYCLES
     started = time.monotonic()
 
-    proc, address = _start_server(data_dir, bucket)
+    server = _start_server(data_dir, bucket)
     try:
 
         async def create() -> None:
-            async with aio.Admin(address) as admin:
+            async with aio.Admin(server.address) as admin:
                 await admin.create_topic(
                     TOPIC,
                     QUEUES,
@@ -212,20 +179,21 @@ def test_kill9_during_offload_loses_nothing_acknowledged(
 
         loop.run(create())
     finally:
-        _reap(proc)
+        server.reap()
     for cycle in range(cycles):
         assert time.monotonic() - started < 60 + cycles * CYCLE_TIME_LIMIT_S, (
             f"seed {seed}: out of time before cycle {cycle}"
         )
         where = f"seed={seed} cycle={cycle}"
-        proc, address = _start_server(data_dir, bucket)
+        server = _start_server(data_dir, bucket)
         try:
-            loop.run(_verify(address, acked, starts, where))
+            loop.run(_verify(server.address, acked, starts, where))
             loop.run(_no_orphans(loop, bucket, where))
-            loop.run(_produce_until_killed(address, proc, rng, cycle, acked))
+            loop.run(_produce_until_killed(server, rng, cycle, acked))
         finally:
-            _reap(proc)
-    proc, address = _start_server(data_dir, bucket)
+            server.reap()
+    server = _start_server(data_dir, bucket)
+    address = server.address
     try:
         loop.run(_verify(address, acked, starts, f"seed={seed} final"))
 
@@ -244,8 +212,6 @@ def test_kill9_during_offload_loses_nothing_acknowledged(
         assert all(q.error == "" for q in status.queues), status
         assert any(s > 0 for s in starts.values()), "remote retention never deleted a file"
     finally:
-        proc.terminate()
-        proc.wait(30)
-        assert _reap(proc) == 0
+        assert server.stop() == 0
     total = sum(len(v) for v in acked.values())
     print(f"tiered kill9: {cycles} cycles, {total} messages acknowledged, starts {starts}")
