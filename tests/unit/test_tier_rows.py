@@ -17,7 +17,7 @@ from tidemq.core.record import RecordFlags, encode_header
 from tidemq.tiered.manifest import QueueManifest, RemoteFile, decode_manifest, encode_manifest
 from tidemq.tiered.parquet_rows import SCHEMA, encode_file, table_to_records
 
-_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8)
+_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=8)
 _tag = st.none() | st.sampled_from(["paid", "refund", "\u00e9t\u00e9"])
 _message = st.builds(
     MessageRecord,
