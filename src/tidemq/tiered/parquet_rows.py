@@ -23,9 +23,10 @@ zstd; row groups hold whole records only (a row group is the unit of a ranged re
 reader rebuilds records from one). The Parquet key-value metadata names the format,
 topic, queue, broker and offset range (`tidemq.*` keys).
 
-Reading back (`table_to_records`) re-encodes each record's messages as a batch payload
-and writes the record header with every stored field: message offsets, keys, values,
-tags, keys, headers, timestamps, flags, producer fields and properties come back equal;
+Reading back (`table_to_records`) rebuilds each record's batch payload from the Arrow
+columns (`tidemq.core.arrow_encode`) and writes the record header with every stored
+field: message offsets, keys, values, tags, keys, headers, timestamps, flags, producer
+fields and properties come back equal;
 the payload is compressed with the producer's codec again (the compressed bytes may
 differ; they are never visible).
 """
@@ -42,7 +43,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidemq.core.arrow import records_to_arrow, source_schema
-from tidemq.core.batch import Codec, MessageRecord, decode_columns, encode_batch, parse_envelope
+from tidemq.core.arrow_encode import rows_to_payload
+from tidemq.core.batch import Codec, decode_columns, parse_envelope
 from tidemq.core.errors import CorruptRecordError
 from tidemq.core.record import RecordFlags, encode_header, parse_header
 
@@ -189,46 +191,50 @@ def check_file_metadata(meta: dict[bytes, bytes] | None, topic: str, queue: int)
 
 
 def table_to_records(table: Any, topic_id: int, queue_id: int) -> list[bytes]:
-    """The stored records of a table of whole records (a row group, or several), in order."""
+    """The stored records of a table of whole records (a row group, or several), in order:
+    each payload rebuilt from the Arrow columns (`rows_to_payload`, no Python object per
+    message), each header with the stored fields."""
     if table.num_rows == 0:
         return []
-    col = {name: table.column(name).to_pylist() for name in table.schema.names}
+    rows = table.combine_chunks().to_batches()
+    batch = rows[0] if len(rows) == 1 else pa.RecordBatch.from_pylist(table.to_pylist())
     stamps = table.column("timestamp").cast(pa.int64()).to_numpy() // _US_PER_MS
-    batch = table.column("batch_offset").to_numpy()
-    starts = np.flatnonzero(np.diff(batch, prepend=batch[0] - 1)).tolist()
+    create = table.column("create_time_ms")
+    if create.null_count < len(create):
+        stamps = np.where(create.is_null().to_numpy(), stamps, create.fill_null(0).to_numpy())
+    base = table.column("batch_offset").to_numpy()
+    offsets = table.column("offset").to_numpy()
+    starts = np.flatnonzero(np.diff(base, prepend=base[0] - 1))
+    ends = np.append(starts[1:], table.num_rows)
+    at = pa.array(starts)
+    fields = {
+        name: table.column(name).take(at).to_pylist()
+        for name in (
+            "store_time_ms", "record_flags", "producer_id", "producer_seq", "producer_epoch",
+            "properties", "payload_codec",
+        )
+    }  # fmt: skip
     records: list[bytes] = []
-    for s, e in zip(starts, [*starts[1:], table.num_rows], strict=True):
-        messages = [
-            MessageRecord(
-                col["value"][i],
-                col["key"][i],
-                col["tag"][i],
-                tuple(col["keys"][i] or ()),
-                tuple((h["key"], h["value"]) for h in col["headers"][i] or ()),
-                int(stamps[i]) if col["create_time_ms"][i] is None else col["create_time_ms"][i],
-            )
-            for i in range(s, e)
-        ]
-        if col["offset"][s] != col["batch_offset"][s] or col["offset"][e - 1] != (
-            col["batch_offset"][s] + e - s - 1
-        ):
-            raise CorruptRecordError(
-                f"tier rows of the batch at offset {col['batch_offset'][s]} are not whole"
-            )
-        payload = encode_batch(messages, codec=Codec(col["payload_codec"][s]))
-        properties = col["properties"][s] or b""
+    for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        first = int(base[s])
+        if offsets[s] != first or offsets[e - 1] != first + e - s - 1:
+            raise CorruptRecordError(f"tier rows of the batch at offset {first} are not whole")
+        payload = rows_to_payload(
+            batch.slice(s, e - s), stamps[s:e], Codec(fields["payload_codec"][i])
+        )
+        properties = fields["properties"][i] or b""
         header = encode_header(
             payload_size=len(payload),
             properties=properties,
-            flags=col["record_flags"][s],
+            flags=fields["record_flags"][i],
             topic_id=topic_id,
             queue_id=queue_id,
             count=e - s,
-            base_offset=col["batch_offset"][s],
-            store_time_ms=col["store_time_ms"][s],
-            producer_id=col["producer_id"][s],
-            base_sequence=col["producer_seq"][s],
-            producer_epoch=col["producer_epoch"][s],
+            base_offset=first,
+            store_time_ms=fields["store_time_ms"][i],
+            producer_id=fields["producer_id"][i],
+            base_sequence=fields["producer_seq"][i],
+            producer_epoch=fields["producer_epoch"][i],
             payload_crc=parse_envelope(payload, verify_crc=False).crc,
         )
         records.append(header + properties + payload)
