@@ -587,3 +587,46 @@ def test_reads_do_not_wait_behind_an_upload(start_broker: StartBroker, loop: Loo
             await uploading
 
         loop.run(scenario())
+
+
+def test_a_read_racing_remote_retention_moves_to_the_new_start(
+    start_broker: StartBroker, loop: Loop
+) -> None:
+    """A read whose file remote retention deletes while the read waits for the store is
+    answered out of range (the consumer moves to the queue's new start), not DataLost."""
+    clock = ManualClock()
+    hour = 3_600_000
+    with s3_server() as s3, FaultyHttpProxy(s3.endpoint) as proxy:
+        env = start_broker(clock=clock, tiered=S3Server(proxy.endpoint, s3.bucket).tiered(**SMALL))
+        tier = env.broker.tier
+        assert tier is not None
+
+        async def scenario() -> None:
+            async with tidemq.aio.Admin(env.address) as admin:
+                await admin.create_topic(
+                    TOPIC, 1, config={**OFFLOADED, "retention.ms": str(2 * hour)}
+                )
+            await _produce(env.address, 400, queues=1)
+            await _offload_all(env, clock)
+            clock.advance(hour)
+            await _produce(env.address, 400, queues=1)
+            await _offload_all(env, clock)
+            proxy.set_mode(FaultMode.HANG, only=frozenset({"GET"}))
+            gets = proxy.requests["GET"]
+            consumer = tidemq.aio.StreamConsumer(env.address, start="earliest")
+            try:
+                consumer.assign([(TOPIC, 0)])
+                consumer.seek(TOPIC, 0, 0)
+                polling = asyncio.ensure_future(consumer.poll(timeout_ms=10_000))
+                await loop.wait_until(lambda: proxy.requests["GET"] > gets, what="a GET")
+                clock.advance(hour + 1)  # the first 400 expire
+                await tier.run_once()  # deletes their files (DELETEs pass)
+                proxy.set_mode(FaultMode.PASS)
+                got = await polling
+                while not got:
+                    got = await consumer.poll(timeout_ms=2000)
+                assert got[0].offset == 400
+            finally:
+                await consumer.close()
+
+        loop.run(scenario())

@@ -61,6 +61,9 @@ class TierReads:
                 self._reader.read, manifest, info.id, offset, max_bytes
             )
         except (ObjectMissing, CorruptRecordError) as exc:
+            current = qt.loaded()
+            if offset < current.log_start or file not in current.files:
+                return None  # remote retention deleted it meanwhile: out of range now
             self._stats.errors += 1
             raise DataLost(
                 f"{info.name}/{queue}: offloaded offsets {file.start}..{file.end} cannot be "

@@ -123,7 +123,13 @@ class TierReader:
         while file is not None and files < max_files and budget > 0:
             group = bisect.bisect_right(file.row_groups, offset) - 1
             for g in range(max(group, 0), len(file.row_groups)):
-                for record in self.row_group(file, g, manifest, topic_id):
+                try:
+                    records = self.row_group(file, g, manifest, topic_id)
+                except (TierUnavailable, CorruptRecordError):
+                    if not out:
+                        raise
+                    return out  # what was read; the next read meets (and reports) this
+                for record in records:
                     if _end_of(record) <= offset:
                         continue
                     if out and len(record) > budget:
