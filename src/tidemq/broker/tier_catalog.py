@@ -6,7 +6,7 @@ of a broker whose disk was lost from them.
 pass: on a broker with no topic of its own (a new, empty data directory) it creates every
 topic of the bucket's catalog as it was (creation time included, so that the manifests
 match) and lets each queue continue where its offloaded data ends. A broker that already
-has topics restores nothing: a catalog entry of a topic it does not have is only logged
+has topics restores nothing: a catalog entry of a topic it does not have is left alone
 (deleting remote data because it is missing locally would turn a wrong data directory
 into data loss).
 """
