@@ -648,9 +648,12 @@ class PopService:
         """The first read of a receive, from the object store when `offset` is only
         there (tiered storage); None when the store holds it (or no tier is set)."""
         store = self._gateway.store
+        info, index = store.index_of(topic, queue)
+        if self.tier is None or offset >= index.min_offset or (info.id, queue) not in store.remote:
+            return None  # the usual case, known from the index alone: no read here
         mask = summary_mask(flt)
-        result = store.read(topic, queue, offset, max_bytes=_READ_BYTES, tag_mask=mask)
-        if result.status is not ReadStatus.REMOTE or self.tier is None:
+        result = store.read(topic, queue, offset, max_bytes=1, tag_mask=mask)
+        if result.status is not ReadStatus.REMOTE:
             return None
         got = await self.tier.reads.read(store.topic(topic), queue, offset, _READ_BYTES, mask)
         if got is None:  # remote retention removed it meanwhile: the store says so
