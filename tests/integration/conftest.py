@@ -161,8 +161,13 @@ def cluster3(loop: Loop, tmp_path: Path) -> Iterator[ClusterEnv]:
     yield from start_cluster(loop, tmp_path, ("broker-a", "broker-b", "broker-c"))
 
 
-def start_cluster(loop: Loop, tmp_path: Path, names: tuple[str, ...]) -> Iterator[ClusterEnv]:
-    """A name server and brokers named `names` registered with it (fixtures yield from it)."""
+def start_cluster(
+    loop: Loop, tmp_path: Path, names: tuple[str, ...], **overrides: Any
+) -> Iterator[ClusterEnv]:
+    """A name server and brokers named `names` registered with it (fixtures yield from
+    it); `overrides` go to every broker's config (`broker_config`), but `clock` to the
+    brokers."""
+    clock = overrides.pop("clock", None)
     ns = NameServerService(
         port=0, broker_ttl_ms=CLUSTER_TTL_MS, heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS
     )
@@ -175,8 +180,9 @@ def start_cluster(loop: Loop, tmp_path: Path, names: tuple[str, ...]) -> Iterato
                 name_servers=(env.bootstrap,),
                 broker_heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS,
                 broker_ttl_ms=CLUSTER_TTL_MS,
+                **overrides,
             )
-            b = Broker(config)
+            b = Broker(config, clock=clock)
             env.brokers.append(b)
             env.addresses.append(loop.run(b.start()))
 

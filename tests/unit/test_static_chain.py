@@ -3,6 +3,7 @@ the record rebase the brokers use to serve links under logical offsets."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from tidemq.broker.static_view import LinkView
@@ -19,6 +20,7 @@ from tidemq.core.static_chain import (
     newest,
     plan_remap,
     prune_through,
+    retire,
     to_logical,
 )
 
@@ -156,6 +158,41 @@ def test_pruning_drops_leading_links_and_makes_a_newer_chain() -> None:
     pending = QueueChain(queue=1, epoch=4, links=CHAIN.links[:2], target="a")
     with pytest.raises(InvalidRequest, match="switch to it"):
         prune_through(pending, "b")
+
+
+def test_retiring_marks_a_brokers_links_as_in_the_tier_and_makes_a_newer_chain() -> None:
+    moved = QueueChain(
+        queue=1,
+        epoch=4,
+        links=(*CHAIN.links[:2], Link(broker="a", logical_start=15, physical_start=10,
+                                      physical_end=12),
+               Link(broker="c", logical_start=17, physical_start=0)),
+    )  # fmt: skip
+    retired = retire(moved, "a")
+    assert [link.tiered for link in retired.links] == [True, False, True, False]
+    assert [msgspec.structs.replace(link, tiered=False) for link in retired.links] == list(
+        moved.links
+    )
+    check_chain(retired, 4)
+    assert retired.version > moved.version
+    assert newest([moved, retired])[1] is retired
+    assert decode_chain(encode_chain(retired)) == retired
+    assert retire(retired, "a") is retired  # nothing left to mark
+    # Pruning after a retirement is newer still; a switch is newer than both.
+    assert prune_through(retired, "b").version > retired.version
+    assert msgspec.structs.replace(moved, epoch=5).version > retired.version
+    with pytest.raises(InvalidRequest, match="holds its write end"):
+        retire(moved, "c")
+    with pytest.raises(InvalidRequest, match="holds its write end"):
+        retire(CHAIN, "a")
+    pending = QueueChain(queue=1, epoch=4, links=CHAIN.links[:2], target="b")
+    with pytest.raises(InvalidRequest, match="switch to it"):
+        retire(pending, "b")
+    open_tiered = msgspec.structs.replace(
+        CHAIN, links=(*CHAIN.links[:2], msgspec.structs.replace(CHAIN.links[2], tiered=True))
+    )
+    with pytest.raises(InvalidRequest, match="open but marked"):
+        check_chain(open_tiered, 4)
 
 
 def test_a_brokers_view_reports_the_readable_start_past_empty_and_expired_links() -> None:

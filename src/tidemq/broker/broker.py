@@ -302,6 +302,7 @@ class Broker:
             transactions=self._transactions,
             timers=self._timers,
             register_now=self._register_now,
+            pop_unfinished=self._pop.unfinished,
         )
         self._data = DataHandlers(
             cfg,
@@ -386,7 +387,7 @@ class Broker:
                 "tidemq[server] (pyarrow and obstore)"
             ) from None
         tier = TierService(cfg.tiered, cfg.broker_name, self._gateway, self._topics, self._clock)
-        self._data.tier = self._pop.tier = tier
+        self._data.tier = self._pop.tier = self._static.retired.tier = tier
         return tier
 
     def _start_background(self, loop: asyncio.AbstractEventLoop) -> None:

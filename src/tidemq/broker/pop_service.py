@@ -405,6 +405,14 @@ class PopService:
         table = self._table(group, topic, queue)
         return min([table.next_offset, *table.leases])
 
+    def unfinished(self, topic: str, queue: int, below: int) -> list[str]:
+        """The pop groups of the queue with messages below `below` not finished yet."""
+        return sorted(
+            g
+            for (g, t, q), table in self._tables.items()
+            if t == topic and q == queue and min([table.next_offset, *table.leases]) < below
+        )
+
     def _table(self, group: str, topic: str, queue: int) -> _PopQueue:
         key = (group, topic, queue)
         table = self._tables.get(key)

@@ -23,6 +23,7 @@ from typing import Final
 import msgspec
 
 from tidemq.broker.static_pop import StaticFifoPop
+from tidemq.broker.static_retire import RetiredLinks, check_retire
 from tidemq.broker.static_view import LinkView, own_links
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.timer_service import TimerService
@@ -77,9 +78,12 @@ class StaticService:
         transactions: TransactionService,
         timers: TimerService,
         register_now: Callable[[], Awaitable[None]],
+        pop_unfinished: Callable[[str, int, int], list[str]],
     ) -> None:
         """`register_now`: registers this broker with its name servers and returns when
-        they have the registration, so a remap's answer means the routes show it."""
+        they have the registration, so a remap's answer means the routes show it;
+        `pop_unfinished(topic, queue, below)`: the pop groups with messages below `below`
+        not finished yet."""
         self._me = broker_name
         self._register_now = register_now
         self._gateway = gateway
@@ -92,6 +96,10 @@ class StaticService:
         #: Queues being sealed: new sends are refused (QueueMoved) while the seal waits
         #: for the transactions that will publish to them.
         self.sealing: set[tuple[str, int]] = set()
+        self._pop_unfinished = pop_unfinished
+        #: Links of brokers that left, expired by the write end's broker (needs the tier:
+        #: the broker sets `retired.tier`).
+        self.retired = RetiredLinks(broker_name, lambda: gateway.store, topics, clock, register_now)
 
     @property
     def _store(self) -> MessageStore:
@@ -147,7 +155,7 @@ class StaticService:
                     )
         if dropped:
             await self._register_now()  # the routes show it when this returns
-        return dropped
+        return dropped + await self.retired.expire()
 
     def chains(self, topic: str) -> list[QueueChain]:
         info = self._topics.get(topic)
@@ -310,25 +318,37 @@ class StaticService:
         requests."""
         mine, theirs = own_links(have, self._me), own_links(chain, self._me)
         dropped = mine[: len(mine) - len(theirs)]
-        if mine[len(dropped) :] != theirs:
+        kept = mine[len(dropped) :]
+        plain = [msgspec.structs.replace(link, tiered=False) for link in theirs]
+        if [msgspec.structs.replace(link, tiered=False) for link in kept] != plain or any(
+            a.tiered and not b.tiered for a, b in zip(kept, theirs, strict=True)
+        ):
             raise InvalidRequest(
                 f"queue {chain.queue} of {topic!r}: the chain changes this broker's own "
                 "links (open and seal do that)"
             )
+        retired = [b for a, b in zip(kept, theirs, strict=True) if b.tiered and not a.tiered]
+        if retired:
+            self._check_no_timers(topic, chain.queue)
+            check_retire(self._store, topic, chain.queue, retired, self._pop_unfinished)
         low = self._store.queue_bounds(topic, chain.queue)[0]
         held = [link for link in dropped if link.is_open or link.physical_end > low]
-        waiting = self._timers.holding(topic, chain.queue) if dropped else 0
-        if waiting:
-            raise InvalidRequest(
-                f"queue {chain.queue} of {topic!r}: {self._me} holds {waiting} delayed "
-                f"batch(es) not handed over to its write end yet; run `tidemq topic remap "
-                f"{topic} --repair` first"
-            )
+        if dropped:
+            self._check_no_timers(topic, chain.queue)
         if held:
             raise InvalidRequest(
                 f"queue {chain.queue} of {topic!r}: {self._me} still holds readable data of "
                 f"logical offsets from {held[0].logical_start} (retention has not removed "
-                "it yet)"
+                "it yet; with tiered storage, offloaded links are left in the object store)"
+            )
+
+    def _check_no_timers(self, topic: str, queue: int) -> None:
+        waiting = self._timers.holding(topic, queue)
+        if waiting:
+            raise InvalidRequest(
+                f"queue {queue} of {topic!r}: {self._me} holds {waiting} delayed "
+                f"batch(es) not handed over to its write end yet; run `tidemq topic remap "
+                f"{topic} --repair` first"
             )
 
     async def update(self, req: StaticUpdateRequest) -> StaticChainsResponse:

@@ -4,7 +4,7 @@ answers). Pure: no I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -72,7 +72,7 @@ class LinkView:
         end = self.chain.logical_end
         return end if end is not None else self.chain.links[-1].logical_start
 
-    def records(self, link: Link, records: list[bytes | memoryview]) -> list[bytes]:
+    def records(self, link: Link, records: Sequence[bytes | memoryview]) -> list[bytes]:
         """`records` read from `link`'s physical queue, cut at its end and rebased onto
         logical offsets (the header only; the payload is not touched)."""
         out: list[bytes] = []

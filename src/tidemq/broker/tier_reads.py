@@ -19,7 +19,7 @@ from tidemq.tiered.manifest import QueueManifest
 from tidemq.tiered.object_store import ObjectMissing
 from tidemq.tiered.reader import TierReader
 
-__all__ = ["TierReads"]
+__all__ = ["TierReads", "tag_summary"]
 
 
 class TierReads:
@@ -73,7 +73,7 @@ class TierReads:
         batches = []
         for record in records:
             header = parse_header(record)
-            if tag_mask and not _tag_summary(record, header.payload_start) & tag_mask:
+            if tag_mask and not tag_summary(record, header.payload_start) & tag_mask:
                 continue
             batches.append(
                 StoredBatch(header.base_offset, header.count, header.store_time_ms, record)
@@ -138,6 +138,6 @@ class TierReads:
         await asyncio.gather(*self._warming, return_exceptions=True)
 
 
-def _tag_summary(record: bytes, payload_start: int) -> int:
+def tag_summary(record: bytes, payload_start: int) -> int:
     """The batch envelope's tag summary (bytes 16..24 of the payload, `core.batch`)."""
     return int.from_bytes(record[payload_start + 16 : payload_start + 24], "little")

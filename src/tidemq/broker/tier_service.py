@@ -35,6 +35,7 @@ import msgspec
 
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.tier_catalog import TierCatalog
+from tidemq.broker.tier_links import TierLinks
 from tidemq.broker.tier_reads import TierReads
 from tidemq.broker.tier_state import QueueTier, TierStats, queue_status
 from tidemq.broker.topics import TopicTable
@@ -109,6 +110,8 @@ class TierService:
         self.catalog = TierCatalog(self.store, broker_name, gateway, topics)
         #: What the fetch, lookup-by-time and file-list handlers call.
         self.reads = TierReads(self.reader, self.stats, topics, self.loaded, config.url)
+        #: Static topics: other brokers' offloaded links.
+        self.links = TierLinks(self.store, self.reader, self.stats, clock)
 
     async def _io(self, fn: Callable[..., _T], *args: object) -> _T:
         """A blocking object-store or Parquet call, on a worker thread."""

@@ -154,15 +154,17 @@ def remove_broker(
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     output: OutputOpt = Output.TABLE,
 ) -> None:
-    """Take a broker out of every static topic's chains, once all it holds has expired
-    (refused while it holds readable data or a write end); then stop it for good."""
+    """Take a broker out of every static topic's chains, once all it holds has expired,
+    or (tiered storage) is in the object store, where the other brokers read it from
+    afterwards; refused while it holds data only it can serve, or a write end. Then stop
+    it for good."""
     with _admin(bootstrap) as admin:
         pruned = admin.remove_broker(name)
     if output is Output.JSON:
         emit_json(pruned)
         return
     emit_table(
-        ["TOPIC", "QUEUE", "LINKS DROPPED", "CHAIN STARTS AT"],
-        ((p.topic, p.queue, p.links, p.starts_at) for p in pruned),
-        title=f"Broker {name} holds no readable data and no link any more; stop it.",
+        ["TOPIC", "QUEUE", "LINKS DROPPED", "LINKS IN THE TIER", "CHAIN STARTS AT"],
+        ((p.topic, p.queue, p.links, p.offloaded, p.starts_at) for p in pruned),
+        title=f"Broker {name} is no longer needed to serve any data; stop it.",
     )

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from tidemq.client import acls as acls_api
-from tidemq.client import checks, kv, lookup, static_admin
+from tidemq.client import checks, kv, lookup, static_admin, static_leave
 from tidemq.client.acls import Acl
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer import AsyncProducer
@@ -170,6 +170,19 @@ class AsyncAdmin:
                 out.setdefault(address, []).append(q)
         return out
 
+    async def _holders(self, name: str) -> list[str]:
+        """Addresses of the live brokers holding data of `name`: those serving its queues
+        and, for a static topic, those holding older links of its chains."""
+        out = set(await self._hosting(name))
+        routes = self._cluster.routes
+        for q in routes.queues(name):
+            chain = routes.chain(name, q)
+            for link in chain.links if chain is not None else ():
+                address = routes.brokers.get(link.broker)
+                if address is not None:
+                    out.add(address)
+        return sorted(out)
+
     async def create_topic(
         self,
         name: str,
@@ -255,10 +268,12 @@ class AsyncAdmin:
         assert offset is not None
         return await lookup.message_at(self._cluster, topic, queue, offset)
 
-    async def remove_broker(self, name: str) -> list[static_admin.PrunedQueue]:
-        """Take broker `name` out of every static topic's chains once it holds no readable
-        data (refused, naming what it still holds, otherwise); then it can be stopped."""
-        return await static_admin.remove_broker(self._cluster, name)
+    async def remove_broker(self, name: str) -> list[static_leave.PrunedQueue]:
+        """Take broker `name` out of every static topic's chains once it holds no data
+        only it can serve: its links expired, or all in the object store (tiered storage;
+        they are read from there afterwards). Refused, naming what it still holds,
+        otherwise; then it can be stopped."""
+        return await static_leave.remove_broker(self._cluster, name)
 
     async def _create_topic(
         self,
@@ -623,14 +638,14 @@ class AsyncAdmin:
     async def tier_offload(self, topic: str) -> list[TierStatus]:
         """Upload every durable batch of `topic` to the object store now, whatever its
         size and age (before maintenance; local copies then go per local.retention.*);
-        returns the status of each broker hosting it, once done."""
+        returns the status of each broker holding its data, once done."""
         out = [
             tier_status_from_wire(
                 await self._cluster.call(
                     address, TierOffloadRequest(topic=topic), TierStatusResponse
                 )
             )
-            for address in await self._hosting(topic)
+            for address in await self._holders(topic)
         ]
         return sorted(out, key=lambda s: s.broker)
 
@@ -638,7 +653,8 @@ class AsyncAdmin:
         self, topic: str, *, queue: int | None = None, start: int = 0, end: int | None = None
     ) -> list[TierFile]:
         """The remote (Parquet) files of `topic` holding offsets in [start, end), by queue
-        and offset: their URLs open in pyarrow, DuckDB and Spark."""
+        and offset: their URLs open in pyarrow, DuckDB and Spark. (For a static topic,
+        each broker's files of its own links, in that broker's offsets.)"""
         checks.check_offset(start, "start")
         if end is not None:
             checks.check_offset(end, "end")
@@ -647,7 +663,7 @@ class AsyncAdmin:
             end=-1 if end is None else end,
         )  # fmt: skip
         files: list[TierFile] = []
-        for address in await self._hosting(topic):
+        for address in await self._holders(topic):
             answer = await self._cluster.call(address, request, TierFilesResponse)
             files.extend(
                 TierFile(**{f: getattr(w, f) for f in w.__struct_fields__}) for w in answer.files

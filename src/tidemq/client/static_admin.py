@@ -31,7 +31,7 @@ from tidemq.core.errors import (
     TopicAlreadyExists,
     TopicNotFound,
 )
-from tidemq.core.static_chain import Link, QueueChain, plan_remap, prune_through
+from tidemq.core.static_chain import Link, QueueChain, plan_remap
 from tidemq.protocol.commands import DescribeTopicRequest, TopicInfoMsg
 from tidemq.protocol.static_messages import (
     StaticChainsResponse,
@@ -41,12 +41,10 @@ from tidemq.protocol.static_messages import (
 )
 
 __all__ = [
-    "PrunedQueue",
     "QueueSwitch",
     "RemapReport",
     "create_static",
     "remap",
-    "remove_broker",
     "repair",
 ]
 
@@ -326,69 +324,3 @@ class _Switch:
                 await self._cluster.request(address, request, StaticChainsResponse)
             except TidemqError as exc:
                 log.warning("telling %s the chain of queue %d failed: %s", broker, chain.queue, exc)
-
-
-@dataclass(frozen=True, slots=True)
-class PrunedQueue:
-    """Links dropped from one queue's chain by `remove_broker`."""
-
-    topic: str
-    queue: int
-    links: int
-    #: The chain's first logical offset afterwards.
-    starts_at: int
-
-
-async def remove_broker(cluster: ClusterClient, name: str) -> list[PrunedQueue]:
-    """Take broker `name` out of every static chain, once it holds no readable data: no
-    queue of an ordinary topic with messages, no write end or switch target, and every
-    link of its expired (each broker that drops links checks its own data). The links
-    before its last one, on other brokers, go too (a chain stays dense). Afterwards the
-    broker can be stopped for good."""
-    routes = await cluster.refresh_routes(force=True)
-    address = routes.brokers.get(name)
-    if address is None:
-        raise BrokerNotAvailable(
-            f"broker {name} is not live: start it, so that its data can be checked first"
-        )
-    await _refuse_ordinary_data(cluster, routes, name, address)
-    plans: list[tuple[str, QueueChain, QueueChain]] = []
-    for topic in routes.topics():
-        for q in range(routes.queue_count(topic)):
-            chain = routes.chain(topic, q)
-            if chain is not None and any(link.broker == name for link in chain.links):
-                plans.append((topic, chain, prune_through(chain, name)))
-    done = []
-    for topic, chain, pruned in plans:
-        dropped = chain.links[: len(chain.links) - len(pruned.links)]
-        # Those dropping links first (they check their data), then the other holders.
-        order = sorted(
-            {link.broker for link in chain.links},
-            key=lambda b: (b not in {d.broker for d in dropped}, b),
-        )
-        for broker in order:
-            where = routes.brokers.get(broker)
-            if where is None:
-                raise BrokerNotAvailable(f"broker {broker}, holding links of {topic}, is not live")
-            request = StaticUpdateRequest(topic=topic, chains=[pruned])
-            await cluster.request(where, request, StaticChainsResponse)
-        done.append(PrunedQueue(topic, chain.queue, len(dropped), pruned.links[0].logical_start))
-    await cluster.refresh_routes(force=True)
-    return done
-
-
-async def _refuse_ordinary_data(
-    cluster: ClusterClient, routes: RouteTable, name: str, address: str
-) -> None:
-    for topic in routes.topics():
-        if routes.is_static(topic):
-            continue
-        if not any(routes.broker_for(topic, q) == address for q in routes.queues(topic)):
-            continue
-        info = await cluster.call(address, DescribeTopicRequest(name=topic), TopicInfoMsg)
-        held = [qi.queue for qi in info.queue_info if qi.max_offset > qi.min_offset]
-        if held:
-            raise InvalidRequest(
-                f"broker {name} holds messages of topic {topic!r} (queues {held}); it can "
-                "leave once they are consumed and expired, or the topic is deleted"
-            )

@@ -21,6 +21,9 @@ async def static_list_offsets(
 ) -> ListOffsetsResponse:
     async def ask(link: Link, at: int | None) -> ListOffsetsResponse:
         address = cluster.routes.brokers.get(link.broker)
+        if address is None and not link.is_open:
+            # Away: the write end's broker answers for a sealed link from the tier.
+            address = cluster.routes.broker_for(topic, chain.queue)
         if address is None:
             raise BrokerNotAvailable(
                 f"broker {link.broker}, holding offsets from {link.logical_start} of "

@@ -38,7 +38,8 @@ from tidemq.client.results import (
     UserInfo,
 )
 from tidemq.client.simple_consumer import AsyncReceivedMessage, AsyncSimpleConsumer, Filter
-from tidemq.client.static_admin import PrunedQueue, RemapReport
+from tidemq.client.static_admin import RemapReport
+from tidemq.client.static_leave import PrunedQueue
 from tidemq.client.stream_consumer import AsyncStreamConsumer, D, TopicQueue
 from tidemq.client.table_view import AsyncTableView, TableListener
 from tidemq.client.transaction import (

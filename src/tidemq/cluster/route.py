@@ -161,7 +161,8 @@ class RouteTable:
     def broker_for_offset(self, topic: str, queue: int, offset: int) -> str | None:
         """The address of the broker holding `offset` of the queue: for a static topic
         the broker of the link holding it (its write end for offsets at or past the
-        chain's end), else the queue's broker. None: unknown, or that broker is away."""
+        chain's end; for a sealed link whose broker is away, the write end's, which reads
+        it from the object store), else the queue's broker. None: unknown, or away."""
         found = self._topics.get(topic)
         if found is None:
             return None
@@ -171,7 +172,12 @@ class RouteTable:
         link = link_for(chain, offset)
         if link is None:
             return found.served.get(queue)
-        return self._brokers.get(link.broker)
+        address = self._brokers.get(link.broker)
+        if address is None and not link.is_open:
+            # Its broker is down or gone: the write end's broker reads a sealed link's
+            # offloaded files from the object store (tiered storage).
+            return found.served.get(queue)
+        return address
 
     def key_queue(self, topic: str, key: bytes) -> int:
         """The queue a keyed message of `topic` goes to, served now or not (its sender

@@ -48,6 +48,7 @@ __all__ = [
     "own_link_for_logical",
     "plan_remap",
     "prune_through",
+    "retire",
     "to_logical",
 ]
 
@@ -68,6 +69,9 @@ class Link(msgspec.Struct, frozen=True, kw_only=True):
     #: When it was opened and sealed (epoch ms; 0: not yet sealed).
     opened_ms: int = 0
     sealed_ms: int = 0
+    #: The broker has left the cluster (`retire`); the link's data is read from the object
+    #: store, from that broker's manifest, by any broker of the same tier.
+    tiered: bool = False
 
     @property
     def is_open(self) -> bool:
@@ -96,6 +100,8 @@ class QueueChain(msgspec.Struct, frozen=True, kw_only=True):
     target: str = ""
     #: Links dropped from the front so far (their data had expired; `prune_through`).
     pruned: int = 0
+    #: Times a broker's links were handed to the object store (`retire`).
+    retired: int = 0
 
     @property
     def write_end(self) -> Link | None:
@@ -103,11 +109,11 @@ class QueueChain(msgspec.Struct, frozen=True, kw_only=True):
         return last if last is not None and last.is_open else None
 
     @property
-    def version(self) -> tuple[int, int, int]:
+    def version(self) -> tuple[int, int, int, int]:
         """Newer chains compare larger: a switch raises the epoch; within one, the opened
         chain has a link more than the sealed one; pruning keeps the count of links ever
-        opened and breaks the tie."""
-        return (self.epoch, self.pruned + len(self.links), self.pruned)
+        opened and breaks the tie, as retiring does after it."""
+        return (self.epoch, self.pruned + len(self.links), self.pruned, self.retired)
 
     @property
     def logical_end(self) -> int | None:
@@ -147,6 +153,8 @@ def check_chain(chain: QueueChain, queues: int) -> None:
             raise InvalidRequest(f"{where}: link {n} has no physical start")
         if link.is_open and not last:
             raise InvalidRequest(f"{where}: link {n} is open but is not the last link")
+        if link.tiered and link.is_open:
+            raise InvalidRequest(f"{where}: link {n} is open but marked as in the object store")
         if not link.is_open and link.physical_end < link.physical_start:
             raise InvalidRequest(f"{where}: link {n} ends before it starts")
         if n and link.logical_start != chain.links[n - 1].logical_end:
@@ -212,6 +220,25 @@ def prune_through(chain: QueueChain, broker: str) -> QueueChain:
         )
     keep = chain.links[own[-1] + 1 :]
     return msgspec.structs.replace(chain, links=keep, pruned=chain.pruned + own[-1] + 1)
+
+
+def retire(chain: QueueChain, broker: str) -> QueueChain:
+    """`chain` with `broker`'s links marked as read from the object store (the broker
+    leaves; its links are sealed and offloaded, which the broker itself checks). Raises
+    InvalidRequest when it holds the write end or is a switch's target."""
+    own = [n for n, link in enumerate(chain.links) if link.broker == broker and not link.tiered]
+    if not own:
+        return chain
+    if chain.target == broker or chain.links[own[-1]].is_open:
+        raise InvalidRequest(
+            f"queue {chain.queue}: broker {broker} holds its write end (or a switch to it "
+            "is unfinished); remap the queue elsewhere first"
+        )
+    links = tuple(
+        msgspec.structs.replace(link, tiered=True) if n in own else link
+        for n, link in enumerate(chain.links)
+    )
+    return msgspec.structs.replace(chain, links=links, retired=chain.retired + 1)
 
 
 def plan_remap(write_ends: Mapping[int, str], targets: list[str]) -> dict[int, str]:

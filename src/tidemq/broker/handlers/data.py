@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tidemq.broker.config import BrokerConfig
-from tidemq.broker.filters import compile_filter, filter_mask, summary_mask
+from tidemq.broker.filters import Filter, compile_filter, filter_mask, summary_mask
+from tidemq.broker.handlers.tier_fetch import foreign_bounds, read_link
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.metrics import Traffic
 from tidemq.broker.schema_validation import SchemaCheck, validate_batch
@@ -25,6 +26,7 @@ from tidemq.core.errors import (
     QueueMoved,
     TierUnavailable,
 )
+from tidemq.core.static_chain import Link, link_for
 from tidemq.net.budget import ConnectionBudget
 from tidemq.protocol.commands import (
     FetchRequest,
@@ -167,11 +169,17 @@ class DataHandlers:
         self, req: FetchRequest, view: LinkView, budget: ConnectionBudget | None
     ) -> tuple[FetchResponse, bytes]:
         """A static queue's fetch: the link holding the logical offset is read at its
-        physical offset; the answer speaks logical offsets (records rebased)."""
-        link, physical = view.physical(req.offset)
-        if not link.is_open:
-            req = msgspec.structs.replace(req, max_wait_ms=0)  # a sealed link has it all
-        response, records = await self._fetch(req, physical, budget, join=False)
+        physical offset (another broker's sealed link from the object store, when this
+        broker has a tier); the answer speaks logical offsets (records rebased)."""
+        link = link_for(view.chain, req.offset)
+        log_start = None
+        if link is not None and link.broker != view.broker and not link.is_open and self.tier:
+            response, records, log_start = await self._fetch_link(req, link, budget)
+        else:
+            link, physical = view.physical(req.offset)
+            if not link.is_open:
+                req = msgspec.structs.replace(req, max_wait_ms=0)  # a sealed link has it all
+            response, records = await self._fetch(req, physical, budget, join=False)
         kept = view.records(link, records)
         # Within the link read (a later link of the same physical queue starts where a
         # sealed one ends).
@@ -179,6 +187,10 @@ class DataHandlers:
         if link.logical_end is not None:
             next_offset = min(next_offset, link.logical_end)
         low, high = view.bounds(response.min_offset, response.max_offset)
+        if log_start is not None and low == link.logical_start and link.logical_end is not None:
+            # The chain starts with that link: its broker may have expired part of it.
+            start = link.logical_start + max(log_start - link.physical_start, 0)
+            low = min(start, link.logical_end)
         response = msgspec.structs.replace(
             response,
             next_offset=next_offset,
@@ -188,6 +200,22 @@ class DataHandlers:
             masks=response.masks[: len(kept)],
         )
         return response, b"".join(kept)
+
+    async def _fetch_link(
+        self, req: FetchRequest, link: Link, budget: ConnectionBudget | None
+    ) -> tuple[FetchResponse, list[bytes], int]:
+        """A fetch of another broker's sealed link from the object store
+        (`tier_fetch.read_link`): the answer, its records and that broker's first offset
+        still in the bucket."""
+        assert self.tier is not None
+        flt = compile_filter(req.filter_kind, req.filter_expression) if req.filter_kind else None
+        tag_mask = req.tag_mask | (summary_mask(flt) if flt is not None else 0)
+        info = self._topics.get(req.topic)
+        result, log_start = await read_link(
+            self.tier, self._gateway, req, info=info, link=link, tag_mask=tag_mask, budget=budget
+        )
+        response, records = self._respond(req, result, flt)
+        return response, records, log_start
 
     async def _fetch(
         self,
@@ -224,7 +252,15 @@ class DataHandlers:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not await self._polling.wait(key, seen, remaining):
                 break
-        records = [b.record for b in result.batches]
+        response, records = self._respond(req, result, flt)
+        return response, (b"".join(records) if join else records)
+
+    def _respond(
+        self, req: FetchRequest, result: ReadResult, flt: Filter | None
+    ) -> tuple[FetchResponse, list[bytes]]:
+        """A fetch's answer to `result`: the records (those where `flt` matches nothing
+        left out) and their per-message masks."""
+        records: list[bytes] = [b.record for b in result.batches]
         masks: list[bytes] = []
         count = sum(b.count for b in result.batches)
         if flt is not None:
@@ -244,7 +280,7 @@ class DataHandlers:
             record_sizes=[len(r) for r in records],
             masks=masks,
         )
-        return response, (b"".join(records) if join else records)
+        return response, records
 
     async def _read_remote(
         self, topic: str, queue: int, local: ReadResult, max_bytes: int, tag_mask: int
@@ -286,12 +322,16 @@ class DataHandlers:
             info = self._topics.get(req.topic)
             remote = await self.tier.reads.offset_for_time(info, req.queue, req.timestamp_ms)
             at = at if remote is None else remote
-        if view is not None:
-            if at is not None:
-                at = view.logical(max(at, lo))
-            lo, hi = view.bounds(lo, hi)
-            if at is not None:
-                at = min(max(at, lo), hi)
+        if view is None:
+            return ListOffsetsResponse(min_offset=lo, max_offset=hi, offset_for_time=at)
+        if at is not None:
+            at = view.logical(max(at, lo))
+        lo, hi = view.bounds(lo, hi)
+        if self.tier is not None:
+            lo, earlier = await foreign_bounds(self.tier, req, view, lo)
+            at = earlier if earlier is not None else at
+        if at is not None:
+            at = min(max(at, lo), hi)
         return ListOffsetsResponse(min_offset=lo, max_offset=hi, offset_for_time=at)
 
     async def init_producer(self, req: InitProducerRequest) -> InitProducerResponse:
