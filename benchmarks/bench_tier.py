@@ -19,7 +19,7 @@ offload pass; then
    topics and manifests from the bucket; the process start is included).
 
 Medians of `--runs` (3). CPU steal and load average over the run are printed with the
-figures. Not measured yet: local disk under steady load with 1 h local retention.
+figures. Local disk under steady load with local retention: `bench_tier_disk.py`.
 """
 
 from __future__ import annotations
