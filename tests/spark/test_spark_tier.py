@@ -1,18 +1,20 @@
-"""Spark and tiered storage: the source reads offloaded offsets (through the broker) as it
-reads local ones, and the offloaded Parquet files are read by Spark straight from the
-tier's directory, without the broker."""
+"""Spark and tiered storage: the source reads offloaded offsets (from the tier's files, or
+through the broker) as it reads local ones, and the offloaded Parquet files are read by
+Spark straight from the tier's directory, without the broker."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 from pyspark.sql import SparkSession
+from tests.spark.test_spark_read import stream
 
 from tidemq import Admin, Producer
 
 if TYPE_CHECKING:
-    from tests.spark.conftest import Consume, Load, SourceMessages
+    from tests.spark.conftest import Consume, Load, Options, SourceMessages
 
 pytestmark = pytest.mark.spark
 
@@ -50,9 +52,19 @@ def test_spark_reads_offloaded_topics_both_ways(
     (status,) = admin.tier_offload(topic_name)
     assert all(q.local_min == q.next_offset == q.remote_end for q in status.queues)
 
-    # The source, through the broker: every row as before the offload.
+    # The source: its executors read the offloaded ranges from the files (the broker
+    # only lists them), and through the broker with readFromTier=never: every row as
+    # before the offload, both ways.
+    def remote_reads() -> int:
+        return sum(s.remote_reads for s in admin.tier_status())
+
+    before = remote_reads()
     df = load(subscribe=topic_name, includeHeaders="true")
     assert source_messages(df) == expected
+    assert remote_reads() == before
+    df = load(subscribe=topic_name, includeHeaders="true", readFromTier="never")
+    assert source_messages(df) == expected
+    assert remote_reads() > before
 
     # Straight from the tier's files: the same messages, Hive partitions as columns.
     files = admin.tier_files(topic_name)
@@ -63,3 +75,28 @@ def test_spark_reads_offloaded_topics_both_ways(
         (m.queue, m.offset, m.value) for m in expected
     ]
     assert {(r.queue, r.broker) for r in rows} == {(0, status.broker), (1, status.broker)}
+
+
+def test_a_stream_reads_history_from_the_tier_then_the_tail_exactly_once(
+    spark: SparkSession,
+    admin: Admin,
+    producer: Producer,
+    topic_name: str,
+    options: Options,
+    consume: Consume,
+    tmp_path: Path,
+) -> None:
+    admin.create_topic(topic_name, 2, config=OFFLOADED)
+    _fill(producer, topic_name)
+    admin.tier_offload(topic_name)
+    _fill(producer, topic_name)  # a local tail after the offloaded history
+    info = admin.describe_topic(topic_name)
+    ranges = {(topic_name, q.queue): (q.min_offset, q.max_offset) for q in info.queue_info}
+    expected = consume(ranges)
+    given = options(subscribe=topic_name, startingOffsets="earliest", maxOffsetsPerTrigger=70)
+    # Micro-batches of 70 rows cut across files and across the offloaded/local boundary.
+    assert sum(stream(spark, given, tmp_path)) == len(expected)
+    out = spark.read.parquet(str(tmp_path / "data")).collect()
+    assert sorted((r.partition, r.offset, r.value) for r in out) == [
+        (m.queue, m.offset, m.value) for m in expected
+    ]

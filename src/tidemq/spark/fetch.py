@@ -38,6 +38,7 @@ from tidemq.spark.options import (
     Subscription,
 )
 from tidemq.spark.planning import OffsetRange, ranges_between
+from tidemq.spark.tier_files import offloaded_files, read_offloaded
 
 __all__ = [
     "batch_ranges",
@@ -241,8 +242,16 @@ class _RangeReader:
 
     def batches(self) -> Iterator[Any]:
         r = self.range
-        if self.position >= r.end:
-            return
+        if self.position < r.end and self.options.read_from_tier:
+            files = self.rt.submit(offloaded_files(self.cluster, r, self.position)).result()
+            for batches, after in read_offloaded(files, self.options, r, self.position):
+                yield from batches
+                self.position = after
+        if self.position < r.end:
+            yield from self.from_broker()
+
+    def from_broker(self) -> Iterator[Any]:
+        r = self.range
         self.fetch(self.position)
         try:
             while True:

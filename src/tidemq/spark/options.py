@@ -28,6 +28,11 @@ Reading:
 ``includeHeaders``     ``false`` (default): add the ``headers`` column
 ``minPartitions``      split queue ranges until there are at least this many partitions
 ``fetchMaxBytes``      bytes per fetch request (default 8 MiB)
+``readFromTier``       ``auto`` (default): offloaded ranges of ordinary topics are read
+                       from the tier's Parquet files by the executors (the broker lists
+                       them); ``never``: everything through the broker
+``tidemq.tier.*``      ``endpoint``, ``region``, ``accessKeyId``, ``secretAccessKey``: how
+                       executors reach an S3 tier (default: the AWS credential chain)
 ====================== ================================================================
 
 Writing: ``bootstrap`` as above, ``topic`` (overrides the ``topic`` column),
@@ -61,6 +66,7 @@ __all__ = [
     "EARLIEST",
     "LATEST",
     "READ_OPTIONS",
+    "TIER_OPTIONS",
     "WRITE_OPTIONS",
     "Assign",
     "ClientOptions",
@@ -70,6 +76,7 @@ __all__ = [
     "Subscribe",
     "SubscribePattern",
     "Subscription",
+    "TierAccess",
     "WriteOptions",
     "check_known",
     "include_headers",
@@ -106,6 +113,13 @@ CLIENT_OPTIONS: Final = (
     "tidemq.tls.certFile",
     "tidemq.tls.keyFile",
 )
+#: How executors reach the tier's object store (`spark.tier_files`).
+TIER_OPTIONS: Final = (
+    "tidemq.tier.endpoint",
+    "tidemq.tier.region",
+    "tidemq.tier.accessKeyId",
+    "tidemq.tier.secretAccessKey",
+)
 READ_OPTIONS: Final = (
     *BOOTSTRAP_NAMES,
     *CLIENT_OPTIONS,
@@ -124,6 +138,8 @@ READ_OPTIONS: Final = (
     "includeHeaders",
     "minPartitions",
     "fetchMaxBytes",
+    "readFromTier",
+    *TIER_OPTIONS,
     # valueFormat=avro|json|protobuf (tidemq.spark.value_format)
     "valueFormat",
     "schemaRegistry",
@@ -237,6 +253,17 @@ class ClientOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class TierAccess:
+    """How executors reach the tier's object store (S3 settings; none for a directory,
+    or to use the AWS defaults: environment, credential files, instance role)."""
+
+    endpoint: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ReadOptions:
     bootstrap: str
     subscription: Subscription
@@ -249,6 +276,9 @@ class ReadOptions:
     min_partitions: int | None
     fetch_max_bytes: int
     client: ClientOptions = ClientOptions()
+    #: Offloaded ranges of ordinary topics read from the tier's files (`readFromTier`).
+    read_from_tier: bool = True
+    tier: TierAccess = TierAccess()
 
 
 @dataclass(frozen=True, slots=True)
@@ -569,7 +599,21 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
             else _int("fetchMaxBytes", fetch_text, minimum=1024)
         ),
         client=_client(opts),
+        read_from_tier=_read_from_tier(opts),
+        tier=TierAccess(
+            endpoint=_get(opts, "tidemq.tier.endpoint"),
+            region=_get(opts, "tidemq.tier.region"),
+            access_key_id=_get(opts, "tidemq.tier.accessKeyId"),
+            secret_access_key=_get(opts, "tidemq.tier.secretAccessKey"),
+        ),
     )
+
+
+def _read_from_tier(opts: dict[str, str]) -> bool:
+    text = (_get(opts, "readFromTier") or "auto").strip().lower()
+    if text not in {"auto", "never"}:
+        raise OptionError(f"option 'readFromTier' must be auto or never, got {text!r}")
+    return text == "auto"
 
 
 def parse_write_options(
