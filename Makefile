@@ -75,6 +75,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) benchmarks/bench_spark_avro.py --json benchmarks/results/spark_avro.json
 	$(PY) benchmarks/bench_tier.py --json benchmarks/results/tier.json
 	$(PY) benchmarks/bench_tier_disk.py --json benchmarks/results/tier_disk.json
+	$(PY) benchmarks/bench_spark_tier.py --json benchmarks/results/spark_tier.json
 
 soak: $(STAMP)
 	TIDEMQ_SOAK=1 $(VENV)/bin/pytest -W error -q -m "slow" tests/simulation tests/integration

@@ -4,7 +4,7 @@ from the object store's Parquet files, asking the broker only for the list of fi
 A tier file's first columns are the source's (`core.arrow.source_schema` with headers;
 `tiered/parquet_rows.py` writes them with the same function that decodes fetched
 records), so its rows for offsets [lo, hi) are the rows a fetch of that range gives: the
-read selects those columns, picks the row groups by their `offset` statistics, filters the
+read selects those columns, picks the row groups by their `offset` statistics, cuts them to the
 offsets and casts to the source's Arrow schema. The hot tail (past the last file) comes
 from the broker as before.
 
@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-import pyarrow.compute as pc
+import numpy as np
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -83,10 +83,13 @@ def read_file_range(
             if stats is not None and stats.has_min_max and (stats.max < lo or stats.min >= hi):
                 continue
             table = pf.read_row_group(g, columns=schema.names)
-            offsets = table.column("offset")
-            table = table.filter(pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, hi))).cast(
-                schema
-            )
+            inside = stats is not None and stats.has_min_max and lo <= stats.min <= stats.max < hi
+            if not inside:
+                # Offsets ascend within a file (one row per message): cut, not filter.
+                offsets = table.column("offset").to_numpy()
+                first, last = np.searchsorted(offsets, [lo, hi])
+                table = table.slice(int(first), int(last - first))
+            table = table.cast(schema)
             for batch in table.to_batches(max_chunksize=_MAX_BATCH_ROWS):
                 if batch.num_rows:
                     yield batch
