@@ -7,6 +7,7 @@ group has not finished it."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,9 @@ import pytest
 from tests.integration.conftest import start_cluster, wait_until
 
 from tidemq import aio
+from tidemq.broker.broker import Broker
 from tidemq.client.cluster import ClusterClient
-from tidemq.core.errors import InvalidRequest
+from tidemq.core.errors import InvalidRequest, RequestTimeout
 from tidemq.protocol.commands import AlterTopicRequest, TopicInfoMsg
 from tidemq.testing.clock import ManualClock
 from tidemq.tiered.config import TieredConfig
@@ -186,5 +188,53 @@ def test_a_broker_whose_links_are_offloaded_leaves_and_they_are_read_from_the_bu
         async with aio.Admin(cluster.bootstrap) as admin:
             chains = (await admin.describe_topic(TOPIC)).chains
             assert all([link.broker for link in c.links] == ["broker-b"] for c in chains)
+
+    loop.run(main())
+
+
+def test_a_broker_rebuilt_from_the_bucket_serves_its_static_links_again(
+    loop: Loop, tiered3: ClusterEnv, tmp_path: Path
+) -> None:
+    """broker-a holds the write end; its disk is lost after an offload. A new broker-a on
+    an empty data directory restores the topic with its chains from the bucket: every
+    offloaded message reads back with its offset; the write end stays closed (its
+    chain may be stale, its tail is gone) until a remap opens it elsewhere."""
+    cluster = tiered3
+    old = cluster.brokers[0]
+
+    async def main() -> None:
+        async with aio.Admin(cluster.bootstrap) as admin, aio.Producer(cluster.bootstrap) as p:
+            await admin.create_topic(
+                TOPIC, QUEUES, static=True, brokers=["broker-a"],
+                config={"remote.storage.enable": "true"},
+            )  # fmt: skip
+            first = await _send(p, 0, 200)
+            await admin.tier_offload(TOPIC)
+        await old.stop()
+        shutil.rmtree(tmp_path / "broker-a")
+        store = dataclasses.replace(old.config.store, data_dir=tmp_path / "broker-a2")
+        config = dataclasses.replace(old.config, port=0, store=store)
+        fresh = Broker(config, clock=old._clock)
+        cluster.brokers.append(fresh)
+        await fresh.start()
+        assert fresh.tier is not None
+        tier = fresh.tier
+        await wait_until(lambda: TOPIC in tier.catalog.restored, what="the restore")
+
+        got = await _read(cluster.bootstrap, len(first))
+        for q, messages in got.items():
+            assert [m.offset for m in messages] == list(range(len(messages)))
+            assert [m.value for m in messages] == [v for qq, _, v in first if qq == q]
+
+        async with aio.Producer(cluster.bootstrap, delivery_timeout_ms=1_500) as p:
+            with pytest.raises(RequestTimeout, match="read-only on this broker"):
+                await p.send(TOPIC, b"refused", key=b"k0")
+        async with aio.Admin(cluster.bootstrap) as admin, aio.Producer(cluster.bootstrap) as p:
+            await admin.remap_topic(TOPIC, brokers=["broker-b"])
+            second = await _send(p, 1, 60)
+        got = await _read(cluster.bootstrap, len(first) + len(second))
+        for q, messages in got.items():
+            assert [m.offset for m in messages] == list(range(len(messages)))
+            assert [m.value for m in messages] == [v for qq, _, v in first + second if qq == q]
 
     loop.run(main())

@@ -1,11 +1,15 @@
 """The broker's offloaded topics in the bucket (`tidemq.tiered.catalog`), and the restore
 of a broker whose disk was lost from them.
 
-`publish` writes each offloaded topic's entry when it is new or its configs changed;
-`forget` removes it with the topic. `restore` runs once, at the tier service's first
-pass: on a broker with no topic of its own (a new, empty data directory) it creates every
-topic of the bucket's catalog as it was (creation time included, so that the manifests
-match) and lets each queue continue where its offloaded data ends. A broker that already
+`publish` writes each offloaded topic's entry when it is new or its configs (or a static
+topic's chains) changed; `forget` removes it with the topic. `restore` runs once, at the
+tier service's first pass: on a broker with no topic of its own (a new, empty data
+directory) it creates every topic of the bucket's catalog as it was (creation time
+included, so that the manifests match) and lets each queue continue where its offloaded
+data ends. A static topic gets its chains back as the entry has them, read-only: the
+links of this broker serve their offloaded offsets again, and a write end that was here
+stays closed until a remap opens it on another broker (the entry may be older than the
+brokers' chains, and the queue's local tail is gone). A broker that already
 has topics restores nothing: a catalog entry of a topic it does not have is left alone
 (deleting remote data because it is missing locally would turn a wrong data directory
 into data loss).
@@ -20,7 +24,7 @@ from typing import Any
 
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topics import TopicTable
-from tidemq.core.static_chain import STATIC_KEY
+from tidemq.core.static_chain import STATIC_KEY, QueueChain
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import CleanupPolicy, MessageType, TopicInfo
 from tidemq.tiered.catalog import (
@@ -38,7 +42,7 @@ __all__ = ["TierCatalog"]
 log = logging.getLogger(__name__)
 
 
-def _entry(info: TopicInfo) -> TopicEntry:
+def _entry(info: TopicInfo, chains: list[QueueChain]) -> TopicEntry:
     return TopicEntry(
         name=info.name,
         queues=info.queues,
@@ -48,6 +52,7 @@ def _entry(info: TopicInfo) -> TopicEntry:
         retention_bytes=info.retention_bytes,
         config=dict(info.config),
         created_ms=info.created_ms,
+        chains=chains,
     )
 
 
@@ -71,7 +76,8 @@ class TierCatalog:
 
     async def publish(self, topics: list[TopicInfo]) -> None:
         for info in topics:
-            data = encode_entry(_entry(info))
+            held = self._gateway.store.static.of_topic(info.id)
+            data = encode_entry(_entry(info, [held[q] for q in sorted(held)]))
             if self._written.get(info.name) != data:
                 await self._io(self._store.put, catalog_path(self._broker, info.name), data)
                 self._written[info.name] = data
@@ -98,10 +104,6 @@ class TierCatalog:
         listed = await self._io(self._store.list, catalog_prefix(self._broker))
         for obj in listed:
             entry = decode_entry(await self._io(self._store.get, obj.path))
-            if entry.config.get(STATIC_KEY) == "true":
-                # Its chains live on the brokers (ADR 0010): not rebuilt from the bucket.
-                log.warning("tiered storage: static topic %s is not restored", entry.name)
-                continue
             await self._restore_topic(entry)
         self.restore_checked = True
         if self.restored:
@@ -131,6 +133,10 @@ class TierCatalog:
             )
             for q, (start, end) in ends.items():
                 store.offload.restore_queue(entry.name, q, start, end)
+            for chain in entry.chains if entry.config.get(STATIC_KEY) == "true" else ():
+                # Read-only: the chain may be older than the brokers' (a remap after the
+                # entry was written), and the write end's tail was lost with the disk.
+                store.set_static_chain(entry.name, chain.queue, chain, writable=False)
 
         await self._gateway.call(create)
         self._written[entry.name] = encode_entry(entry)
@@ -142,3 +148,15 @@ class TierCatalog:
             entry.queues,
             {q: end for q, (_, end) in ends.items()},
         )
+        ends_here = [
+            c.queue for c in entry.chains if (w := c.write_end) and w.broker == self._broker
+        ]
+        if ends_here and entry.config.get(STATIC_KEY) == "true":
+            log.warning(
+                "tiered storage: static topic %s: queues %s had their write end here; they "
+                "are read-only now: `tidemq topic remap %s --queue Q --to BROKER` opens them "
+                "on another broker",
+                entry.name,
+                ends_here,
+                entry.name,
+            )

@@ -420,8 +420,9 @@ class MessageStore:
         info, index = self._index(topic, queue_id)
         if self.static.read_only and (info.id, queue_id) in self.static.read_only:
             raise QueueMoved(
-                f"queue {queue_id} of static topic {topic!r} is sealed on this broker: its "
-                "write end is on another broker (or being switched); refresh the routes"
+                f"queue {queue_id} of static topic {topic!r} is read-only on this broker: its "
+                "write end is on another broker (or being switched, or was restored here "
+                "from the tier: a remap opens it elsewhere); refresh the routes"
             )
         if len(payload) > self.config.max_batch_bytes:
             raise BatchTooLarge(

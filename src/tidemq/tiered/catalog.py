@@ -5,7 +5,8 @@ One JSON object per topic: `_tidemq/topics/broker=<b>/topic=<t>.json` (`TopicEnt
 everything the broker's store needs to create the topic again as it was, its creation
 time included (the manifests name it: a topic created again under the same name is
 another topic). Written by the tier service when it first sees an offloaded topic and
-whenever its configs change; deleted with the topic's remote data.
+whenever its configs (or, for a static topic, its chains) change; deleted with the
+topic's remote data.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import msgspec
 
 from tidemq.core.errors import CorruptRecordError
+from tidemq.core.static_chain import QueueChain
 
 __all__ = ["TopicEntry", "catalog_path", "catalog_prefix", "decode_entry", "encode_entry"]
 
@@ -26,6 +28,9 @@ class TopicEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     retention_bytes: int | None
     config: dict[str, str]
     created_ms: int
+    #: A static topic's chains of the queues this broker holds links of, as it last
+    #: stored them (the brokers hold the newest; ADR 0010).
+    chains: list[QueueChain] = msgspec.field(default_factory=list)
 
 
 _ENCODER = msgspec.json.Encoder()
