@@ -143,3 +143,23 @@ def test_read_from_tier_option_is_checked() -> None:
             {"bootstrap": "127.0.0.1:1", "subscribe": TOPIC, "readFromTier": "sometimes"},
             streaming=False,
         )
+
+
+def test_a_topic_that_is_not_offloaded_has_no_files_and_keeps_its_bounds(
+    start_sync_broker: StartSync, tmp_path: Path
+) -> None:
+    """Listing files of a topic without remote.storage.enable (what every Spark task asks
+    first) made a remote range at its start and a manifest in the bucket: a compacted
+    queue then refused reads below its first kept message as lost."""
+    (tmp_path / "tier").mkdir()
+    tiered = TieredConfig(url=f"file://{tmp_path}/tier", **SMALL)
+    address = start_sync_broker(tiered=tiered).address
+    with tidemq.Admin(address) as admin:
+        admin.create_topic(TOPIC, 2)
+        _fill(address, 4)
+        before = admin.describe_topic(TOPIC).queue_info
+        assert admin.tier_files(TOPIC) == []
+        assert admin.describe_topic(TOPIC).queue_info == before
+    assert not list((tmp_path / "tier").rglob("*.json"))
+    r = OffsetRange(TOPIC, 0, 0, before[0].max_offset)
+    assert _read(address, r).num_rows == before[0].max_offset

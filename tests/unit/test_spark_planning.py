@@ -20,9 +20,24 @@ def test_ranges_between_skips_new_and_empty_queues() -> None:
 
 
 def test_one_partition_per_range_by_default() -> None:
-    ranges = [OffsetRange("t", 0, 0, 1_000_000), OffsetRange("t", 1, 5, 6)]
+    ranges = [OffsetRange("t", q, 0, 150_000 + q * 20_000) for q in range(4)]
     assert plan_partitions(ranges, None) == ranges
-    assert plan_partitions(ranges, 2) == ranges
+    small = [OffsetRange("t", 0, 0, 90_000), OffsetRange("t", 1, 5, 6)]
+    assert plan_partitions(small, None) == small  # below the split floor
+    skewed = [OffsetRange("t", 0, 0, 1_000_000), OffsetRange("t", 1, 5, 6)]
+    assert plan_partitions(skewed, 2) == skewed
+    assert plan_partitions(skewed, 1) == skewed
+
+
+def test_a_queue_holding_most_of_the_data_is_cut_by_default() -> None:
+    ranges = [OffsetRange("t", 0, 0, 4_000_000)] + [
+        OffsetRange("t", q, 0, 100_000) for q in range(1, 4)
+    ]
+    planned = plan_partitions(ranges, None)
+    # The mean is 1,075,000 offsets: the big range in 4 pieces, the others whole.
+    assert [p.size for p in planned if p.queue == 0] == [1_000_000] * 4
+    assert [p for p in planned if p.queue != 0] == ranges[1:]
+    assert plan_partitions(ranges, None) == planned  # deterministic
 
 
 def test_min_partitions_splits_large_ranges() -> None:
@@ -34,17 +49,23 @@ def test_min_partitions_splits_large_ranges() -> None:
 
 
 @given(
-    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 5_000)), min_size=1, max_size=8),
-    st.integers(1, 64),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 500_000)), min_size=1, max_size=8),
+    st.one_of(st.none(), st.integers(1, 64)),
 )
-def test_split_covers_each_range_exactly(spans: list[tuple[int, int]], min_partitions: int) -> None:
+def test_split_covers_each_range_exactly(
+    spans: list[tuple[int, int]], min_partitions: int | None
+) -> None:
     ranges = [OffsetRange("t", q, s, s + n) for q, (s, n) in enumerate(spans)]
     planned = plan_partitions(ranges, min_partitions)
     assert plan_partitions(ranges, min_partitions) == planned  # deterministic
     assert all(p.size > 0 for p in planned)
     live = [r for r in ranges if r.size > 0]
     total = sum(r.size for r in live)
-    assert len(planned) >= min(min_partitions, total)
+    if min_partitions is not None:
+        assert len(planned) >= min(min_partitions, total)
+    elif live:
+        mean = max(total / len(live), 100_000)
+        assert all(p.size <= 2 * mean for p in planned)  # no task far above the mean
     for r in live:
         pieces = [p for p in planned if p.queue == r.queue]
         assert pieces[0].start == r.start

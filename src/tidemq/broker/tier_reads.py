@@ -15,6 +15,7 @@ from tidemq.core.record import parse_header
 from tidemq.protocol.tier_messages import TierFile, TierFilesRequest, TierFilesResponse
 from tidemq.store.message_store import StoredBatch
 from tidemq.store.metadata import TopicInfo
+from tidemq.store.remote_ranges import tier_settings
 from tidemq.tiered.manifest import QueueManifest
 from tidemq.tiered.object_store import ObjectMissing
 from tidemq.tiered.reader import TierReader
@@ -111,6 +112,9 @@ class TierReads:
     async def files(self, req: TierFilesRequest) -> TierFilesResponse:
         """The remote files of a topic holding offsets in [start, end), by queue."""
         info = self._topics.get(req.topic)
+        if not tier_settings(info.config).enabled:
+            # Never offloaded: no files (and no remote range or manifest made for it).
+            return TierFilesResponse(files=[])
         queues = self._topics.hosted(info.name) if req.queue < 0 else [req.queue]
         end = req.end if req.end >= 0 else None
         out: list[TierFile] = []

@@ -27,6 +27,8 @@ Reading:
 ``failOnDataLoss``     ``true`` (default): offsets removed by retention fail the query
 ``includeHeaders``     ``false`` (default): add the ``headers`` column
 ``minPartitions``      split queue ranges until there are at least this many partitions
+                       (default: a range far above the mean is cut to about the mean's
+                       size, `planning.AUTO_SPLIT_MIN_OFFSETS` at least; 1: no split)
 ``fetchMaxBytes``      bytes per fetch request (default 8 MiB)
 ``readFromTier``       ``auto`` (default): offloaded ranges of ordinary topics are read
                        from the tier's Parquet files by the executors (the broker lists

@@ -1,19 +1,27 @@
 """Input partitions: which offset ranges each Spark task reads. Pure Python: no pyspark.
 
-One partition per queue range, as Kafka's source does; with `minPartitions` larger than
-the number of ranges, ranges are split in proportion to their sizes into pieces as equal
-as possible. The plan depends only on its arguments, so a replayed micro-batch is planned
-the same way.
+One partition per queue range, as Kafka's source does, except that by default a range
+far larger than the mean (one queue holding most of the data) is cut into pieces about
+the mean's size, never below `AUTO_SPLIT_MIN_OFFSETS`: one busy queue would otherwise be
+one long task while the others sit idle. With `minPartitions` given, ranges are split in
+proportion to their sizes into at least that many pieces as equal as possible (and
+`minPartitions=1` keeps one partition per range). The plan depends only on its
+arguments, so a replayed micro-batch is planned the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from tidemq.spark.offsets import TopicQueue
 
-__all__ = ["OffsetRange", "plan_partitions", "ranges_between"]
+__all__ = ["AUTO_SPLIT_MIN_OFFSETS", "OffsetRange", "plan_partitions", "ranges_between"]
+
+#: Pieces the default plan cuts are never smaller than this (a task's start costs more
+#: than reading fewer messages).
+AUTO_SPLIT_MIN_OFFSETS: Final = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +63,14 @@ def _split(r: OffsetRange, parts: int) -> list[OffsetRange]:
 
 
 def plan_partitions(ranges: Iterable[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
-    """One partition per non-empty range, or, when `min_partitions` asks for more, the
-    ranges split into about `min_partitions` pieces in proportion to their sizes (at least
-    one piece per range, never an empty piece)."""
+    """One partition per non-empty range, ranges far above the mean cut to about its size
+    (`min_partitions` None); or, when `min_partitions` asks for more than one per range,
+    the ranges split into about `min_partitions` pieces in proportion to their sizes (at
+    least one piece per range, never an empty piece)."""
     live = [r for r in ranges if r.size > 0]
-    if min_partitions is None or len(live) >= min_partitions:
+    if min_partitions is None:
+        return _balanced(live)
+    if len(live) >= min_partitions:
         return live
     total = sum(r.size for r in live)
     parts = [max(1, r.size * min_partitions // total) for r in live]
@@ -84,4 +95,16 @@ def plan_partitions(ranges: Iterable[OffsetRange], min_partitions: int | None) -
     out: list[OffsetRange] = []
     for r, n in zip(live, parts, strict=True):
         out.extend(_split(r, min(n, r.size)))
+    return out
+
+
+def _balanced(live: list[OffsetRange]) -> list[OffsetRange]:
+    """Each range in round(size / piece) pieces, piece = the mean range size, at least
+    `AUTO_SPLIT_MIN_OFFSETS`: ranges near the mean or small stay whole."""
+    if not live:
+        return live
+    piece = max(sum(r.size for r in live) / len(live), AUTO_SPLIT_MIN_OFFSETS)
+    out: list[OffsetRange] = []
+    for r in live:
+        out.extend(_split(r, max(1, round(r.size / piece))))
     return out

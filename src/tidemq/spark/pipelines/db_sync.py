@@ -439,13 +439,15 @@ def run_db_sync(
         topics=topics,
         max_offsets_per_trigger=max_offsets_per_trigger,
         include_headers=False,
+        # One partition per queue range: a queue's events in one task, in order.
+        options={"minPartitions": "1"},
     )
     apply_partition = _ApplyPartition(target, shards, shard_column)
 
     def sync_batch(df: DataFrame, batch_id: int) -> None:
-        # Each (topic, queue) in one task, its events in offset order: the source already
-        # reads each queue's range of the batch as one partition (`read_topics` sets no
-        # minPartitions, which would split ranges), so the tasks are exactly the queues.
+        # Each (topic, queue) in one task, its events in offset order: the source reads
+        # each queue's range of the batch as one partition (minPartitions=1 above; the
+        # default would cut a range far above the others), so the tasks are the queues.
         # A repartition by hash put 8 queues into 6 tasks, two of them empty (issue 21).
         (
             df.select("topic", "partition", "offset", "value")
