@@ -117,6 +117,24 @@ def test_archive_exactly_once_resume_and_replay(
     assert {p: p.read_bytes() for p in output.rglob("*.parquet")} == before
     assert not [p for p in output.rglob(".*") if p.is_file()]  # no temporary file left
 
+    # A recorded batch too large for its tasks is replayed in smaller pieces: the same
+    # offsets read by more tasks (other files), which replace the earlier attempt's.
+    (checkpoint / "commits" / str(commits[-1])).unlink()
+    (checkpoint / "commits" / f".{commits[-1]}.crc").unlink(missing_ok=True)
+    query = run_archive(
+        spark,
+        bootstrap=bootstrap,
+        topics=topics,
+        output=output,
+        checkpoint=checkpoint,
+        max_offsets_per_trigger=60,
+        min_partitions=8,
+    )
+    assert query.exception() is None
+    assert _archived(output) == _expected(topics, 2, 60)
+    assert len(list(output.rglob("*.parquet"))) > len(before)
+    _check_files(output)
+
 
 def test_archive_cli(
     spark: SparkSession,

@@ -20,6 +20,7 @@ from tidemq.cli.pipeline_common import (
     Checkpoint,
     Master,
     MaxOffsets,
+    MinPartitions,
     Once,
     app,
     load,
@@ -49,6 +50,7 @@ def archive(
     master: Master = "local[*]",
     once: Once = True,
     max_offsets_per_trigger: MaxOffsets = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    min_partitions: MinPartitions = None,
 ) -> None:
     """Archive topics into Parquet files (topic=/dt=/hour=), exactly once, resumable."""
     address = check_bootstrap(bootstrap)
@@ -68,6 +70,7 @@ def archive(
                 checkpoint=checkpoint,
                 trigger="available_now" if once else "continuous",
                 max_offsets_per_trigger=max_offsets_per_trigger,
+                min_partitions=min_partitions,
             )
             rows, batches = run_query(
                 query, progress, once=once, running=f"archiving {', '.join(topic)} to {output}"

@@ -26,6 +26,7 @@ __all__ = [
     "Checkpoint",
     "Master",
     "MaxOffsets",
+    "MinPartitions",
     "Once",
     "app",
     "load",
@@ -53,6 +54,19 @@ Once = Annotated[
     typer.Option(
         "--once/--continuous",
         help="Process what the topics hold now and exit (AvailableNow), or keep running.",
+    ),
+]
+MinPartitions = Annotated[
+    int | None,
+    typer.Option(
+        "--min-partitions",
+        min=1,
+        metavar="N",
+        help=(
+            "Read each micro-batch with at least N tasks (queue ranges split). A batch "
+            "that failed for its size is replayed over the same offsets: run again with "
+            "a larger N to read it in smaller pieces."
+        ),
     ),
 ]
 MaxOffsets = Annotated[

@@ -33,8 +33,8 @@ How it is exactly once, together with Spark's checkpoint:
 
 `output` must be a directory that the executors and the driver see alike: a local one in
 local mode (the default), a shared mount on a cluster. A task holds its rows in memory
-while it writes them; bound that with `max_offsets_per_trigger` and the source's
-`minPartitions`.
+while it writes them; bound that with `max_offsets_per_trigger` and `min_partitions` (the
+source's `minPartitions`), which also recovers a recorded batch too large for a task.
 """
 
 from __future__ import annotations
@@ -337,9 +337,15 @@ def run_archive(
     checkpoint: str | Path,
     trigger: Trigger = "available_now",
     max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    min_partitions: int | None = None,
 ) -> StreamingQuery:
     """Archive `topics` into Parquet under `output` (see the module docstring), with
     Spark's checkpoint in `checkpoint` (run again with the same one to resume).
+
+    `min_partitions`: the source's `minPartitions` (at least that many tasks per
+    micro-batch). A micro-batch that failed for its size (a task out of memory) is
+    replayed over the same recorded offsets; a larger `min_partitions` reads it in more,
+    smaller pieces, and the publish replaces what an earlier attempt published.
 
     `trigger="available_now"` archives what the topics hold now (in micro-batches of at
     most `max_offsets_per_trigger` messages) and returns the finished query (a failure
@@ -351,8 +357,14 @@ def run_archive(
         raise ValueError("give at least one topic")
     check_trigger(trigger)
     root = Path(output)
+    if min_partitions is not None and min_partitions < 1:
+        raise ValueError(f"min_partitions must be >= 1, got {min_partitions}")
     stream = read_topics(
-        spark, bootstrap=bootstrap, topics=topics, max_offsets_per_trigger=max_offsets_per_trigger
+        spark,
+        bootstrap=bootstrap,
+        topics=topics,
+        max_offsets_per_trigger=max_offsets_per_trigger,
+        options=None if min_partitions is None else {"minPartitions": str(min_partitions)},
     )
 
     stage = functools.partial(_stage_partition, str(root))
