@@ -24,6 +24,7 @@ from tidemq.cli.pipeline_common import (
     Once,
     app,
     load,
+    pipeline_client,
     require_topics,
     run_query,
     session,
@@ -71,6 +72,7 @@ def archive(
                 trigger="available_now" if once else "continuous",
                 max_offsets_per_trigger=max_offsets_per_trigger,
                 min_partitions=min_partitions,
+                client=pipeline_client(),
             )
             rows, batches = run_query(
                 query, progress, once=once, running=f"archiving {', '.join(topic)} to {output}"

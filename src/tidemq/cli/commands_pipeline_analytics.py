@@ -14,6 +14,7 @@ from tidemq.cli.common import (
     Bootstrap,
     CliUsageError,
     check_bootstrap,
+    client_config,
     command,
     info,
     say,
@@ -25,6 +26,7 @@ from tidemq.cli.pipeline_common import (
     Once,
     app,
     load,
+    pipeline_client,
     require_topics,
     session,
     spark_failures,
@@ -92,7 +94,12 @@ def generate_events(
 
         serializer = AvroSerializer(SchemaRegistry(registry), events.Event)
     sent = events.produce_events(
-        address, topic, generated, queues=queues, value_serializer=serializer
+        address,
+        topic,
+        generated,
+        queues=queues,
+        value_serializer=serializer,
+        client_config=client_config(),
     )
     say(f"sent {sent} event(s) to {topic}")
 
@@ -160,6 +167,7 @@ def analytics(
                 max_offsets_per_trigger=max_offsets_per_trigger,
                 value_format=value_format.value,
                 schema_registry=registry if value_format is EventFormat.AVRO else None,
+                client=pipeline_client(),
             )
             if not once:
                 info(f"analytics over {', '.join(topic)} to {output}; Ctrl-C to stop")

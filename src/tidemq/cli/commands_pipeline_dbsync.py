@@ -26,6 +26,7 @@ from tidemq.cli.pipeline_common import (
     Once,
     app,
     load,
+    pipeline_client,
     require_topics,
     run_query,
     session,
@@ -134,6 +135,7 @@ def db_sync(
                 checkpoint=checkpoint,
                 trigger="available_now" if once else "continuous",
                 max_offsets_per_trigger=max_offsets_per_trigger,
+                client=pipeline_client(),
             )
             rows, batches = run_query(
                 query, progress, once=once, running=f"syncing {', '.join(topic)} to {shown}"

@@ -325,8 +325,15 @@ _TLS_OPTIONS = (
     ),
 )
 _TLS_NAMES = ("--tls-ca-file", "--tls-cert-file", "--tls-key-file")
-#: Commands that take --bootstrap but connect through Spark, which has no TLS yet.
-_NO_CLIENT_TLS_PREFIX = "tidemq.cli.commands_pipeline"
+#: The running command's --tls options as given (the Spark pipelines pass the file names
+#: on: each executor makes its own TLS context).
+TlsFiles = tuple[bool, Path | None, Path | None, Path | None]
+_active_tls_files: list[TlsFiles] = [(False, None, None, None)]
+
+
+def client_tls_files() -> TlsFiles:
+    """(--tls, --tls-ca-file, --tls-cert-file, --tls-key-file) of the running command."""
+    return _active_tls_files[-1]
 
 
 def _client_tls(
@@ -354,23 +361,28 @@ def _using(config: ClientConfig) -> Iterator[None]:
 def _with_client_tls(fn: Callable[P, R]) -> Callable[P, R]:
     """A client command (one that takes --bootstrap) with the --tls options added."""
     signature = inspect.signature(fn, eval_str=True)
-    if "bootstrap" not in signature.parameters or fn.__module__.startswith(_NO_CLIENT_TLS_PREFIX):
+    if "bootstrap" not in signature.parameters:
         return fn
     assert not {p.name for p in _TLS_OPTIONS} & signature.parameters.keys()
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> R:
-        context = _client_tls(
+        files: TlsFiles = (
             kwargs.pop("tls", False),
             kwargs.pop("tls_ca_file", None),
             kwargs.pop("tls_cert_file", None),
             kwargs.pop("tls_key_file", None),
         )
+        context = _client_tls(*files)
         if context is None:
             return fn(*args, **kwargs)
         config = dataclasses.replace(CLIENT_CONFIG, ssl_context=context)
-        with _using(config):
-            return fn(*args, **kwargs)
+        _active_tls_files.append(files)
+        try:
+            with _using(config):
+                return fn(*args, **kwargs)
+        finally:
+            _active_tls_files.pop()
 
     run.__signature__ = signature.replace(  # type: ignore[attr-defined]
         parameters=[*signature.parameters.values(), *_TLS_OPTIONS]

@@ -15,12 +15,15 @@ import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tidemq.cli.common import CliError, client_config, debugging, info
+from tidemq.cli.common import CliError, client_config, client_tls_files, debugging, info
 from tidemq.client.sync import Admin
+
+if TYPE_CHECKING:
+    from tidemq.spark.options import ClientOptions
 
 __all__ = [
     "Checkpoint",
@@ -30,6 +33,7 @@ __all__ = [
     "Once",
     "app",
     "load",
+    "pipeline_client",
     "require_topics",
     "run_query",
     "session",
@@ -89,6 +93,29 @@ def load(module: str) -> Any:
         raise CliError(
             f"the pipelines need pyspark and pyarrow: pip install 'tidemq[spark]' ({exc})"
         ) from None
+
+
+def pipeline_client() -> ClientOptions:
+    """The running command's login (TIDEMQ_USERNAME / TIDEMQ_PASSWORD) and --tls options,
+    as the pipelines take them: for the driver's clients and the executors' (which make
+    their own TLS context from the file names, the same paths on every node)."""
+    # The spark package on demand: its options module brings pyarrow, and every other
+    # command must start without it.
+    from tidemq.spark.options import ClientOptions  # noqa: PLC0415
+
+    config = client_config()
+    tls, ca_file, cert_file, key_file = client_tls_files()
+    # A certificate file that holds its key too: the connector names both.
+    key_file = key_file or cert_file
+    files = [None if f is None else str(f) for f in (ca_file, cert_file, key_file)]
+    return ClientOptions(
+        username=config.username,
+        password=config.password,
+        tls=tls or any(f is not None for f in files),
+        ca_file=files[0],
+        cert_file=files[1],
+        key_file=files[2],
+    )
 
 
 def require_topics(address: str, topics: Iterable[str]) -> None:

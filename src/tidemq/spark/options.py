@@ -253,6 +253,20 @@ class ClientOptions:
             )
         return ClientConfig(ssl_context=context, username=self.username, password=self.password)
 
+    def source_options(self) -> dict[str, str]:
+        """The `tidemq.*` options of the source and the sinks that give this setting."""
+        out: dict[str, str] = {}
+        if self.username is not None and self.password is not None:
+            out["tidemq.username"], out["tidemq.password"] = self.username, self.password
+        if self.tls:
+            out["tidemq.tls"] = "true"
+        for name, value in (
+            ("caFile", self.ca_file), ("certFile", self.cert_file), ("keyFile", self.key_file),
+        ):  # fmt: skip
+            if value is not None:
+                out[f"tidemq.tls.{name}"] = value
+        return out
+
 
 @dataclass(frozen=True, slots=True)
 class TierAccess:

@@ -65,6 +65,7 @@ import pyarrow.parquet as pq
 
 from tidemq.client.sync import Admin, TransactionProducer
 from tidemq.core.errors import TopicNotFound
+from tidemq.spark.options import ClientOptions
 from tidemq.spark.pipelines.archive import write_table
 from tidemq.spark.pipelines.events import BEHAVIORS
 from tidemq.spark.pipelines.sink_ids import sink_id, sink_token
@@ -273,6 +274,7 @@ class _TopicSink:
     group: str
     sink_id: str
     kind: Kind
+    client: ClientOptions
     _producer: TransactionProducer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -282,7 +284,9 @@ class _TopicSink:
             return 0
         with self._lock:
             if self._producer is None:
-                self._producer = TransactionProducer(self.bootstrap, self.group)
+                self._producer = TransactionProducer(
+                    self.bootstrap, self.group, client_config=self.client.client_config()
+                )
             producer = self._producer
         if producer.sink_marker(self.sink_id) >= batch_id:
             return 0  # a replay of a batch already published
@@ -351,8 +355,8 @@ class AnalyticsRun:
             self._progress.close()  # the counts stay readable
 
 
-def _input_queues(bootstrap: str, topics: Sequence[str]) -> int:
-    with Admin(bootstrap) as admin:
+def _input_queues(bootstrap: str, topics: Sequence[str], client: ClientOptions) -> int:
+    with Admin(bootstrap, client_config=client.client_config()) as admin:
         return max(1, sum(admin.describe_topic(t).queues for t in topics))
 
 
@@ -375,8 +379,8 @@ def _shuffle_partitions(spark: SparkSession, partitions: int) -> Iterator[None]:
             spark.conf.set(key, previous)
 
 
-def _ensure_topic(bootstrap: str, topic: str) -> None:
-    with Admin(bootstrap) as admin:
+def _ensure_topic(bootstrap: str, topic: str, client: ClientOptions) -> None:
+    with Admin(bootstrap, client_config=client.client_config()) as admin:
         try:
             admin.describe_topic(topic)
         except TopicNotFound:
@@ -397,6 +401,7 @@ def run_analytics(
     max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
     value_format: str = "json",
     schema_registry: str | None = None,
+    client: ClientOptions | None = None,
 ) -> AnalyticsRun:
     """Run the pipeline over `topics` (see the module docstring). Parquet goes under
     `output`; results also go to `results_topic` (created with `RESULT_QUEUES` queues
@@ -409,7 +414,8 @@ def run_analytics(
     `checkpoint` to resume.
 
     `value_format="avro"`: the events are Avro (`events.py`), read with the first topic's
-    subject (`<topic>-value`) from the registry at `schema_registry`."""
+    subject (`<topic>-value`) from the registry at `schema_registry`. `client`: login and
+    TLS for the brokers (None: plaintext, no login)."""
     if not topics:
         raise ValueError("give at least one topic")
     source_options = _source_options(topics, value_format, schema_registry)
@@ -419,9 +425,10 @@ def run_analytics(
     config = config or AnalyticsConfig()
     root, checkpoints = Path(output), Path(checkpoint)
     token = sink_token(checkpoints)
-    partitions = _input_queues(bootstrap, topics)
+    client = client or ClientOptions()
+    partitions = _input_queues(bootstrap, topics, client)
     if results_topic is not None:
-        _ensure_topic(bootstrap, results_topic)
+        _ensure_topic(bootstrap, results_topic, client)
 
     def source() -> DataFrame:
         return read_topics(
@@ -430,6 +437,7 @@ def run_analytics(
             topics=topics,
             max_offsets_per_trigger=max_offsets_per_trigger,
             options=source_options,
+            client=client,
         )
 
     from tidemq.spark.pipelines.progress import ProgressTotals  # noqa: PLC0415 - pyspark
@@ -446,6 +454,7 @@ def run_analytics(
                         sink_id(name, "analytics", token),
                         sink_id(name, kind, token),
                         kind,
+                        client,
                     )
                     run._sinks.append(sink)
                 writer = _writer(

@@ -65,6 +65,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from tidemq.spark.options import ClientOptions
+
 __all__ = [
     "META_END_OFFSET",
     "META_QUEUE",
@@ -338,6 +340,7 @@ def run_archive(
     trigger: Trigger = "available_now",
     max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
     min_partitions: int | None = None,
+    client: ClientOptions | None = None,
 ) -> StreamingQuery:
     """Archive `topics` into Parquet under `output` (see the module docstring), with
     Spark's checkpoint in `checkpoint` (run again with the same one to resume).
@@ -346,6 +349,7 @@ def run_archive(
     micro-batch). A micro-batch that failed for its size (a task out of memory) is
     replayed over the same recorded offsets; a larger `min_partitions` reads it in more,
     smaller pieces, and the publish replaces what an earlier attempt published.
+    `client`: login and TLS for the brokers (None: plaintext, no login).
 
     `trigger="available_now"` archives what the topics hold now (in micro-batches of at
     most `max_offsets_per_trigger` messages) and returns the finished query (a failure
@@ -365,6 +369,7 @@ def run_archive(
         topics=topics,
         max_offsets_per_trigger=max_offsets_per_trigger,
         options=None if min_partitions is None else {"minPartitions": str(min_partitions)},
+        client=client,
     )
 
     stage = functools.partial(_stage_partition, str(root))

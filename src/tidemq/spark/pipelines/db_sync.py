@@ -73,6 +73,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+    from tidemq.spark.options import ClientOptions
+
 __all__ = [
     "APPLIED",
     "METADATA",
@@ -420,6 +422,7 @@ def run_db_sync(
     trigger: Trigger = "available_now",
     max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
     shard_column: str = DEFAULT_SHARD_COLUMN,
+    client: ClientOptions | None = None,
 ) -> StreamingQuery:
     """Replay the change events of `topics` into the `shards` databases of `target` (see
     the module docstring), with Spark's checkpoint in `checkpoint`.
@@ -441,6 +444,7 @@ def run_db_sync(
         include_headers=False,
         # One partition per queue range: a queue's events in one task, in order.
         options={"minPartitions": "1"},
+        client=client,
     )
     apply_partition = _ApplyPartition(target, shards, shard_column)
 

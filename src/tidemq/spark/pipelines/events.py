@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from tidemq.client.cluster import ClientConfig
 from tidemq.client.sync import Admin, Producer
 from tidemq.core.errors import TopicNotFound
 
@@ -177,14 +178,16 @@ def produce_events(
     *,
     queues: int | None = None,
     value_serializer: Callable[[str, Any], bytes] | None = None,
+    client_config: ClientConfig | None = None,
 ) -> int:
     """Send `events` to `topic` in their order, keyed by user id (the producer batches
     them per queue, so each queue holds its events in the order given). With `queues`,
     the topic is created with that many queues when missing. `value_serializer(topic,
     event)`: the value's bytes (default: the event's JSON), e.g.
-    `tidemq.AvroSerializer(registry, Event)`. Returns how many were sent."""
+    `tidemq.AvroSerializer(registry, Event)`; `client_config`: login and TLS. Returns how
+    many were sent."""
     if queues is not None:
-        with Admin(bootstrap) as admin:
+        with Admin(bootstrap, client_config=client_config) as admin:
             try:
                 admin.describe_topic(topic)
             except TopicNotFound:
@@ -193,7 +196,7 @@ def produce_events(
     encode = value_serializer or (lambda _topic, e: e.to_json())
     if value_serializer is not None and hasattr(value_serializer, "prepare"):
         value_serializer.prepare(topic)  # the registry call, once, before the sends
-    with Producer(bootstrap) as producer:
+    with Producer(bootstrap, client_config=client_config) as producer:
         for chunk in _chunks(events, PRODUCE_WINDOW):
             futures = [
                 producer.send_async(topic, encode(topic, e), key=str(e.user_id).encode())

@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
+    from tidemq.spark.options import ClientOptions
+
 __all__ = [
     "DEFAULT_MAX_OFFSETS_PER_TRIGGER",
     "TRIGGERS",
@@ -43,9 +45,11 @@ def read_topics(
     max_offsets_per_trigger: int | None,
     include_headers: bool = True,
     options: dict[str, str] | None = None,
+    client: ClientOptions | None = None,
 ) -> DataFrame:
     """`topics` as a stream from their earliest offsets (the source registered first);
-    `options`: more source options (`valueFormat`, ...)."""
+    `options`: more source options (`valueFormat`, ...); `client`: the login and TLS of
+    the executors' connections."""
     import tidemq.spark  # noqa: PLC0415 - pyspark on demand
 
     tidemq.spark.register(spark)
@@ -59,7 +63,7 @@ def read_topics(
         reader = reader.option("includeHeaders", "true")
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    for key, value in (options or {}).items():
+    for key, value in {**(client.source_options() if client else {}), **(options or {})}.items():
         reader = reader.option(key, value)
     return reader.load()
 
