@@ -98,6 +98,23 @@ def _topic_rows(admin: Admin, consume: Consume, topic: str) -> Counter[tuple[Any
     return out
 
 
+def reference(events: list[Event], kind: str, watermark_ms: int) -> list[tuple[Any, ...]]:
+    """The rows of `kind` (CONFIG's windows) that end at or before the watermark."""
+    if kind == "session":
+        return [
+            (s.user_id, s.start_ms, s.end_ms, s.events, s.pv, s.fav, s.cart, s.buy)
+            for s in reference_sessions(events, CONFIG.session_gap_s * 1000)
+            if s.end_ms <= watermark_ms
+        ]
+    slide = CONFIG.tumbling_s if kind == "tumbling" else CONFIG.slide_s
+    size = CONFIG.tumbling_s if kind == "tumbling" else CONFIG.sliding_s
+    return [
+        (r.start_ms, r.end_ms, r.behavior, r.item_id, r.count)
+        for r in reference_windows(events, size * 1000, slide * 1000)
+        if r.end_ms <= watermark_ms
+    ]
+
+
 def _check(
     run: AnalyticsRun, events: list[Event], output: Path, admin: Admin, consume: Consume, topic: str
 ) -> int:
@@ -107,21 +124,7 @@ def _check(
     for kind in ("tumbling", "sliding", "session"):
         progress = run.queries[kind].recentProgress
         assert sum(p["stateOperators"][0]["numRowsDroppedByWatermark"] for p in progress) == 0
-        w = _watermark_ms(run, kind)
-        if kind == "session":
-            ref: list[tuple[Any, ...]] = [
-                (s.user_id, s.start_ms, s.end_ms, s.events, s.pv, s.fav, s.cart, s.buy)
-                for s in reference_sessions(events, CONFIG.session_gap_s * 1000)
-                if s.end_ms <= w
-            ]
-        else:
-            slide = CONFIG.tumbling_s if kind == "tumbling" else CONFIG.slide_s
-            size = CONFIG.tumbling_s if kind == "tumbling" else CONFIG.sliding_s
-            ref = [
-                (r.start_ms, r.end_ms, r.behavior, r.item_id, r.count)
-                for r in reference_windows(events, size * 1000, slide * 1000)
-                if r.end_ms <= w
-            ]
+        ref = reference(events, kind, _watermark_ms(run, kind))
         assert ref, kind  # the watermark moved past some windows: the check is not empty
         assert _parquet(output, kind) == sorted(ref), kind
         expected_topic.update((kind, *r) for r in ref)

@@ -69,6 +69,13 @@ def _expected(topics: list[str], queues: int, n: int) -> Counter[tuple[str, int,
     return out
 
 
+def _uncommit(checkpoint: Path, batch: int) -> None:
+    """As after a crash between the files' publish and Spark's commit log: batch
+    `batch` is recorded in the offset log and not committed."""
+    (checkpoint / "commits" / str(batch)).unlink()
+    (checkpoint / "commits" / f".{batch}.crc").unlink(missing_ok=True)
+
+
 def test_archive_exactly_once_resume_and_replay(
     spark: SparkSession,
     admin: Admin,
@@ -109,8 +116,7 @@ def test_archive_exactly_once_resume_and_replay(
     # the last batch over the same ranges, which republishes identical files.
     commits = sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
     before = {p: p.read_bytes() for p in output.rglob("*.parquet")}
-    (checkpoint / "commits" / str(commits[-1])).unlink()
-    (checkpoint / "commits" / f".{commits[-1]}.crc").unlink(missing_ok=True)
+    _uncommit(checkpoint, commits[-1])
     run()
     assert (checkpoint / "commits" / str(commits[-1])).exists()
     assert _archived(output) == _expected(topics, 2, 60)
@@ -119,8 +125,7 @@ def test_archive_exactly_once_resume_and_replay(
 
     # A recorded batch too large for its tasks is replayed in smaller pieces: the same
     # offsets read by more tasks (other files), which replace the earlier attempt's.
-    (checkpoint / "commits" / str(commits[-1])).unlink()
-    (checkpoint / "commits" / f".{commits[-1]}.crc").unlink(missing_ok=True)
+    _uncommit(checkpoint, commits[-1])
     query = run_archive(
         spark,
         bootstrap=bootstrap,

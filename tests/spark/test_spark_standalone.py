@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.dataset as ds
 import pytest
-from tests.spark.test_pipeline_analytics import CONFIG, _events, _parquet, _topic_rows
+from tests.spark.test_pipeline_analytics import _events, _parquet, _topic_rows, reference
 from tests.spark.test_pipeline_archive import _archived
 from tests.spark.test_pipeline_db_sync import _state
 from tests.support.spark_standalone import standalone_cluster
 
 from tidemq import Admin, Producer
 from tidemq.spark.pipelines.changes import expected_state, generate_changes, produce_changes
-from tidemq.spark.pipelines.events import produce_events, reference_sessions, reference_windows
+from tidemq.spark.pipelines.events import produce_events
 
 if TYPE_CHECKING:
     from tests.spark.conftest import Consume, Options
@@ -44,28 +44,6 @@ def _source(producer: Producer, admin: Admin, topic: str) -> None:
                 keys=[b"k%d" % (i % 7) for i in range(150)],
                 queue=q,
             )
-
-
-def _analytics_reference(
-    events: list[Any], watermarks: dict[str, int]
-) -> dict[str, list[tuple[Any, ...]]]:
-    out: dict[str, list[tuple[Any, ...]]] = {}
-    for kind, w in watermarks.items():
-        if kind == "session":
-            out[kind] = sorted(
-                (s.user_id, s.start_ms, s.end_ms, s.events, s.pv, s.fav, s.cart, s.buy)
-                for s in reference_sessions(events, CONFIG.session_gap_s * 1000)
-                if s.end_ms <= w
-            )
-            continue
-        slide = CONFIG.tumbling_s if kind == "tumbling" else CONFIG.slide_s
-        size = CONFIG.tumbling_s if kind == "tumbling" else CONFIG.sliding_s
-        out[kind] = sorted(
-            (r.start_ms, r.end_ms, r.behavior, r.item_id, r.count)
-            for r in reference_windows(events, size * 1000, slide * 1000)
-            if r.end_ms <= w
-        )
-    return out
 
 
 def test_reads_sinks_and_pipelines_on_a_standalone_cluster(
@@ -130,10 +108,10 @@ def test_reads_sinks_and_pipelines_on_a_standalone_cluster(
 
     analytics = result["analytics"]
     assert all(a["dropped"] == 0 for a in analytics.values())
-    reference = _analytics_reference(events, {k: a["watermark_ms"] for k, a in analytics.items()})
     want: Counter[tuple[Any, ...]] = Counter()
-    for kind, ref in reference.items():
+    for kind, a in analytics.items():
+        ref = reference(events, kind, a["watermark_ms"])
         assert ref, kind
-        assert _parquet(out / "analytics", kind) == ref, kind
+        assert _parquet(out / "analytics", kind) == sorted(ref), kind
         want.update((kind, *r) for r in ref)
     assert _topic_rows(admin, consume, events_topic + "-out") == want

@@ -38,6 +38,7 @@ from tidemq.spark.options import (
     Subscription,
 )
 from tidemq.spark.planning import OffsetRange, ranges_between
+from tidemq.spark.retry import retrying
 from tidemq.spark.tier_files import offloaded_files, read_offloaded
 
 __all__ = [
@@ -146,18 +147,13 @@ async def spec_times(
 
 async def _fetch(cluster: ClusterClient, request: FetchRequest) -> tuple[FetchResponse, bytes]:
     """One fetch, retried (with the client's backoff) while the failure is retriable."""
-    attempt = 0
     timeout = cluster.config.request_timeout_ms + request.max_wait_ms
-    while True:
-        try:
-            address = await cluster.broker_for(request.topic, request.queue, request.offset)
-            return await cluster.request(address, request, FetchResponse, timeout_ms=timeout)
-        except TidemqError as exc:
-            cluster.invalidate(exc)
-            attempt += 1
-            if not exc.retriable or attempt > cluster.config.retries:
-                raise
-            await asyncio.sleep(cluster.backoff_s(attempt))
+
+    async def once() -> tuple[FetchResponse, bytes]:
+        address = await cluster.broker_for(request.topic, request.queue, request.offset)
+        return await cluster.request(address, request, FetchResponse, timeout_ms=timeout)
+
+    return await retrying(cluster, once)
 
 
 def _data_loss(r: OffsetRange, position: int, response: FetchResponse) -> OffsetOutOfRange:

@@ -21,7 +21,6 @@ them pyarrow's default AWS credential chain (environment, files, instance role) 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
 from typing import Any, Final
@@ -33,10 +32,10 @@ import pyarrow.parquet as pq
 
 from tidemq.client.cluster import ClusterClient
 from tidemq.core.arrow import source_schema
-from tidemq.core.errors import TidemqError
 from tidemq.protocol.tier_messages import TierFile, TierFilesRequest, TierFilesResponse
 from tidemq.spark.options import ReadOptions, TierAccess
 from tidemq.spark.planning import OffsetRange
+from tidemq.spark.retry import retrying
 
 __all__ = ["filesystem", "offloaded_files", "read_file_range", "read_offloaded"]
 
@@ -102,18 +101,13 @@ async def offloaded_files(cluster: ClusterClient, r: OffsetRange, start: int) ->
     if routes.is_static(r.topic):
         return []
     request = TierFilesRequest(topic=r.topic, queue=r.queue, start=start, end=r.end)
-    attempt = 0
-    while True:
-        try:
-            address = await cluster.broker_for(r.topic, r.queue)
-            answer = await cluster.call(address, request, TierFilesResponse)
-            return sorted(answer.files, key=lambda f: f.start)
-        except TidemqError as exc:
-            cluster.invalidate(exc)
-            attempt += 1
-            if not exc.retriable or attempt > cluster.config.retries:
-                raise
-            await asyncio.sleep(cluster.backoff_s(attempt))
+
+    async def once() -> TierFilesResponse:
+        address = await cluster.broker_for(r.topic, r.queue)
+        return await cluster.call(address, request, TierFilesResponse)
+
+    answer = await retrying(cluster, once)
+    return sorted(answer.files, key=lambda f: f.start)
 
 
 def read_offloaded(
