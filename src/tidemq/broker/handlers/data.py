@@ -173,7 +173,12 @@ class DataHandlers:
         broker has a tier); the answer speaks logical offsets (records rebased)."""
         link = link_for(view.chain, req.offset)
         log_start = None
-        if link is not None and link.broker != view.broker and not link.is_open and self.tier:
+        if (
+            link is not None
+            and link.broker != view.broker
+            and not link.is_open
+            and self.tier is not None
+        ):
             response, records, log_start = await self._fetch_link(req, link, budget)
         else:
             link, physical = view.physical(req.offset)
