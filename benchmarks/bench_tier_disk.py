@@ -9,10 +9,11 @@ One `tidemq server` (sync flush) with a directory tier and the default tier sett
 `remote.storage.enable=true` and `local.retention.ms` = S seconds; a producer sending 1 KiB
 random values at a steady R MiB/s (batches of 100 every 100 KiB of budget) for M
 minutes. Every 5 s the bytes under the broker's data directory and the tier directory are
-sampled. Printed: the plateau of the local disk (the largest sample of the last third of
-the run, after the first S + 2 minutes), what retention alone keeps (R x S), the commit
-log's segment size (retention deletes whole segments) and the largest offload lag (data
-on disk not in the tier yet).
+sampled. Printed: the top of the local disk's use once retention applies (the largest
+sample of the last third of the run, after the first S + 2 minutes: retention deletes
+whole segments, so the use is a sawtooth), what retention alone keeps (R x S), the commit
+log's segment size and the largest offload lag (data on disk not in the tier yet). M must
+exceed S plus the time to fill a segment for retention to delete anything.
 
 `make bench` runs a short form (S = 60, M = 6, 64 MiB segments); the 1 h figure in
 docs/design/performance.md came from ``--retention-s 3600 --minutes 80 --mib-s 1`` with
