@@ -1,7 +1,7 @@
 """Producer ids belong to the user they were issued to (issue 16), with authentication
 on: another user's PRODUCE with that id is refused and does not disturb its sequence;
-the owner goes on; an id the broker does not know yet (issued before a restart) is bound
-to its first user."""
+the owner goes on, also after a restart (owners are stored); an id nobody knows (issued
+before owners were stored) is bound to its first user."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import tidemq.aio
+from tidemq.broker.broker import Broker
 from tidemq.broker.producer_owners import ProducerOwners
 from tidemq.client.cluster import ClientConfig
 from tidemq.core.batch import encode_values
@@ -92,3 +93,64 @@ def test_owners_are_bounded() -> None:
     owners.check(2, "User:x")  # forgotten: bound to its next user
     with pytest.raises(FencedProducer):
         owners.check(2, "User:b")
+
+
+def test_owners_survive_a_restart(loop: Loop, start_broker: StartBroker) -> None:
+    """Owners are stored: after a restart another user's PRODUCE with an id is refused as
+    before (it used to be bound to whoever sent first after the restart)."""
+    env = start_broker(auth_enabled=True, bootstrap_user=ADMIN, bootstrap_password=ADMIN_PASSWORD)
+
+    async def connect(address: str, user: str) -> ClientConnection:
+        return await ClientConnection.open(
+            address, max_frame_bytes=_FRAME, username=user, password=f"{user}-password"
+        )
+
+    def produce(pid: int, seq: int) -> ProduceRequest:
+        return ProduceRequest(topic="owned", queue=0, producer_id=pid, epoch=0, base_sequence=seq)
+
+    async def go() -> None:
+        admin_login = ClientConfig(username=ADMIN, password=ADMIN_PASSWORD)
+        async with tidemq.aio.Admin(env.address, client_config=admin_login) as admin:
+            await admin.create_topic("owned", 1)
+            for user in ("alice", "mallory"):
+                await admin.create_user(user, f"{user}-password")
+        alice = await connect(env.address, "alice")
+        try:
+            issued, _ = await alice.request(
+                InitProducerRequest(), InitProducerResponse, timeout_s=10
+            )
+            await alice.request(produce(issued.producer_id, 0), ProduceResponse, _batch(),
+                                timeout_s=10)  # fmt: skip
+        finally:
+            alice.close()
+        await env.broker.stop()
+        again = Broker(env.broker.config, embedded_nameserver=True)
+        address = await again.start()
+        mallory, alice = await connect(address, "mallory"), await connect(address, "alice")
+        try:
+            with pytest.raises(FencedProducer):
+                await mallory.request(
+                    produce(issued.producer_id, 1), ProduceResponse, _batch(), timeout_s=10
+                )
+            stored, _ = await alice.request(
+                produce(issued.producer_id, 1), ProduceResponse, _batch(), timeout_s=10
+            )
+            assert (stored.base_offset, stored.duplicate) == (1, False)
+        finally:
+            alice.close()
+            mallory.close()
+            await again.stop()
+
+    loop.run(go(), timeout_s=40)
+
+
+def test_owners_forgotten_in_memory_are_found_in_the_store() -> None:
+    stored: dict[int, str] = {}
+    owners = ProducerOwners(max_owners=1, save=stored.__setitem__, load=stored.get)
+    owners.issued(1, "User:a")
+    owners.issued(2, "User:b")  # 1 leaves the memory, not the store
+    with pytest.raises(FencedProducer):
+        owners.check(1, "User:x")
+    owners.check(1, "User:a")
+    owners.check(3, "User:c")  # nobody's: bound, and stored
+    assert stored == {1: "User:a", 2: "User:b", 3: "User:c"}

@@ -42,7 +42,7 @@ from tidemq.broker.metrics import (
     pop_totals,
 )
 from tidemq.broker.pop_service import PopService
-from tidemq.broker.producer_owners import ProducerOwners
+from tidemq.broker.producer_owners import MAX_PRODUCER_OWNERS, ProducerOwners
 from tidemq.broker.schema_validation import SchemaCheck
 from tidemq.broker.static_service import StaticService
 from tidemq.broker.static_view import rebase_popped
@@ -267,7 +267,12 @@ class Broker:
         self._rebuild_services(store)
         self._auth = Authenticator(cfg, self._gateway, self._clock)
         self._auth.bootstrap(cfg.bootstrap_user, self._bootstrap_password)
-        self._producer_owners = ProducerOwners()
+        self._producer_owners = ProducerOwners(
+            save=lambda pid, who: store.metadata.set_producer_owner(
+                pid, who, keep=MAX_PRODUCER_OWNERS
+            ),
+            load=store.metadata.producer_owner,
+        )
         self._authz = Authorization(
             enabled=cfg.authorization_enabled,
             super_users=self._auth.super_users,

@@ -6,17 +6,18 @@ INIT_PRODUCER binds the id it issues to the connection's principal; a PRODUCE wi
 bound to another principal is refused (FencedProducer, naming neither). Ids are issued in
 order, so guessing one is easy: the binding, not the id, is what protects it.
 
-Kept in memory, bounded (`MAX_PRODUCER_OWNERS`, least recently used forgotten first). An
-id the table does not know (issued before this broker process started, or forgotten) is
-bound to the first principal that produces with it: after a restart the producers that
-were running carry on without a new INIT_PRODUCER, and only a user who sends with another
-user's id before that user's own first send after the restart could take it (trust on
-first use). Not thread-safe: owned by the broker's loop.
+Kept in memory, bounded (`MAX_PRODUCER_OWNERS`, least recently used forgotten first), and
+in the store's metadata (the `MAX_PRODUCER_OWNERS` newest ids), so a restart or a
+forgotten entry does not unbind an id: an id the memory does not know is looked up there.
+Only an id the store does not know either (issued before owners were stored, or among the
+oldest) is bound to the first principal that produces with it (trust on first use). Not
+thread-safe: owned by the broker's loop.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Final
 
 from tidemq.core.errors import FencedProducer
@@ -28,22 +29,39 @@ MAX_PRODUCER_OWNERS: Final = 1_000_000
 
 
 class ProducerOwners:
-    def __init__(self, max_owners: int = MAX_PRODUCER_OWNERS) -> None:
+    def __init__(
+        self,
+        max_owners: int = MAX_PRODUCER_OWNERS,
+        *,
+        save: Callable[[int, str], None] | None = None,
+        load: Callable[[int], str | None] | None = None,
+    ) -> None:
+        """`save(id, principal)` and `load(id)`: the durable copy (None: memory only)."""
         if max_owners < 1:
             raise ValueError(f"max_owners must be >= 1, got {max_owners}")
         self._max = max_owners
         self._owners: OrderedDict[int, str] = OrderedDict()
+        self._save = save
+        self._load = load
 
     def issued(self, producer_id: int, principal: str) -> None:
         """INIT_PRODUCER gave `producer_id` to `principal`."""
+        if self._save is not None:
+            self._save(producer_id, principal)
         self._remember(producer_id, principal)
 
     def check(self, producer_id: int, principal: str) -> None:
         """Raise FencedProducer if `producer_id` belongs to another principal; bind an
-        unknown id to `principal`."""
+        id nobody knows to `principal`."""
         owner = self._owners.get(producer_id)
+        if owner is None and self._load is not None:
+            owner = self._load(producer_id)
+            if owner is not None:
+                self._remember(producer_id, owner)
         if owner is None:
             self._remember(producer_id, principal)
+            if self._save is not None:
+                self._save(producer_id, principal)
             return
         if owner != principal:
             raise FencedProducer(

@@ -102,6 +102,9 @@ CREATE TABLE IF NOT EXISTS producer_state (
     epoch INTEGER NOT NULL, window TEXT NOT NULL,
     PRIMARY KEY (topic_id, queue_id, producer_id)
 );
+CREATE TABLE IF NOT EXISTS producer_owners (
+    producer_id INTEGER PRIMARY KEY, principal TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS service_state (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS users (
@@ -486,6 +489,24 @@ class Metadata:
             self._db.executemany(
                 "INSERT OR REPLACE INTO service_state VALUES (?, ?)", list(values.items())
             )
+
+    @_writes
+    def set_producer_owner(self, producer_id: int, principal: str, *, keep: int) -> None:
+        """The user a producer id was issued to (authentication on); only the `keep`
+        newest ids are kept (ids are issued in increasing order)."""
+        with self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO producer_owners VALUES (?, ?)", (producer_id, principal)
+            )
+            self._db.execute(
+                "DELETE FROM producer_owners WHERE producer_id <= ?", (producer_id - keep,)
+            )
+
+    def producer_owner(self, producer_id: int) -> str | None:
+        row = self._db.execute(
+            "SELECT principal FROM producer_owners WHERE producer_id = ?", (producer_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     # ------------------------------------------------------------------ users (SCRAM)
 
