@@ -109,14 +109,15 @@ class RetiredLinks:
                     if not link.tiered or link.sealed_ms + retention_ms >= now:
                         break
                     n += 1
-                if n:
-                    await self._drop(info.name, chain, n)
+                if n and await self._drop(info.name, chain, n):
                     dropped += n
         if dropped:
             await self._register_now()
         return dropped
 
-    async def _drop(self, topic: str, chain: QueueChain, n: int) -> None:
+    async def _drop(self, topic: str, chain: QueueChain, n: int) -> bool:
+        """Delete the files of `chain`'s first `n` links, then drop the links; False
+        when the chain changed meanwhile (the next run looks again)."""
         assert self.tier is not None
         rest = chain.links[n:]
         for broker in sorted({link.broker for link in chain.links[:n]}):
@@ -128,7 +129,7 @@ class RetiredLinks:
         store = self._store()
         have = store.static_chain(topic, chain.queue)
         if have is None or have.links[:n] != chain.links[:n]:
-            return
+            return False
         pruned = msgspec.structs.replace(have, links=have.links[n:], pruned=have.pruned + n)
         writable = store.static_writable(topic, chain.queue)
         store.set_static_chain(topic, chain.queue, pruned, writable=writable)
@@ -140,3 +141,4 @@ class RetiredLinks:
             n,
             pruned.links[0].logical_start,
         )
+        return True
