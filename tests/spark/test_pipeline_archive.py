@@ -90,7 +90,7 @@ def test_archive_exactly_once_resume_and_replay(
     output, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     bootstrap = options()["bootstrap"]
 
-    def run() -> None:
+    def run(min_partitions: int | None = None) -> None:
         query = run_archive(
             spark,
             bootstrap=bootstrap,
@@ -98,6 +98,7 @@ def test_archive_exactly_once_resume_and_replay(
             output=output,
             checkpoint=checkpoint,
             max_offsets_per_trigger=60,
+            min_partitions=min_partitions,
         )
         assert query.exception() is None
 
@@ -126,16 +127,7 @@ def test_archive_exactly_once_resume_and_replay(
     # A recorded batch too large for its tasks is replayed in smaller pieces: the same
     # offsets read by more tasks (other files), which replace the earlier attempt's.
     _uncommit(checkpoint, commits[-1])
-    query = run_archive(
-        spark,
-        bootstrap=bootstrap,
-        topics=topics,
-        output=output,
-        checkpoint=checkpoint,
-        max_offsets_per_trigger=60,
-        min_partitions=8,
-    )
-    assert query.exception() is None
+    run(min_partitions=8)
     assert _archived(output) == _expected(topics, 2, 60)
     assert len(list(output.rglob("*.parquet"))) > len(before)
     _check_files(output)
