@@ -6,7 +6,7 @@ CKSUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-$(CKSUM)
 SERVER_STAMP := $(VENV)/.installed-server-$(CKSUM)
 
-.PHONY: run test check java format bench soak clean
+.PHONY: run test check java chromium format bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -38,9 +38,13 @@ check: $(STAMP)
 java:
 	sh scripts/ensure-java.sh
 
+# The web console's browser tests drive Debian's chromium (apt-get when missing).
+chromium:
+	sh scripts/ensure-chromium.sh
+
 # Two workers: most tests wait on servers, sleeps and subprocesses, so two share the two
 # cores well (13 min serial, 8 min on two). The Spark tests all go to one worker (one JVM).
-test: check java
+test: check java chromium
 	$(VENV)/bin/pytest -W error -q -n 2 --dist loadgroup
 
 format: $(STAMP)

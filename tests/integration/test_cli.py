@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+import tidemq
 from tidemq import Producer
 from tidemq.cli.main import app
 
@@ -519,6 +520,26 @@ def test_timer_and_txn_status_and_cancel(server: Server) -> None:
     assert txns["open"] == []
     assert txns["max_checks"] == 15
     assert "committed" in ok("txn", "status", "-n", b).stdout
+
+
+def test_txn_rollback(server: Server) -> None:
+    b = server.address
+    ok("topic", "create", "t-rollback", "--queues", "1", "-n", b)
+    with tidemq.TransactionProducer(b, "g-rollback") as txns:
+        txn = txns.begin()
+        txn.send("t-rollback", b"half")
+        (open_txn,) = ok("txn", "status", "-n", b, "-o", "json").json()["open"]
+        out = ok("txn", "rollback", open_txn["txn_id"], "-n", b).stdout
+        assert out.strip() == f"rolled back {open_txn['txn_id']}"
+        assert ok("txn", "status", "-n", b, "-o", "json").json()["open"] == []
+        with pytest.raises(tidemq.TidemqError, match="rolled back"):
+            txn.commit()  # the producer learns its transaction is gone
+    unknown = cli("txn", "rollback", "nope", "-n", b)
+    assert unknown.code == 1
+    assert "no broker holds transaction 'nope'" in unknown.stderr
+    with tidemq.StreamConsumer(b, start="earliest") as consumer:  # nothing was published
+        consumer.assign([("t-rollback", 0)])
+        assert consumer.poll(300) == []
 
 
 def test_message_get_by_id_offset_and_time(server: Server) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 import urllib.request
 from pathlib import Path
 
@@ -80,6 +81,16 @@ def test_metrics_match_the_traffic(tmp_path: Path) -> None:
         assert m[("rocketmq_half_messages", ())] == 1
         assert m[("tidemq_timer_pending_messages", t)] == 1
         assert m[("tidemq_commit_log_bytes", ())] > N * 100
+        # The server flushes every produce (sync mode): each made some bytes durable.
+        syncs = m[("tidemq_fsync_duration_seconds_count", ())]
+        assert syncs >= 1
+        # (A sync timed on the flusher thread may not have reported to the loop yet.)
+        assert syncs - 1 <= m[("tidemq_group_commit_bytes_count", ())] <= syncs
+        assert m[("tidemq_group_commit_bytes_sum", ())] <= m[("tidemq_commit_log_bytes", ())]
+        assert m[("tidemq_group_commit_bytes_sum", ())] > N * 100
+        disk = shutil.disk_usage(tmp_path)
+        assert m[("tidemq_disk_total_bytes", ())] == disk.total
+        assert 0 < m[("tidemq_disk_free_bytes", ())] <= disk.total
         by_pop = (("consumer_group", "g-pop"), ("topic", TOPIC))
         assert m[("rocketmq_consumer_inflight_messages", by_pop)] == 2
         assert m[("rocketmq_send_to_dlq_messages_total", by_pop)] == 1

@@ -35,10 +35,10 @@ from tidemq.broker.handlers.groups import GroupHandlers
 from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.metrics import (
-    Durations,
     MetricsSnapshot,
     RequestTimes,
     consumer_lag,
+    disk_usage,
     pop_totals,
 )
 from tidemq.broker.pop_service import PopService
@@ -621,12 +621,12 @@ class Broker:
             transactions_rolled_back=txns.rolled_back,
             timer_pending={t.topic: t.pending_messages for t in self._timers.status().topics},
             log_bytes=store.end_position - store.log.start_position,
-            request_times={
-                kind: Durations(list(d.counts), d.total_s)
-                for kind, d in self.request_times.kinds.items()
-            },
+            request_times={kind: d.copy() for kind, d in self.request_times.kinds.items()},
             pop_in_flight=in_flight,
             pop_dead_lettered=dead,
+            disk=disk_usage(self.config.store.data_dir),
+            fsync=self._gateway.fsync_times().copy(),
+            group_commit=self._gateway.group_commit_bytes.copy(),
         )
 
     async def _register_now(self) -> None:
@@ -735,7 +735,19 @@ class Broker:
         limits = {key: getattr(self.config, key) for key in _STATUS_LIMITS}
         # As enforced (at most max_connections).
         limits["max_connections_per_address"] = server_limits["max_connections_per_address"]
-        return msgspec.structs.replace(status, limits=limits, usage=usage)
+        traffic = self._data.traffic.topics.values()
+        total, free = disk_usage(self.config.store.data_dir)
+        return msgspec.structs.replace(
+            status,
+            limits=limits,
+            usage=usage,
+            messages_in=sum(t.messages_in for t in traffic),
+            messages_out=sum(t.messages_out for t in traffic),
+            bytes_in=sum(t.bytes_in for t in traffic),
+            bytes_out=sum(t.bytes_out for t in traffic),
+            disk_total_bytes=total,
+            disk_free_bytes=free,
+        )
 
     async def _pop_nack(self, req: PopNackRequest) -> Empty:
         await self._pop.nack(

@@ -9,9 +9,11 @@ to two, and the exporter turns them into samples at scrape time. Series are per 
 from __future__ import annotations
 
 import bisect
+import shutil
 from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,12 +24,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DURATION_BUCKETS",
+    "GROUP_COMMIT_BUCKETS",
     "Durations",
     "MetricsSnapshot",
     "RequestTimes",
     "TopicTraffic",
     "Traffic",
     "consumer_lag",
+    "disk_usage",
     "pop_totals",
 ]
 
@@ -64,6 +68,41 @@ class Traffic:
         self.topics.pop(topic, None)
 
 
+#: Upper bounds (seconds) of the request-duration buckets (Prometheus' `le`); the last
+#: bucket, +Inf, is implicit.
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+#: Upper bounds (bytes) of the group-commit size buckets: what one fdatasync made durable.
+GROUP_COMMIT_BUCKETS: tuple[float, ...] = (
+    1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216,
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class Durations:
+    """A histogram (of durations in seconds unless `bounds` says otherwise): per bucket
+    counts (the last one +Inf), and the sum of what was observed."""
+
+    bounds: tuple[float, ...] = DURATION_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    total_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total_s += value
+
+    def copy(self) -> Durations:
+        return Durations(self.bounds, list(self.counts), self.total_s)
+
+
 @dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
     """What `/metrics` reports, read from the broker in one step on its loop."""
@@ -88,26 +127,11 @@ class MetricsSnapshot:
     #: messages moved to the group's dead-letter topic (since the broker started).
     pop_in_flight: dict[tuple[str, str], int] = field(default_factory=dict)
     pop_dead_lettered: dict[tuple[str, str], int] = field(default_factory=dict)
-
-
-#: Upper bounds (seconds) of the request-duration buckets (Prometheus' `le`); the last
-#: bucket, +Inf, is implicit.
-DURATION_BUCKETS: tuple[float, ...] = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0,
-)  # fmt: skip
-
-
-@dataclass(slots=True)
-class Durations:
-    """A histogram of request durations: per bucket counts (the last one +Inf), the sum."""
-
-    counts: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
-    total_s: float = 0.0
-
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
-        self.total_s += seconds
+    #: The data directory's file system: (size, free) in bytes; (0, 0) if unknown.
+    disk: tuple[int, int] = (0, 0)
+    #: The commit log's fdatasyncs: their durations, and the bytes each made durable.
+    fsync: Durations = field(default_factory=Durations)
+    group_commit: Durations = field(default_factory=lambda: Durations(GROUP_COMMIT_BUCKETS))
 
 
 @dataclass(slots=True)
@@ -158,3 +182,13 @@ def pop_totals(
                 in_flight[key] = in_flight.get(key, 0) + q.in_flight
                 dead[key] = dead.get(key, 0) + q.dead_lettered
     return in_flight, dead
+
+
+def disk_usage(data_dir: Path) -> tuple[int, int]:
+    """(size, free bytes) of the file system holding `data_dir`; (0, 0) when it cannot be
+    read (the directory removed under a running broker): a gauge, never an error."""
+    try:
+        usage = shutil.disk_usage(data_dir)
+    except OSError:
+        return 0, 0
+    return usage.total, usage.free

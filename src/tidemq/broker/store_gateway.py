@@ -24,12 +24,14 @@ A failed fdatasync fences the store: every waiting append fails with StorageFail
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Final, TypeVar
 
+from tidemq.broker.metrics import GROUP_COMMIT_BUCKETS, Durations
 from tidemq.broker.sync_thread import SyncThread
 from tidemq.core.errors import DiskFull, StoreClosed, TidemqError
 from tidemq.store.config import FlushMode
@@ -81,6 +83,12 @@ class StoreGateway:
         self._closed = False
         self._stopped = False  # the flusher thread has ended: its late reports are moot
         self._flusher = SyncThread(loop, self._synced, self._sync_failed)
+        #: fdatasync durations (seconds) measured on the flusher thread, drained into
+        #: `_fsync_times` on the loop (a deque's append and popleft are thread-safe).
+        self._sync_seconds: collections.deque[float] = collections.deque()
+        self._fsync_times = Durations()
+        #: Bytes each fdatasync made durable (the group commit's size).
+        self.group_commit_bytes = Durations(GROUP_COMMIT_BUCKETS)
         self._ticker = loop.create_task(self._tick_loop())
 
     @property
@@ -185,13 +193,30 @@ class StoreGateway:
         self._requested.append((target, self._unflushed_queues))
         self._unflushed_queues = set()
         self._requested_target = target
-        self._flusher.request(target, sync)
+        self._flusher.request(target, self._timed(sync))
+
+    def _timed(self, sync: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            started = time.perf_counter()
+            sync()
+            self._sync_seconds.append(time.perf_counter() - started)
+
+        return run
+
+    def fsync_times(self) -> Durations:
+        """The commit log's fdatasync durations so far (read on the loop)."""
+        while self._sync_seconds:
+            self._fsync_times.observe(self._sync_seconds.popleft())
+        return self._fsync_times
 
     def _synced(self, target: int) -> None:
         """The flusher thread made the log durable up to `target` (on the loop)."""
         if self._stopped:
             return
+        before = self._store.flushed_position
         self._store.complete_flush(target)  # not if the store was fenced meanwhile
+        if target > before:
+            self.group_commit_bytes.observe(target - before)
         self._complete(self._store.flushed_position)
 
     def _sync_failed(self, exc: OSError) -> None:
@@ -204,13 +229,16 @@ class StoreGateway:
         every append waiting for the flusher too. Raises what the flusher would give."""
         store = self._store
         target, sync = store.begin_flush()
+        before = store.flushed_position
         try:
-            sync()
+            self._timed(sync)()
         except OSError as exc:
             error = store.fail_flush(exc)
             self._fail_waiting(error)
             raise error from None
         store.complete_flush(target)
+        if target > before:
+            self.group_commit_bytes.observe(target - before)
         self._unflushed_queues.add(queue)
         self._complete(target)
 

@@ -1,4 +1,4 @@
-"""`tidemq timer status|cancel` and `tidemq txn status`: delayed and transactional
+"""`tidemq timer status|cancel` and `tidemq txn status|rollback`: delayed and transactional
 messages as the brokers see them."""
 
 from __future__ import annotations
@@ -101,3 +101,15 @@ def txn_status(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Out
         f"{status.check_delay_ms} ms, every {status.check_interval_ms} ms, "
         f"at most {status.max_checks}"
     )
+
+
+@command(txn_app, "rollback")
+def txn_rollback(
+    txn_id: Annotated[str, typer.Argument(help="An open transaction's id (tidemq txn status).")],
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+) -> None:
+    """Roll back an open transaction, as its producer would: its messages are never
+    published, and the producer's later commit fails."""
+    with Admin(check_bootstrap(bootstrap), client_config=client_config()) as admin:
+        admin.rollback_transaction(txn_id)
+    typer.echo(f"rolled back {txn_id}")

@@ -61,6 +61,7 @@ from tidemq.core.errors import (
     TidemqError,
     TopicAlreadyExists,
     TopicNotFound,
+    UnknownTransaction,
 )
 from tidemq.core.message import Message
 from tidemq.core.offsets import check_reset_target, reset_target
@@ -77,6 +78,8 @@ from tidemq.protocol.commands import (
     DescribeGroupResponse,
     DescribeTopicRequest,
     Empty,
+    EndTxnRequest,
+    EndTxnResponse,
     FetchOffsetsRequest,
     FetchOffsetsResponse,
     GroupOffset,
@@ -267,6 +270,29 @@ class AsyncAdmin:
             return await lookup.message_at_time(self._cluster, topic, queue, int(at * 1000))
         assert offset is not None
         return await lookup.message_at(self._cluster, topic, queue, offset)
+
+    async def messages(
+        self,
+        topic: str,
+        queue: int,
+        *,
+        offset: int | None = None,
+        at: float | None = None,
+        limit: int = 20,
+    ) -> list[Message]:
+        """Browse a queue: up to `limit` (1..`lookup.MAX_BROWSE`) messages from `offset`,
+        or from the first one stored at or after `at` (seconds since the epoch)."""
+        checks.check_topic_name(topic, "topic")
+        if (offset is None) == (at is None):
+            raise ConfigError("give offset= or at=, one of them")
+        if at is not None:
+            at_ms = int(at * 1000)
+            found = (await self._cluster.list_offsets(topic, queue, at_ms)).offset_for_time
+            if found is None:
+                return []
+            offset = found
+        assert offset is not None
+        return await lookup.messages_from(self._cluster, topic, queue, offset, limit)
 
     async def remove_broker(self, name: str) -> list[static_leave.PrunedQueue]:
         """Take broker `name` out of every static topic's chains once it holds no data
@@ -684,6 +710,22 @@ class AsyncAdmin:
             total.rolled_back += s.rolled_back
         assert total is not None
         return transaction_status_from_wire(total)
+
+    async def rollback_transaction(self, txn_id: str) -> None:
+        """Roll back an open transaction by its id (`transaction_status().open`), as its
+        producer would: its half messages are never published, and the producer's later
+        commit fails. Every broker is asked; the one holding it answers. UnknownTransaction
+        when none does; a transaction already committed cannot be rolled back."""
+        if not isinstance(txn_id, str) or not txn_id:
+            raise InvalidRequest(f"txn_id must be a non-empty str, got {txn_id!r}")
+        request = EndTxnRequest(txn_ids=[txn_id], commit=False)
+        for address in await self._brokers():
+            try:
+                await self._cluster.call(address, request, EndTxnResponse)
+            except UnknownTransaction:
+                continue
+            return
+        raise UnknownTransaction(f"no broker holds transaction {txn_id[:64]!r}")
 
     async def pop_status(self, group: str) -> list[PopStatus]:
         """Per queue of every broker, the pop consumption of `group`: acknowledged below,

@@ -14,34 +14,55 @@ from tidemq.client.stream_consumer import AsyncStreamConsumer
 from tidemq.core.errors import InvalidRequest, OffsetOutOfRange, UnknownMessage
 from tidemq.core.message import Message, parse_message_id, topic_hash
 
-__all__ = ["message_at", "message_at_time", "message_by_id"]
+__all__ = ["MAX_BROWSE", "message_at", "message_at_time", "message_by_id", "messages_from"]
 
 #: Polls (each a long poll of `_POLL_MS`) before a stored message counts as not found.
 _POLLS = 5
 _POLL_MS = 1_000
 
 
+#: Most messages one browse returns (`messages_from`).
+MAX_BROWSE = 1_000
+
+
 async def message_at(cluster: ClusterClient, topic: str, queue: int, offset: int) -> Message | None:
     """The message at `offset` of the queue; None if that offset holds none now (not
     written yet, removed by retention or by compaction)."""
+    got = await messages_from(cluster, topic, queue, offset, 1)
+    return got[0] if got and got[0].offset == offset else None
+
+
+async def messages_from(
+    cluster: ClusterClient, topic: str, queue: int, offset: int, limit: int
+) -> list[Message]:
+    """Up to `limit` messages of the queue from `offset` on (fewer at its end; a compact
+    topic's holes are stepped over). An offset below the queue's start reads from the
+    start; one at or past its end reads nothing."""
     if offset < 0:
         raise InvalidRequest(f"offset must be >= 0, got {offset}")
+    if not 1 <= limit <= MAX_BROWSE:
+        raise InvalidRequest(f"limit must be 1..{MAX_BROWSE}, got {limit}")
     bounds = await cluster.list_offsets(topic, queue)
-    if not bounds.min_offset <= offset < bounds.max_offset:
-        return None
+    offset = max(offset, bounds.min_offset)
+    end = min(bounds.max_offset, offset + limit)
+    if offset >= end:
+        return []
     consumer = AsyncStreamConsumer(cluster.bootstrap, start="none", cluster=cluster)
+    out: list[Message] = []
     try:
         consumer.assign([(topic, queue)])
         consumer.seek(topic, queue, offset)
-        for _ in range(_POLLS):
+        empty_polls = 0
+        while len(out) < limit and empty_polls < _POLLS:
             try:
                 got = await consumer.poll(_POLL_MS)
-            except OffsetOutOfRange:
-                return None
-            if got:
-                first = got[0]
-                return first if first.offset == offset else None
-        return None
+            except OffsetOutOfRange:  # removed by retention meanwhile
+                break
+            empty_polls = 0 if got else empty_polls + 1
+            out.extend(m for m in got if m.offset < end)
+            if (consumer.position(topic, queue) or 0) >= end:
+                break
+        return out[:limit]
     finally:
         await consumer.close()
 

@@ -257,6 +257,15 @@ class BrokerStatus:
     #: response_bytes, lingering_refusals; refused, read-timeout, idle, write-stall,
     #: protocol, internal.
     usage: Mapping[str, int]
+    #: Traffic since start over all topics: messages and bytes stored by produce
+    #: requests, and read by fetches.
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    #: The file system of the broker's data directory: its size and free bytes.
+    disk_total_bytes: int = 0
+    disk_free_bytes: int = 0
 
 
 def broker_status_from_wire(msg: wire.StatusResponse) -> BrokerStatus:
@@ -271,6 +280,12 @@ def broker_status_from_wire(msg: wire.StatusResponse) -> BrokerStatus:
         uptime_ms=msg.uptime_ms,
         limits=dict(msg.limits),
         usage=dict(msg.usage),
+        messages_in=msg.messages_in,
+        messages_out=msg.messages_out,
+        bytes_in=msg.bytes_in,
+        bytes_out=msg.bytes_out,
+        disk_total_bytes=msg.disk_total_bytes,
+        disk_free_bytes=msg.disk_free_bytes,
     )
 
 

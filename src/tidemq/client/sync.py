@@ -642,6 +642,22 @@ class Admin:
         """See `AsyncAdmin.message_at`."""
         return run(self._a.message_at(topic, queue, offset=offset, at=at))
 
+    def rollback_transaction(self, txn_id: str) -> None:
+        """See `AsyncAdmin.rollback_transaction`."""
+        run(self._a.rollback_transaction(txn_id))
+
+    def messages(
+        self,
+        topic: str,
+        queue: int,
+        *,
+        offset: int | None = None,
+        at: float | None = None,
+        limit: int = 20,
+    ) -> list[Message]:
+        """See `AsyncAdmin.messages`."""
+        return run(self._a.messages(topic, queue, offset=offset, at=at, limit=limit))
+
     def remove_broker(self, name: str) -> list[PrunedQueue]:
         """See `AsyncAdmin.remove_broker`."""
         return run(self._a.remove_broker(name))

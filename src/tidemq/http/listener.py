@@ -1,6 +1,7 @@
 """The HTTP listener of a tidemq process: uvicorn serving a Starlette app in the
 process's own event loop, beside the broker (its requests are small, and the registry's
-work is a few client calls: no thread or process of its own).
+and the console's work is a few client calls: no thread or process of its own). It
+serves the schema registry, `/metrics`, and the web console (`/ui/`, `/api/...`).
 
 uvicorn's `Server.serve` would install its own SIGINT/SIGTERM handlers; the CLI owns
 those, so the listener drives uvicorn's startup, main loop and shutdown itself.
@@ -18,9 +19,14 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.routing import BaseRoute
 
 from tidemq.broker.metrics import MetricsSnapshot
+from tidemq.client.admin import AsyncAdmin
 from tidemq.client.cluster import ClientConfig
+from tidemq.client.producer import AsyncProducer
+from tidemq.http.console_api import console_routes
+from tidemq.http.console_data import ConsoleData
 from tidemq.http.login import BasicAuth, CheckPassword
 from tidemq.http.metrics_api import metrics_routes
 from tidemq.http.registry_api import registry_routes
@@ -48,9 +54,13 @@ class HttpListener:
         `login`: every request needs HTTP Basic credentials this accepts (`login.py`).
         `tls`: (certificate, key) PEM files: HTTPS."""
         self.registry = RegistryService(bootstrap, client_config=client_config)
-        routes = registry_routes(self.registry)
+        self._admin = AsyncAdmin(bootstrap, client_config=client_config)
+        self._producer = AsyncProducer(bootstrap, client_config=client_config)
+        console = ConsoleData(self._admin, self._producer, self.registry)
+        routes: list[BaseRoute] = list(registry_routes(self.registry))
         if metrics is not None:
             routes += metrics_routes(metrics)
+        routes += console_routes(console, bootstrap)
         self.app = Starlette(routes=routes)
         served: Any = self.app if login is None else BasicAuth(self.app, login)
         cert, key = tls if tls is not None else (None, None)
@@ -93,7 +103,7 @@ class HttpListener:
         host, port = sock.getsockname()[:2]
         self.address = f"{host}:{port}"
         self._task = asyncio.get_running_loop().create_task(self._server.main_loop())
-        log.info("HTTP (schema registry, metrics) on %s", self.address)
+        log.info("HTTP (schema registry, metrics, console at /ui/) on %s", self.address)
         return self.address
 
     async def stop(self) -> None:
@@ -102,4 +112,6 @@ class HttpListener:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             await self._server.shutdown()
+        await self._producer.close()
+        await self._admin.close()
         await self.registry.close()

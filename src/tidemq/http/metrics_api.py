@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tidemq.broker.metrics import DURATION_BUCKETS, MetricsSnapshot
+from tidemq.broker.metrics import Durations, MetricsSnapshot
 
 __all__ = ["CONTENT_TYPE", "metrics_routes"]
 
@@ -72,7 +72,14 @@ class _BrokerCollector(Collector):
         yield GaugeMetricFamily(
             "tidemq_commit_log_bytes", "Bytes of the commit log kept on disk.", s.log_bytes
         )
-        yield _durations(s)
+        total, free = s.disk
+        yield GaugeMetricFamily(
+            "tidemq_disk_total_bytes", "Size of the data directory's file system.", total
+        )
+        yield GaugeMetricFamily(
+            "tidemq_disk_free_bytes", "Free bytes on the data directory's file system.", free
+        )
+        yield from _durations(s)
         yield from _pop(s)
 
 
@@ -96,18 +103,33 @@ def _pop(s: MetricsSnapshot) -> Iterator[Metric]:
     yield dead
 
 
-def _durations(s: MetricsSnapshot) -> Metric:
+def _buckets(d: Durations) -> list[tuple[str, float]]:
+    bounds = [*(str(b) for b in d.bounds), "+Inf"]
+    return list(zip(bounds, itertools.accumulate(d.counts), strict=True))
+
+
+def _durations(s: MetricsSnapshot) -> Iterator[Metric]:
     family = HistogramMetricFamily(
         "tidemq_request_duration_seconds",
         "Server-side time per request kind, from decode to answer (a fetch includes its "
         "long-poll wait).",
         labels=["kind"],
     )
-    bounds = [*(str(b) for b in DURATION_BUCKETS), "+Inf"]
     for kind, d in sorted(s.request_times.items()):
-        cumulative = list(itertools.accumulate(d.counts))
-        family.add_metric([kind], list(zip(bounds, cumulative, strict=True)), d.total_s)
-    return family
+        family.add_metric([kind], _buckets(d), d.total_s)
+    yield family
+    yield HistogramMetricFamily(
+        "tidemq_fsync_duration_seconds",
+        "Time of each fdatasync of the commit log (a group commit).",
+        buckets=_buckets(s.fsync),
+        sum_value=s.fsync.total_s,
+    )
+    yield HistogramMetricFamily(
+        "tidemq_group_commit_bytes",
+        "Bytes of the commit log each fdatasync made durable.",
+        buckets=_buckets(s.group_commit),
+        sum_value=s.group_commit.total_s,
+    )
 
 
 def _traffic(s: MetricsSnapshot) -> Iterator[Metric]:

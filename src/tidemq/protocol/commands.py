@@ -459,6 +459,14 @@ class StatusResponse(_Msg):
     #: lingering_refusals; refused, read-timeout, idle, write-stall, protocol, internal.
     limits: dict[str, int] = {}
     usage: dict[str, int] = {}
+    #: Traffic since start over all topics (produce in, fetch out): the console's rates.
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    #: The file system of the data directory: its size and free bytes.
+    disk_total_bytes: int = 0
+    disk_free_bytes: int = 0
 
 
 #: code -> (request header type, response header type)
