@@ -7,6 +7,7 @@ or with wrong credentials get 401; broker-side validation still works there."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import shutil
 import ssl
@@ -58,8 +59,12 @@ class SecureNode:
 
 @pytest.fixture
 def secure(tmp_path: Path) -> Iterator[SecureNode]:
+    yield from _secure_node(tmp_path)
+
+
+def _secure_node(tmp_path: Path, **overrides: Any) -> Iterator[SecureNode]:
     certs = make_certs(tmp_path)
-    cfg = BrokerConfig(
+    cfg = BrokerConfig(**overrides,
         port=0,
         store=StoreConfig(data_dir=tmp_path / "data"),
         tls_cert_file=certs.server_cert,
@@ -160,3 +165,65 @@ def test_the_spark_options_reach_a_registry_with_tls_and_logins(secure: SecureNo
         RegistryLogin.of({"schemaregistry.username": USER})
     with pytest.raises(TidemqError, match="401"):
         resolve_value_format({**options, "schemaRegistry.password": "wrong"})
+
+
+def _console(
+    secure: SecureNode, path: str, user: str, password: str, body: dict[str, Any] | None = None
+) -> tuple[int, Any]:
+    context = ssl.create_default_context(cafile=str(secure.certs.ca))
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    headers = {"Authorization": f"Basic {token}"}
+    data = None
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+        data = json.dumps(body).encode()
+    request = urllib.request.Request(secure.url + path, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context) as answer:
+            return int(answer.status), json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture
+def authorizing(tmp_path: Path) -> Iterator[SecureNode]:
+    """A secure node that also checks ACLs (the bootstrap user is its super user)."""
+    yield from _secure_node(tmp_path, authorization_enabled=True)
+
+
+def test_the_console_acts_as_the_user_who_logged_in(authorizing: SecureNode) -> None:
+    """Not as the listener's own (registry) user: the brokers' ACLs decide what each user
+    sees and does through the console, as for that user's own clients."""
+    secure = authorizing
+    config = ClientConfig(
+        ssl_context=tidemq.client_tls(ca_file=secure.certs.ca), username=USER, password=PASSWORD
+    )
+    with tidemq.Admin(secure.address, client_config=config) as admin:
+        admin.create_topic("open-t", 1)
+        admin.create_topic("secret-t", 1)
+        admin.create_user("viewer", "viewer-secret-1")
+        admin.create_acls(
+            [
+                tidemq.Acl(
+                    principal="User:viewer",
+                    resource_type="topic",
+                    resource_name="open-",
+                    pattern_type="prefixed",
+                    operation="describe",
+                )
+            ]
+        )
+    status, topics = _console(secure, "/api/topics", USER, PASSWORD)
+    assert status == 200
+    assert {"open-t", "secret-t"} <= {t["name"] for t in topics}
+    status, topics = _console(secure, "/api/topics", "viewer", "viewer-secret-1")
+    assert (status, [t["name"] for t in topics]) == (200, ["open-t"])
+    assert _console(secure, "/api/topics/open-t", "viewer", "viewer-secret-1")[0] == 200
+    status, answer = _console(secure, "/api/topics/secret-t", "viewer", "viewer-secret-1")
+    assert status in (403, 404), answer
+    # An action needs its rights too: the viewer may not reset a group's offsets.
+    reset = {"topic": "open-t", "to": "earliest", "execute": True}
+    status, answer = _console(secure, "/api/reset/g", "viewer", "viewer-secret-1", reset)
+    assert status == 403, answer
+    assert _console(secure, "/api/reset/g", USER, PASSWORD, reset)[0] == 200
+    assert _console(secure, "/api/topics", "viewer", "wrong")[0] == 401

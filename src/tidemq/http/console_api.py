@@ -27,6 +27,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from tidemq.core.errors import (
+    AuthorizationFailed,
     ConfigError,
     InvalidRequest,
     TidemqError,
@@ -45,7 +46,8 @@ MAX_BROWSE: Final = 200
 _STATIC: Final = Path(__file__).parent / "console"
 _KINDS: Final = {int: "an integer", str: "a string", bool: "true or false"}
 
-Handler = Callable[[Request], Awaitable[Response]]
+Handler = Callable[[Request, ConsoleData], Awaitable[Response]]
+DataFor = Callable[[Request], Awaitable[ConsoleData]]
 
 
 class BadInput(ValueError):
@@ -56,14 +58,16 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
 
 
-def _guarded(handler: Handler) -> Handler:
+def _guarded(handler: Handler, data_for: DataFor) -> Callable[[Request], Awaitable[Response]]:
     async def run(request: Request) -> Response:
         try:
-            return await handler(request)
+            return await handler(request, await data_for(request))
         except (BadInput, InvalidRequest, ConfigError, ValueError, TypeError) as exc:
             return _json({"error": str(exc)}, 400)
         except (TopicNotFound, UnknownMessage, UnknownTransaction) as exc:
             return _json({"error": str(exc)}, 404)
+        except (PermissionError, AuthorizationFailed) as exc:
+            return _json({"error": str(exc)}, 403)
         except TidemqError as exc:
             return _json({"error": f"{type(exc).__name__}: {exc}"}, 502)
 
@@ -110,23 +114,26 @@ def _field(body: dict[str, Any], name: str, kind: type, default: Any = None) -> 
     return value
 
 
-def console_routes(data: ConsoleData, name_servers: str) -> list[BaseRoute]:
-    async def cluster(request: Request) -> Response:
+def console_routes(data_for: DataFor, name_servers: str) -> list[BaseRoute]:
+    """`data_for(request)`: the console's clients for this request (its user's, on a
+    listener with logins: `console_clients.py`)."""
+
+    async def cluster(request: Request, data: ConsoleData) -> Response:
         return _json(await data.cluster(name_servers))
 
-    async def topics(request: Request) -> Response:
+    async def topics(request: Request, data: ConsoleData) -> Response:
         return _json(await data.topics())
 
-    async def topic(request: Request) -> Response:
+    async def topic(request: Request, data: ConsoleData) -> Response:
         return _json(await data.topic(request.path_params["name"]))
 
-    async def groups(request: Request) -> Response:
+    async def groups(request: Request, data: ConsoleData) -> Response:
         return _json(await data.groups())
 
-    async def group(request: Request) -> Response:
+    async def group(request: Request, data: ConsoleData) -> Response:
         return _json(await data.group(request.path_params["group"]))
 
-    async def reset(request: Request) -> Response:
+    async def reset(request: Request, data: ConsoleData) -> Response:
         body = await _action_body(request)
         planned = await data.reset(
             request.path_params["group"],
@@ -137,7 +144,7 @@ def console_routes(data: ConsoleData, name_servers: str) -> list[BaseRoute]:
         )
         return _json(planned)
 
-    async def messages(request: Request) -> Response:
+    async def messages(request: Request, data: ConsoleData) -> Response:
         topic = request.query_params.get("topic") or ""
         if not topic:
             raise BadInput("query parameter topic is needed")
@@ -151,43 +158,43 @@ def console_routes(data: ConsoleData, name_servers: str) -> list[BaseRoute]:
         )
         return _json(found)
 
-    async def message(request: Request) -> Response:
+    async def message(request: Request, data: ConsoleData) -> Response:
         found = await data.message(request.path_params["id"])
         if found is None:
             return _json({"error": "no message with this id is stored now"}, 404)
         return _json(found)
 
-    async def dlq_groups(request: Request) -> Response:
+    async def dlq_groups(request: Request, data: ConsoleData) -> Response:
         return _json(await data.dead_letter_groups())
 
-    async def dlq(request: Request) -> Response:
+    async def dlq(request: Request, data: ConsoleData) -> Response:
         return _json(
             await data.dead_letters(request.path_params["group"], _int(request, "limit", 100))
         )
 
-    async def redrive(request: Request) -> Response:
+    async def redrive(request: Request, data: ConsoleData) -> Response:
         body = await _action_body(request)
         limit = body.get("limit")
         if limit is not None:
             limit = _field(body, "limit", int)
         return _json({"redriven": await data.redrive(request.path_params["group"], limit)})
 
-    async def timers(request: Request) -> Response:
+    async def timers(request: Request, data: ConsoleData) -> Response:
         return _json(await data.timers())
 
-    async def cancel(request: Request) -> Response:
+    async def cancel(request: Request, data: ConsoleData) -> Response:
         body = await _action_body(request)
         return _json(await data.cancel_timer(_field(body, "message_id", str)))
 
-    async def transactions(request: Request) -> Response:
+    async def transactions(request: Request, data: ConsoleData) -> Response:
         return _json(await data.transactions())
 
-    async def rollback(request: Request) -> Response:
+    async def rollback(request: Request, data: ConsoleData) -> Response:
         body = await _action_body(request)
         await data.rollback(_field(body, "txn_id", str))
         return _json({"rolled_back": True})
 
-    async def schemas(request: Request) -> Response:
+    async def schemas(request: Request, data: ConsoleData) -> Response:
         return _json(await data.schemas())
 
     async def home(request: Request) -> Response:
@@ -213,8 +220,8 @@ def console_routes(data: ConsoleData, name_servers: str) -> list[BaseRoute]:
         ("/api/timers/cancel", cancel),
         ("/api/transactions/rollback", rollback),
     ]
-    routes: list[BaseRoute] = [Route(p, _guarded(h), methods=["GET"]) for p, h in get]
-    routes += [Route(p, _guarded(h), methods=["POST"]) for p, h in post]
+    routes: list[BaseRoute] = [Route(p, _guarded(h, data_for), methods=["GET"]) for p, h in get]
+    routes += [Route(p, _guarded(h, data_for), methods=["POST"]) for p, h in post]
     routes += [
         Route("/", home, methods=["GET"]),
         Mount("/ui", app=StaticFiles(directory=_STATIC, html=True), name="console"),

@@ -22,11 +22,9 @@ from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
 from tidemq.broker.metrics import MetricsSnapshot
-from tidemq.client.admin import AsyncAdmin
 from tidemq.client.cluster import ClientConfig
-from tidemq.client.producer import AsyncProducer
 from tidemq.http.console_api import console_routes
-from tidemq.http.console_data import ConsoleData
+from tidemq.http.console_clients import ConsoleClients
 from tidemq.http.login import BasicAuth, CheckPassword
 from tidemq.http.metrics_api import metrics_routes
 from tidemq.http.registry_api import registry_routes
@@ -54,13 +52,13 @@ class HttpListener:
         `login`: every request needs HTTP Basic credentials this accepts (`login.py`).
         `tls`: (certificate, key) PEM files: HTTPS."""
         self.registry = RegistryService(bootstrap, client_config=client_config)
-        self._admin = AsyncAdmin(bootstrap, client_config=client_config)
-        self._producer = AsyncProducer(bootstrap, client_config=client_config)
-        console = ConsoleData(self._admin, self._producer, self.registry)
+        self._console = ConsoleClients(
+            bootstrap, self.registry, client_config=client_config, per_user=login is not None
+        )
         routes: list[BaseRoute] = list(registry_routes(self.registry))
         if metrics is not None:
             routes += metrics_routes(metrics)
-        routes += console_routes(console, bootstrap)
+        routes += console_routes(self._console.for_request, bootstrap)
         self.app = Starlette(routes=routes)
         served: Any = self.app if login is None else BasicAuth(self.app, login)
         cert, key = tls if tls is not None else (None, None)
@@ -112,6 +110,5 @@ class HttpListener:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             await self._server.shutdown()
-        await self._producer.close()
-        await self._admin.close()
+        await self._console.close()
         await self.registry.close()

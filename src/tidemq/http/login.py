@@ -58,7 +58,9 @@ class BasicAuth:
             if len(self._good) >= _MAX_REMEMBERED:
                 self._good.pop(next(iter(self._good)))
             self._good[key] = now + _REMEMBER_S
-        scope = {**scope, "user": user}
+        # The console acts as this user (`console_clients.py`): ACLs apply to it as to
+        # the user's own clients.
+        scope = {**scope, "user": user, "tidemq.login": (user, password)}
         await self._app(scope, receive, send)
 
 
