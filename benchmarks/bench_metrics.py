@@ -1,18 +1,21 @@
-"""What a Prometheus scrape every second costs the data path (issue 22).
+"""What a Prometheus scrape every second and an open web console cost the data path
+(issue 22).
 
 Usage: ``python benchmarks/bench_metrics.py [--seconds S] [--runs R] [--topics T]
 [--json PATH]``
 
 One `tidemq server` (async flush) with its HTTP listener, `--topics` (100) topics with
 traffic so that `/metrics` has series to render. Two workloads, each run with and without
-a thread scraping `/metrics` once a second, the two taking turns, `--runs` (3) times,
-`--seconds` (3) each, in alternating order:
+an observer process, the two taking turns, `--runs` (3) times, `--seconds` (3) each, in
+alternating order. The observer scrapes `/metrics` once a second (as Prometheus) and, every
+other second, reads what the console's open Cluster and Topic pages refresh
+(`/api/cluster`, `/api/topics/bench-metrics`):
 
 * P1-like: batched produce (`send_batch` of 1,000 x 100 B, one topic), messages/s;
 * P5-like: one message per round trip (`Producer.send`), p50 and p99 ack latency.
 
-Medians over runs and the ratio with/without; the scrape's own time (median) and size;
-CPU steal and load average over the run.
+Medians over runs and the ratio with/without; the scrape's and the console reads' own
+times (medians) and the scrape's size; CPU steal and load average over the run.
 """
 
 from __future__ import annotations
@@ -37,23 +40,34 @@ VALUE = b"x" * 100
 
 _SCRAPER = """
 import sys, time, urllib.request
-url = sys.argv[1]
-while True:
+base = sys.argv[1]
+def get(path):
     start = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=10) as answer:
+    with urllib.request.urlopen(base + path, timeout=10) as answer:
         size = len(answer.read())
-    print(f"{(time.perf_counter() - start) * 1000:.3f} {size}", flush=True)
+    return (time.perf_counter() - start) * 1000, size
+tick = 0
+while True:
+    ms, size = get("/metrics")
+    print(f"metrics {ms:.3f} {size}", flush=True)
+    if tick % 2 == 0:
+        for path in ("/api/cluster", "/api/topics/bench-metrics"):
+            ms, size = get(path)
+            print(f"console {ms:.3f} {size}", flush=True)
+    tick += 1
     time.sleep(1.0)
 """
 
 
 class Scraper:
-    """A separate process (as Prometheus is) that GETs /metrics once a second; the time
-    and size of each scrape."""
+    """A separate process (as Prometheus and a browser are) that GETs /metrics once a
+    second and the console's refreshed reads every other second; their times, and the
+    size of a scrape."""
 
     def __init__(self, url: str) -> None:
         self._url = url
         self.times_ms: list[float] = []
+        self.console_ms: list[float] = []
         self.size = 0
         self._proc: subprocess.Popen[str] | None = None
 
@@ -68,9 +82,12 @@ class Scraper:
         self._proc.terminate()
         out, _ = self._proc.communicate(timeout=30)
         for line in out.splitlines():
-            ms, size = line.split()
-            self.times_ms.append(float(ms))
-            self.size = int(size)
+            kind, ms, size = line.split()
+            if kind == "metrics":
+                self.times_ms.append(float(ms))
+                self.size = int(size)
+            else:
+                self.console_ms.append(float(ms))
 
 
 def batched(producer: tidemq.Producer, seconds: float) -> float:
@@ -105,7 +122,7 @@ def main() -> None:
     server = peers.start_tidemq("async", extra=["--http-port", "0"])
     results: dict[str, Any] = {}
     try:
-        url = f"http://{server.http_address}/metrics"
+        url = f"http://{server.http_address}"
         with tidemq.Admin(server.address) as admin, tidemq.Producer(server.address) as p:
             admin.create_topic("bench-metrics", 2)
             for n in range(args.topics):
@@ -113,6 +130,7 @@ def main() -> None:
                 p.send(f"bench-metrics-{n}", VALUE)
             rows: dict[str, list[float]] = {}
             scrapes: list[float] = []
+            console: list[float] = []
             size = 0
             for run in range(args.runs):
                 # Taking turns in both orders: the log grows all along (no order bias).
@@ -123,6 +141,7 @@ def main() -> None:
                             rate = batched(p, args.seconds)
                             p50, p99 = one_by_one(p, args.seconds)
                         scrapes += scraper.times_ms
+                        console += scraper.console_ms
                         size = scraper.size
                     else:
                         rate = batched(p, args.seconds)
@@ -133,17 +152,19 @@ def main() -> None:
         results = {k: statistics.median(v) for k, v in rows.items()}
         results["scrape_ms"] = statistics.median(scrapes) if scrapes else 0.0
         results["scrape_bytes"] = size
+        results["console_ms"] = statistics.median(console) if console else 0.0
     finally:
         server.stop()
     j = peers.machine_jiffies() - j0
     steal = 100 * j.steal / j.total if j.total else 0.0
     r = results
     print(f"batched produce: {r['quiet_rate']:,.0f} msg/s quiet, {r['scraped_rate']:,.0f} "
-          f"with a scrape a second ({r['scraped_rate'] / r['quiet_rate']:.2f}x)")  # fmt: skip
+          f"with a scrape a second and the console open "
+          f"({r['scraped_rate'] / r['quiet_rate']:.2f}x)")  # fmt: skip
     print(f"one per round trip: p50 {r['quiet_p50']:.3f} / p99 {r['quiet_p99']:.3f} ms quiet, "
-          f"p50 {r['scraped_p50']:.3f} / p99 {r['scraped_p99']:.3f} ms scraped")  # fmt: skip
+          f"p50 {r['scraped_p50']:.3f} / p99 {r['scraped_p99']:.3f} ms observed")  # fmt: skip
     print(f"a scrape: {r['scrape_ms']:.1f} ms, {r['scrape_bytes']:,} bytes "
-          f"({args.topics + 1} topics)")  # fmt: skip
+          f"({args.topics + 1} topics); a console read: {r['console_ms']:.1f} ms")  # fmt: skip
     print(f"CPU steal {steal:.1f}%, load average {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -88,6 +88,7 @@ def test_metrics_match_the_traffic(tmp_path: Path) -> None:
         assert syncs - 1 <= m[("tidemq_group_commit_bytes_count", ())] <= syncs
         assert m[("tidemq_group_commit_bytes_sum", ())] <= m[("tidemq_commit_log_bytes", ())]
         assert m[("tidemq_group_commit_bytes_sum", ())] > N * 100
+        assert not any(dict(labels).get("queue_id") for _, labels in m)  # per topic only
         disk = shutil.disk_usage(tmp_path)
         assert m[("tidemq_disk_total_bytes", ())] == disk.total
         assert 0 < m[("tidemq_disk_free_bytes", ())] <= disk.total
@@ -105,3 +106,40 @@ def test_metrics_match_the_traffic(tmp_path: Path) -> None:
         after = _scrape(server.http_address)
         assert after[("tidemq_transactions_rolled_back_total", ())] == 1
         assert after[("rocketmq_half_messages", ())] == 0
+
+
+def test_per_queue_series_are_opt_in(tmp_path: Path) -> None:
+    """`http.metrics_per_queue`: lag and end offsets per queue (label `queue_id`), in place
+    of the per-topic lag; off by default (see the test above: no queue_id anywhere)."""
+    settings = ["--http-port", "0", "--set", "http.metrics_per_queue=true"]
+    with server_process(tmp_path, settings) as server:
+        b = server.address
+        with tidemq.Admin(b) as admin:
+            admin.create_topic(TOPIC, 3)
+        with tidemq.Producer(b) as producer:
+            for queue, count in enumerate((4, 0, 7)):
+                for _ in range(count):
+                    producer.send(TOPIC, b"v", queue=queue)
+        with tidemq.Admin(b) as admin:
+            admin.reset_offsets("g-q", TOPIC, to="offset", value=1, execute=True)
+        m = _scrape(server.http_address)
+    ends = {
+        labels: value
+        for (name, labels), value in m.items()
+        if name == "tidemq_queue_end_offset" and ("topic", TOPIC) in labels
+    }
+    assert ends == {
+        (("queue_id", str(q)), ("topic", TOPIC)): float(n) for q, n in enumerate((4, 0, 7))
+    }
+    lag = {
+        labels: value
+        for (name, labels), value in m.items()
+        if name == "rocketmq_consumer_lag_messages"
+    }
+    group_topic = (("consumer_group", "g-q"),)
+    # Committed at offset 1 (an empty queue's offset is clamped to its end, 0).
+    assert lag == {
+        (*group_topic, ("queue_id", str(q)), ("topic", TOPIC)): float(n)
+        for q, n in enumerate((3, 0, 6))
+    }
+    assert m[("tidemq_metrics_queues_omitted", ())] == 0

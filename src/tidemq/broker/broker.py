@@ -40,6 +40,8 @@ from tidemq.broker.metrics import (
     consumer_lag,
     disk_usage,
     pop_totals,
+    queue_ends,
+    queue_lag,
 )
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import MAX_PRODUCER_OWNERS, ProducerOwners
@@ -602,14 +604,21 @@ class Broker:
             return {r.topic: r.queues for r in self.nameserver.routes(topics)}
         return await self._registration.queue_counts(topics)
 
-    def metrics(self) -> MetricsSnapshot:
-        """Counters and gauges for the HTTP listener's /metrics (on the broker's loop)."""
+    def metrics(self, *, per_queue: bool = False) -> MetricsSnapshot:
+        """Counters and gauges for the HTTP listener's /metrics (on the broker's loop);
+        `per_queue` (`http.metrics_per_queue`): also lag and end offset per queue."""
         store = self._gateway.store
         topics = {t.name for t in self._topics.all()}
         groups = sorted(set(store.groups()) | set(self._coordinator.groups()))
         txns = self._transactions.status()
         traffic = self._data.traffic.topics
         in_flight, dead = pop_totals(self._pop, topics)
+        by_queue: dict[tuple[str, str, int], int] | None = None
+        ends: dict[tuple[str, int], int] | None = None
+        omitted = 0
+        if per_queue:
+            by_queue = queue_lag(store, self._topics, self._static.view)
+            ends, omitted = queue_ends(store, self._topics, self._static.view)
         return MetricsSnapshot(
             traffic={
                 name: dataclasses.replace(traffic[name]) for name in topics if name in traffic
@@ -625,6 +634,9 @@ class Broker:
             pop_in_flight=in_flight,
             pop_dead_lettered=dead,
             disk=disk_usage(self.config.store.data_dir),
+            queue_lag=by_queue,
+            queue_end=ends,
+            queues_omitted=omitted,
             fsync=self._gateway.fsync_times().copy(),
             group_commit=self._gateway.group_commit_bytes.copy(),
         )

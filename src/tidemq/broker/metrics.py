@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DURATION_BUCKETS",
     "GROUP_COMMIT_BUCKETS",
+    "MAX_QUEUE_SERIES",
     "Durations",
     "MetricsSnapshot",
     "RequestTimes",
@@ -33,6 +34,8 @@ __all__ = [
     "consumer_lag",
     "disk_usage",
     "pop_totals",
+    "queue_ends",
+    "queue_lag",
 ]
 
 
@@ -129,6 +132,11 @@ class MetricsSnapshot:
     pop_dead_lettered: dict[tuple[str, str], int] = field(default_factory=dict)
     #: The data directory's file system: (size, free) in bytes; (0, 0) if unknown.
     disk: tuple[int, int] = (0, 0)
+    #: With `http.metrics_per_queue` only: (group, topic, queue) -> lag, (topic, queue)
+    #: -> end offset, and queues left out past `MAX_QUEUE_SERIES`.
+    queue_lag: dict[tuple[str, str, int], int] | None = None
+    queue_end: dict[tuple[str, int], int] | None = None
+    queues_omitted: int = 0
     #: The commit log's fdatasyncs: their durations, and the bytes each made durable.
     fsync: Durations = field(default_factory=Durations)
     group_commit: Durations = field(default_factory=lambda: Durations(GROUP_COMMIT_BUCKETS))
@@ -145,28 +153,80 @@ class RequestTimes:
         self.kinds[kind].observe(seconds)
 
 
+#: Queues reported at most with `http.metrics_per_queue` (the rest are counted in
+#: `tidemq_metrics_queues_omitted`): a bound on one scrape's size.
+MAX_QUEUE_SERIES = 100_000
+
+
+def _visible_bounds(
+    store: MessageStore,
+    topic: str,
+    queue: int,
+    view_of: Callable[[str, int], LinkView | None],
+) -> tuple[int, int] | None:
+    """A queue's (start, end) offsets as its consumers see them; None for a static
+    queue's older link (its end is where the write end is)."""
+    lo, hi = store.queue_bounds(topic, queue)
+    view = view_of(topic, queue)
+    if view is not None:
+        if not view.writable:
+            return None
+        lo, hi = view.bounds(lo, hi)
+    return lo, hi
+
+
+def queue_lag(
+    store: MessageStore,
+    topics: TopicTable,
+    view_of: Callable[[str, int], LinkView | None],
+) -> dict[tuple[str, str, int], int]:
+    """(group, topic, queue) -> messages between the committed offset and the queue's
+    end, for the queues stored here (a static queue's only where its write end is)."""
+    hosted = {t.name: set(topics.hosted(t.name)) for t in topics.all()}
+    lag: dict[tuple[str, str, int], int] = {}
+    for group in store.groups():
+        for (topic, queue), committed in store.committed_offsets(group).items():
+            if queue not in hosted.get(topic, ()):
+                continue
+            bounds = _visible_bounds(store, topic, queue, view_of)
+            if bounds is not None:
+                lo, hi = bounds
+                lag[(group, topic, queue)] = max(0, hi - max(committed, lo))
+    return lag
+
+
 def consumer_lag(
     store: MessageStore,
     topics: TopicTable,
     view_of: Callable[[str, int], LinkView | None],
 ) -> dict[tuple[str, str], int]:
-    """(group, topic) -> messages between each committed offset and its queue's end, over
-    the queues stored here (a static queue's only where its write end is)."""
-    hosted = {t.name: set(topics.hosted(t.name)) for t in topics.all()}
+    """(group, topic) -> messages behind, summed over the topic's queues stored here."""
     lag: dict[tuple[str, str], int] = {}
-    for group in store.groups():
-        for (topic, queue), committed in store.committed_offsets(group).items():
-            if queue not in hosted.get(topic, ()):
-                continue
-            lo, hi = store.queue_bounds(topic, queue)
-            view = view_of(topic, queue)
-            if view is not None:
-                if not view.writable:
-                    continue  # the end is where the write end is
-                lo, hi = view.bounds(lo, hi)
-            key = (group, topic)
-            lag[key] = lag.get(key, 0) + max(0, hi - max(committed, lo))
+    for (group, topic, _), behind in queue_lag(store, topics, view_of).items():
+        lag[(group, topic)] = lag.get((group, topic), 0) + behind
     return lag
+
+
+def queue_ends(
+    store: MessageStore,
+    topics: TopicTable,
+    view_of: Callable[[str, int], LinkView | None],
+    limit: int = MAX_QUEUE_SERIES,
+) -> tuple[dict[tuple[str, int], int], int]:
+    """(topic, queue) -> end offset of the queues stored here (at most `limit`), and how
+    many more were left out."""
+    ends: dict[tuple[str, int], int] = {}
+    omitted = 0
+    for t in topics.all():
+        for queue in topics.hosted(t.name):
+            bounds = _visible_bounds(store, t.name, queue, view_of)
+            if bounds is None:
+                continue
+            if len(ends) >= limit:
+                omitted += 1
+                continue
+            ends[(t.name, queue)] = bounds[1]
+    return ends, omitted
 
 
 def pop_totals(

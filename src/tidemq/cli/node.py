@@ -10,6 +10,7 @@ one the node runs no listener, and says so."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 
@@ -63,7 +64,9 @@ class Node:
                 self._bootstrap or address,
                 host=self._http.host or cfg.host,
                 port=self._http.port,
-                metrics=self.broker.metrics,
+                metrics=functools.partial(
+                    self.broker.metrics, per_queue=self._http.metrics_per_queue
+                ),
                 client_config=self._client_config(cfg),
                 login=self.broker.check_password if cfg.auth_enabled else None,
                 tls=tls,

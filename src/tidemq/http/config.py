@@ -22,6 +22,10 @@ class HttpConfig:
     #: (its password: TIDEMQ_REGISTRY_PASSWORD); empty: the broker's bootstrap user,
     #: with TIDEMQ_BOOTSTRAP_PASSWORD.
     registry_user: str = ""
+    #: `/metrics` with a series per queue (label `queue_id`) for consumer lag and queue end
+    #: offsets, instead of per topic: opt-in, as a topic of 100,000 queues would make
+    #: 100,000 series per metric (at most `MAX_QUEUE_SERIES` queues are reported).
+    metrics_per_queue: bool = False
 
     def __post_init__(self) -> None:
         if not -1 <= self.port <= 65535:

@@ -43,15 +43,7 @@ class _BrokerCollector(Collector):
         yield GaugeMetricFamily(
             "rocketmq_consumer_group_number", "Consumer groups known here.", len(s.groups)
         )
-        lag = GaugeMetricFamily(
-            "rocketmq_consumer_lag_messages",
-            "Messages not yet consumed (committed) by the group, over the topic's queues "
-            "stored on this broker.",
-            labels=["consumer_group", "topic"],
-        )
-        for (group, topic), behind in sorted(s.lag.items()):
-            lag.add_metric([group, topic], behind)
-        yield lag
+        yield from _lag(s)
         yield GaugeMetricFamily(
             "rocketmq_half_messages", "Messages of open transactions.", s.half_messages
         )
@@ -81,6 +73,44 @@ class _BrokerCollector(Collector):
         )
         yield from _durations(s)
         yield from _pop(s)
+
+
+def _lag(s: MetricsSnapshot) -> Iterator[Metric]:
+    help_text = (
+        "Messages not yet consumed (committed) by the group, over the topic's queues "
+        "stored on this broker."
+    )
+    if s.queue_lag is None:
+        lag = GaugeMetricFamily(
+            "rocketmq_consumer_lag_messages", help_text, labels=["consumer_group", "topic"]
+        )
+        for (group, topic), behind in sorted(s.lag.items()):
+            lag.add_metric([group, topic], behind)
+        yield lag
+        return
+    # Opted in (http.metrics_per_queue): one label set per family, so the per-queue
+    # series replace the per-topic ones (sum by topic gives those back).
+    lag = GaugeMetricFamily(
+        "rocketmq_consumer_lag_messages",
+        help_text,
+        labels=["consumer_group", "topic", "queue_id"],
+    )
+    for (group, topic, queue), behind in sorted(s.queue_lag.items()):
+        lag.add_metric([group, topic, str(queue)], behind)
+    yield lag
+    ends = GaugeMetricFamily(
+        "tidemq_queue_end_offset",
+        "The offset the queue's next message will get (its rate is the queue's rate in).",
+        labels=["topic", "queue_id"],
+    )
+    for (topic, queue), end in sorted((s.queue_end or {}).items()):
+        ends.add_metric([topic, str(queue)], end)
+    yield ends
+    yield GaugeMetricFamily(
+        "tidemq_metrics_queues_omitted",
+        "Queues left out of the per-queue series (over the limit of one scrape).",
+        s.queues_omitted,
+    )
 
 
 def _pop(s: MetricsSnapshot) -> Iterator[Metric]:
