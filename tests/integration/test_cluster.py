@@ -516,3 +516,47 @@ def test_a_broker_heartbeats_as_often_as_its_name_server_asks(loop: Loop, tmp_pa
     finally:
         loop.run(broker.stop())
         loop.run(ns.stop())
+
+
+def test_a_restarted_name_server_gets_the_whole_topic_list_again(
+    loop: Loop, tmp_path: Path
+) -> None:
+    """Beats carry only changes (cluster/topic_journal.py); a name server that restarts
+    holds none of them, refuses the next delta, and is sent the whole list."""
+    ns = NameServerService(
+        port=0, broker_ttl_ms=CLUSTER_TTL_MS, heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS
+    )
+    bootstrap = loop.run(ns.start())
+    port = int(bootstrap.rsplit(":", 1)[1])
+    broker = Broker(broker_config(tmp_path / "b", broker_name="b", name_servers=(bootstrap,)))
+    try:
+        loop.run(broker.start())
+
+        async def create() -> None:
+            async with aio.Admin(bootstrap) as admin:
+                for name in ("t-a", "t-b", "t-c"):
+                    await admin.create_topic(name, 2)
+                await admin.delete_topic("t-b")
+
+        loop.run(create())
+        assert [r.topic for r in ns.nameserver.routes()] == ["t-a", "t-c"]
+        loop.run(ns.stop())
+        ns = NameServerService(
+            port=port, broker_ttl_ms=CLUSTER_TTL_MS, heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS
+        )
+        loop.run(ns.start())
+        restarted = ns.nameserver
+
+        async def relearned() -> None:
+            await wait_until(
+                lambda: [r.topic for r in restarted.routes()] == ["t-a", "t-c"],
+                what="the whole topic list at the restarted name server",
+            )
+            async with aio.Admin(bootstrap) as admin:  # and deltas work again after it
+                await admin.create_topic("t-d", 1)
+            assert [r.topic for r in restarted.routes()] == ["t-a", "t-c", "t-d"]
+
+        loop.run(relearned())
+    finally:
+        loop.run(broker.stop())
+        loop.run(ns.stop())

@@ -64,7 +64,8 @@ def secure(tmp_path: Path) -> Iterator[SecureNode]:
 
 def _secure_node(tmp_path: Path, **overrides: Any) -> Iterator[SecureNode]:
     certs = make_certs(tmp_path)
-    cfg = BrokerConfig(**overrides,
+    cfg = BrokerConfig(
+        **overrides,
         port=0,
         store=StoreConfig(data_dir=tmp_path / "data"),
         tls_cert_file=certs.server_cert,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tidemq.cluster import nameserver
 from tidemq.cluster.nameserver import (
     MAX_TOPICS_PER_BROKER,
     NameServer,
@@ -149,10 +150,19 @@ def test_register_validates_topics_and_changes_nothing(
     assert [r.topic for r in ns.routes()] == ["keep"]
 
 
-def test_register_limits_topics_per_broker(ns: NameServer) -> None:
-    topics = [_reg(f"t{i}", 1) for i in range(MAX_TOPICS_PER_BROKER + 1)]
+def test_register_limits_topics_per_broker(ns: NameServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert MAX_TOPICS_PER_BROKER == 1 << 20
+    monkeypatch.setattr(nameserver, "MAX_TOPICS_PER_BROKER", 10)  # a million is slow here
+    topics = [_reg(f"t{i}", 1) for i in range(11)]
     with pytest.raises(InvalidRequest, match="topics in one registration"):
         ns.register("b1", "h:1", topics)
+    ns.register("b1", "h:1", topics[:10], epoch="e", version=1)
+    with pytest.raises(InvalidRequest, match="at most 10 topics"):  # deltas count too
+        ns.update("b1", "h:1", epoch="e", base_version=1, version=2, topics=[_reg("t10", 1)])
+    assert ns.update(  # replacing one within the limit is fine
+        "b1", "h:1", epoch="e", base_version=1, version=2, topics=[_reg("t10", 1)],
+        removed=["t0"],
+    )  # fmt: skip
 
 
 def test_max_brokers_counts_live_brokers_and_makes_room_from_lapsed_ones(

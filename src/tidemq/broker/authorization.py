@@ -8,8 +8,9 @@ its connection's principal is allowed every action; `()` means "authentication o
 A test walks `RequestCode`: a code without an entry here fails it, so a new request kind
 cannot slip past authorization by being forgotten.
 
-List requests filter instead of refusing (Kafka's rule): LIST_TOPICS, LIST_GROUPS and a
-GET_ROUTES for every topic answer with what the principal may describe.
+List requests filter instead of refusing (Kafka's rule): LIST_TOPICS, LIST_GROUPS and
+GET_ROUTES (for every topic or named ones) answer with what the principal may describe,
+so a topic the principal may not describe looks like one that does not exist.
 
 The refusal a client sees names the operation and the resource, never the entries; the
 decision's full reason goes to the audit log (rate-limited per kind of refusal).
@@ -152,8 +153,9 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         RequestCode.LIST_GROUPS: (),  # filtered: the groups the principal may describe
         RequestCode.DESCRIBE_GROUP: (_rule(_DESCRIBE, _G, _group),),
         RequestCode.RESET_OFFSETS: (*_GROUP_READ, _rule(_ALTER, _T, _topic)),
-        # Every topic when the list is empty: then the answer is filtered.
-        RequestCode.GET_ROUTES: (_rule(_DESCRIBE, _T, lambda h: h.topics or ()),),
+        # Filtered, never refused, named topics too: a topic the principal may not
+        # describe is answered as one that does not exist.
+        RequestCode.GET_ROUTES: (),
         RequestCode.REGISTER_BROKER: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
         RequestCode.UNREGISTER_BROKER: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
         RequestCode.CLUSTER_STATUS: _CLUSTER_DESCRIBE,

@@ -64,6 +64,7 @@ from tidemq.cluster.membership import check_secret
 from tidemq.cluster.nameserver import NameServer
 from tidemq.cluster.registration import Registration
 from tidemq.cluster.service import NAMESERVER_CODES, NameServerHandlers
+from tidemq.cluster.topic_journal import STATIC, StaticMark, TopicJournal, TopicRegistration
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import (
     ConfigError,
@@ -240,6 +241,10 @@ class Broker:
         self._gateway = StoreGateway(store, loop, self._polling.notify)
         self._created_ms = _created_ms(store)
         self._topics = TopicTable(cfg, self._gateway)
+        #: The topic list's version for the name servers: beats send changes only.
+        self._journal = TopicJournal()
+        #: The version the embedded name server holds (None: none yet).
+        self._ns_acked: int | None = None
         self._compaction = CompactionService(
             self._gateway, self._topics, cfg.compaction_check_interval_ms
         )
@@ -332,7 +337,7 @@ class Broker:
             self._topics,
             self.address,
             static_view=self._static.view,
-            register_now=self._register_now,
+            register_now=self._register_changes,
         )
         self._admin.connections = lambda: self._server.connections
         if self._embedded:
@@ -348,7 +353,7 @@ class Broker:
                 stale_topic_ms=cfg.stale_topic_ms,
             )
             self._ns_handlers: NameServerHandlers | None = NameServerHandlers(self.nameserver)
-            self._topics.on_change = self._register_local
+            self._topics.on_change = self._topic_changed
             self._register_local()
         else:
             self._ns_handlers = None
@@ -362,8 +367,10 @@ class Broker:
                 created_ms=self._created_ms,
                 ssl_context=name_server_tls,
                 cluster_key=self._cluster_key,
+                journal=self._journal,
+                lookup=self._topic_reg,
             )
-            self._topics.on_change = self._registration.changed
+            self._topics.on_change = self._topic_changed
             await self._registration.start()
         self._groups = GroupHandlers(
             self._coordinator,
@@ -641,21 +648,64 @@ class Broker:
             group_commit=self._gateway.group_commit_bytes.copy(),
         )
 
+    def _topic_reg(self, name: str) -> TopicRegistration | StaticMark | None:
+        """One topic's registration now, for a delta (cluster/topic_journal.py)."""
+        info = self._topics.find(name)
+        if info is None:
+            return None
+        if self._topics.is_static(name):
+            return STATIC
+        return (name, info.queues, info.message_type.value, self._topics.hosted(name))
+
+    def _topic_changed(self, name: str | None) -> None:
+        self._journal.touch(name)
+        if self.nameserver is not None:
+            self._register_local()
+        else:
+            self._registration.changed()
+
     async def _register_now(self) -> None:
+        """Register in full now (a static topic's chains changed: not a delta's business),
+        returning once the name servers have it."""
+        self._journal.touch(None)
+        await self._register_changes()
+
+    async def _register_changes(self) -> None:
+        """Send the name servers what changed (a topic created, altered or deleted),
+        returning once they have it."""
         if self.nameserver is not None:
             self._register_local()
         else:
             await self._registration.register_once()
 
     def _register_local(self) -> None:
-        assert self.nameserver is not None
-        self.nameserver.register(
+        """Register with the embedded name server: the changes since the version it holds,
+        or everything when it holds none (or refuses the delta)."""
+        ns = self.nameserver
+        assert ns is not None
+        journal = self._journal
+        delta = journal.delta(self._ns_acked, self._topic_reg)
+        if delta is not None and ns.update(
+            self.config.broker_name,
+            self.address,
+            epoch=journal.epoch,
+            base_version=delta.base_version,
+            version=delta.version,
+            topics=delta.upserts,
+            removed=delta.removed,
+        ):
+            self._ns_acked = delta.version
+            return
+        ns.register(
             self.config.broker_name,
             self.address,
             self._topic_list(),
             created_ms=self._created_ms,
             static_topics=self._static_list(),
+            epoch=journal.epoch,
+            version=journal.version,
         )
+        self._ns_acked = journal.version
 
     async def _sweep(self) -> None:
         interval = self.config.broker_heartbeat_interval_ms / 1000

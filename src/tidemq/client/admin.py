@@ -161,9 +161,17 @@ class AsyncAdmin:
             raise BrokerNotAvailable("no live broker is registered with the name server")
         return [routes.brokers[name] for name in sorted(routes.brokers)]
 
+    async def _live_brokers(self) -> list[str]:
+        """The live brokers' addresses, sorted by name, without fetching any topic's
+        route (cheap with 100,000 topics)."""
+        routes = await self._cluster.refresh_topics([])
+        if not routes.brokers:
+            raise BrokerNotAvailable("no live broker is registered with the name server")
+        return [routes.brokers[name] for name in sorted(routes.brokers)]
+
     async def _hosting(self, name: str) -> dict[str, list[int]]:
-        """Broker address -> queues of `name` it serves."""
-        routes = await self._cluster.refresh_routes(force=True)
+        """Broker address -> queues of `name` it serves (its route fetched alone)."""
+        routes = await self._cluster.refresh_topics([name])
         if name not in routes:
             raise TopicNotFound(f"topic {name!r} does not exist")
         out: dict[str, list[int]] = {}
@@ -310,7 +318,7 @@ class AsyncAdmin:
         config: Mapping[str, str] | None,
         exist_ok: bool,
     ) -> TopicInfo:
-        brokers = await self._brokers()
+        brokers = await self._live_brokers()
         plan: dict[str, list[int]] = {b: [] for b in brokers}
         for q in range(queues):
             plan[brokers[q % len(brokers)]].append(q)
@@ -337,7 +345,7 @@ class AsyncAdmin:
             # Created meanwhile by someone else (or on some of the brokers only).
             return await self.describe_topic(name)
         finally:
-            await self._cluster.refresh_routes(force=True)
+            await self._cluster.refresh_topics([name])  # this topic's route alone
         return topic_info_from_wire(_merge(results))
 
     async def alter_topic(
@@ -366,7 +374,7 @@ class AsyncAdmin:
             return await self._cluster.call(address, request, TopicInfoMsg)
 
         results = await asyncio.gather(*(alter(a, h) for a, h in plan.items()))
-        await self._cluster.refresh_routes(force=True)
+        await self._cluster.refresh_topics([name])
         return topic_info_from_wire(_merge(results))
 
     async def delete_topic(self, name: str) -> None:
@@ -393,10 +401,10 @@ class AsyncAdmin:
                 for address in hosting
             )
         )
-        await self._cluster.refresh_routes(force=True)
+        await self._cluster.refresh_topics([name])
 
     async def list_topics(self) -> list[TopicInfo]:
-        brokers = await self._brokers()
+        brokers = await self._live_brokers()
         answers = await asyncio.gather(
             *(self._cluster.call(b, ListTopicsRequest(), ListTopicsResponse) for b in brokers)
         )

@@ -297,6 +297,25 @@ class ClusterClient:
             self._refresh_due = time.monotonic() + self._refresh_interval_s()
             return self._routes
 
+    async def refresh_topics(self, topics: list[str]) -> RouteTable:
+        """Fetch the routes of these topics only (and the broker list) and merge them into
+        the known routes: what a client needs after creating a topic or before its first
+        send to one, without fetching every topic's route (a cluster may have 100,000).
+        An empty list fetches the broker list alone."""
+        if self._closed:
+            raise BrokerNotAvailable("the client is closed")
+        timeout_ms = min(self.config.route_request_timeout_ms, self.config.request_timeout_ms)
+        response = await self.call(
+            self.bootstrap, GetRoutesRequest(topics=topics), GetRoutesResponse,
+            timeout_ms=timeout_ms,
+        )  # fmt: skip
+        if not self._have_routes:
+            # Nothing to merge into: the first fetch is a whole one.
+            return await self.refresh_routes(force=True)
+        self._fetched = self._fetched.merged(response, topics)
+        self._routes = self._fetched.without(self._down.keys())
+        return self._routes
+
     def mark_down(self, address: str, *, probe: bool = True) -> None:
         """The connection to `address` failed: leave it out of the routes until the name
         server agrees it is gone, or `broker_down_ms` passes, or (`probe`) a new
@@ -332,6 +351,9 @@ class ClusterClient:
 
         routes = await self.refresh_routes()
         address = look(routes)
+        if address is None and topic not in routes:
+            routes = await self.refresh_topics([topic])  # new to this client: it alone
+            address = look(routes)
         if address is None:
             routes = await self.refresh_routes(force=True)
             address = look(routes)

@@ -101,6 +101,8 @@ class RouteWait:
                 try:
                     async with asyncio.timeout(budget_s):
                         routes = await cluster.refresh_routes()
+                        if topic not in routes:  # new to this client: its route alone
+                            routes = await cluster.refresh_topics([topic])
                         if topic not in routes:
                             routes = await cluster.refresh_routes(force=True)
                 except TimeoutError:

@@ -61,6 +61,8 @@ def registration_fields(request: RegisterBrokerRequest) -> list[object]:
     fields: list[object] = [request.broker_name, request.address, request.created_ms, topics]
     if request.static_topics:
         fields.append(msgspec.to_builtins(request.static_topics))
+    if request.epoch:  # a versioned registration or delta (cluster/topic_journal.py)
+        fields += [request.epoch, request.version, request.base_version, request.removed]
     return fields
 
 

@@ -94,8 +94,9 @@ _MAX_PORT: Final = 65_535
 #: store owns the list, the name server only checks the shape.
 _MESSAGE_TYPE = re.compile(r"^[A-Z][A-Z_]{0,31}$")
 _TOPIC_NAME = re.compile(limits.REGISTERED_TOPIC_NAME_PATTERN)
-#: Topics in one registration: bounds the size of one heartbeat and the work it causes.
-MAX_TOPICS_PER_BROKER: Final = 65_536
+#: Topics one broker registers (a full registration carries them all, within the frame
+#: limit; later beats carry only changes, topic_journal.py).
+MAX_TOPICS_PER_BROKER: Final = 1 << 20
 #: Queues one broker may claim in total (a registration rebuilds its claims each time).
 MAX_QUEUES_PER_BROKER: Final = 1 << 20
 
@@ -144,6 +145,10 @@ class _Broker:
     static: dict[str, list[QueueChain]] = field(default_factory=dict)
     #: (topic, queue) -> claim sequence number (smaller = older claim)
     claims: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: The broker's run and the version of its topic list held here (topic_journal.py);
+    #: a delta applies only on top of exactly this.
+    epoch: str = ""
+    version: int = 0
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -221,10 +226,13 @@ class NameServer:
         *,
         created_ms: int = 0,
         static_topics: Iterable[StaticTopicReg] = (),
+        epoch: str = "",
+        version: int = 0,
     ) -> tuple[int, int]:
         """Register or heartbeat: replace the broker's topic list, refresh its TTL and
         return (heartbeat_interval_ms, broker_ttl_ms). `created_ms`: when the broker's data
-        directory was created (it orders brokers for the coordinator). Raises
+        directory was created (it orders brokers for the coordinator). `epoch` and
+        `version`: what later deltas build on (`update`; "" takes none). Raises
         InvalidRequest for a bad name, address or topic entry, or when `max_brokers` live
         brokers are registered; InvalidTopicName for a bad topic name. When it raises, no
         live registration has changed (lapsed brokers may have been forgotten to make
@@ -259,8 +267,95 @@ class NameServer:
         broker.created_ms = max(0, created_ms)
         self._replace_topics(broker, registered)
         broker.static = static
+        broker.epoch, broker.version = epoch, version
         for topic in registered:
             self._stale.pop(topic, None)
+        return self._interval, self._ttl
+
+    def update(
+        self,
+        broker_name: str,
+        address: str,
+        *,
+        epoch: str,
+        base_version: int,
+        version: int,
+        topics: Iterable[TopicRegistration] = (),
+        removed: Iterable[str] = (),
+    ) -> bool:
+        """A heartbeat with the topics changed since `base_version` of the broker's run
+        `epoch` (topic_journal.py): upserted and removed topics applied, the TTL
+        refreshed. False, with nothing changed, when this name server does not hold the
+        broker live at exactly (epoch, base_version), or the change touches a static
+        topic: the broker then registers in full. Raises InvalidRequest for a bad entry or
+        when the broker would pass its topic or queue limits."""
+        now = self._clock.monotonic_ms()
+        broker = self._brokers.get(broker_name)
+        if (
+            not epoch
+            or broker is None
+            or not self._live(broker, now)
+            or (broker.epoch, broker.version) != (epoch, base_version)
+            or broker.address != address
+        ):
+            return False
+        upserts = _check_topics(list(topics))
+        gone = list(dict.fromkeys(removed))
+        if len(gone) > MAX_TOPICS_PER_BROKER:
+            raise InvalidRequest(f"{len(gone)} topics removed at once, over the limit")
+        if any(t in broker.static for t in (*upserts, *gone)):
+            return False
+        self._check_growth(broker, upserts, gone)
+        for topic in gone:
+            if topic in broker.topics:
+                self._set_topic(broker, topic, None)
+        for topic, reg in upserts.items():
+            self._set_topic(broker, topic, reg)
+            self._stale.pop(topic, None)
+        broker.last_seen_ms = now
+        broker.version = version
+        return True
+
+    def _check_growth(
+        self, broker: _Broker, upserts: dict[str, _TopicReg], gone: list[str]
+    ) -> None:
+        """The broker's topic and queue limits after a delta (counted from the change)."""
+        changed = [t for t in {*upserts, *gone} if t in broker.topics]
+        topics = len(broker.topics) - len(changed) + len(upserts)
+        if topics > MAX_TOPICS_PER_BROKER:
+            raise InvalidRequest(f"a broker may register at most {MAX_TOPICS_PER_BROKER} topics")
+        claims = (
+            len(broker.claims)
+            - sum(len(broker.topics[t].queues) for t in changed)
+            + sum(len(reg.queues) for reg in upserts.values())
+        )
+        if claims > MAX_QUEUES_PER_BROKER:
+            raise InvalidRequest(
+                f"a broker may claim at most {MAX_QUEUES_PER_BROKER} queues in all"
+            )
+
+    def _set_topic(self, broker: _Broker, topic: str, reg: _TopicReg | None) -> None:
+        """One topic of a broker replaced (None: removed), its claims with it."""
+        old = broker.topics.get(topic)
+        before = {(topic, q) for q in old.queues} if old is not None else set()
+        after = {(topic, q) for q in reg.queues} if reg is not None else set()
+        for key in before - after:
+            del broker.claims[key]
+            self._drop_claimant(key, broker.name)
+        for key in sorted(after - before):
+            broker.claims[key] = self._next_claim
+            self._claimants.setdefault(key, {})[broker.name] = self._next_claim
+            self._next_claim += 1
+        if reg is None:
+            del broker.topics[topic]
+            self._drop_topic_broker(topic, broker.name)
+            return
+        if old is None:
+            self._topic_brokers.setdefault(topic, set()).add(broker.name)
+        broker.topics[topic] = reg
+
+    def timing(self) -> tuple[int, int]:
+        """(heartbeat_interval_ms, broker_ttl_ms) this name server asks of brokers."""
         return self._interval, self._ttl
 
     def unregister(self, broker_name: str) -> bool:

@@ -1,7 +1,10 @@
 """A broker's heartbeat to its name servers: register every interval with its topics.
 
-Registration and heartbeat are one request (the name server replaces the broker's topic
-list each time), so a name server that restarts learns everything at the next beat.
+Registration and heartbeat are one request. With a `TopicJournal`, the first one to each
+name server carries the whole topic list and the later ones only the topics changed since
+the version that name server acknowledged (a beat with no change is a few bytes); a name
+server that cannot apply a delta (it restarted, the broker lapsed there) says so, and
+gets the whole list at once. Without a journal every beat carries the whole list.
 Failures are logged and retried at the next interval; they never stop the broker.
 
 The beat is the shorter of the broker's own interval and the one the name servers ask for
@@ -19,6 +22,7 @@ import ssl
 from collections.abc import Callable
 
 from tidemq.cluster.membership import registration_fields, sign
+from tidemq.cluster.topic_journal import TopicJournal, TopicLookup
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import BrokerNotAvailable, TidemqError
 from tidemq.net.client import ClientConnection
@@ -56,9 +60,16 @@ class Registration:
         ssl_context: ssl.SSLContext | None = None,
         cluster_key: bytes | None = None,
         clock: Clock | None = None,
+        journal: TopicJournal | None = None,
+        lookup: TopicLookup | None = None,
     ) -> None:
         """`ssl_context`: TLS to the name servers (tidemq.net.tls.client_context), None
-        for plaintext. `cluster_key`: sign the registrations with it (membership.py)."""
+        for plaintext. `cluster_key`: sign the registrations with it (membership.py).
+        `journal` and `lookup` (one topic's registration now): beats carry changes only."""
+        self._journal = journal
+        self._lookup = lookup
+        #: Name server -> the version of the topic list it acknowledged.
+        self._acked: dict[str, int] = {}
         self._name = broker_name
         self._cluster_key = cluster_key
         self._clock = clock or SystemClock()
@@ -95,14 +106,41 @@ class Registration:
             self._conns[server] = conn
         return conn
 
-    async def register_once(self) -> None:
-        request = RegisterBrokerRequest(
-            broker_name=self._name,
-            address=self._address,
-            topics=self._topics(),
-            created_ms=self._created_ms,
-            static_topics=self._static_topics(),
+    def _full(self) -> RegisterBrokerRequest:
+        journal = self._journal
+        return self._signed(
+            RegisterBrokerRequest(
+                broker_name=self._name,
+                address=self._address,
+                topics=self._topics(),
+                created_ms=self._created_ms,
+                static_topics=self._static_topics(),
+                epoch=journal.epoch if journal is not None else "",
+                version=journal.version if journal is not None else 0,
+            )
         )
+
+    def _delta(self, server: str) -> RegisterBrokerRequest | None:
+        """The changes since what `server` acknowledged; None: it needs the whole list."""
+        if self._journal is None or self._lookup is None:
+            return None
+        delta = self._journal.delta(self._acked.get(server), self._lookup)
+        if delta is None:
+            return None
+        return self._signed(
+            RegisterBrokerRequest(
+                broker_name=self._name,
+                address=self._address,
+                topics=delta.upserts,
+                created_ms=self._created_ms,
+                epoch=self._journal.epoch,
+                version=delta.version,
+                base_version=delta.base_version,
+                removed=delta.removed,
+            )
+        )
+
+    def _signed(self, request: RegisterBrokerRequest) -> RegisterBrokerRequest:
         if self._cluster_key is not None:
             request.signed_ms, request.signature = sign(
                 self._cluster_key,
@@ -110,27 +148,39 @@ class Registration:
                 registration_fields(request),
                 now_ms=self._clock.now_ms(),
             )
+        return request
+
+    async def register_once(self) -> None:
+        full: RegisterBrokerRequest | None = None  # built once, for every server needing it
         for server in self._servers:
+            request = self._delta(server)
             try:
                 conn = await self._conn(server)
-                answer, _ = await conn.request(
-                    request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S
-                )
+                if request is not None:
+                    answer, _ = await conn.request(
+                        request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S
+                    )
+                if request is None or not answer.accepted:
+                    request = full = full or self._full()
+                    answer, _ = await conn.request(
+                        request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S
+                    )
             except TidemqError as exc:
+                self._acked.pop(server, None)  # what it holds is unknown: the whole list next
                 if server not in self._failing:
                     self._failing.add(server)
                     log.warning("registering with name server %s failed: %s", server, exc)
                 continue
+            self._acked[server] = request.version
             if server in self._failing:
                 self._failing.discard(server)
                 log.warning("registered with name server %s again", server)
-            if 0 < answer.heartbeat_interval_ms < self._interval_s * 1000:
-                log.info(
-                    "name server %s asks for a heartbeat every %d ms",
-                    server,
-                    answer.heartbeat_interval_ms,
-                )
-                self._interval_s = answer.heartbeat_interval_ms / 1000
+            self._follow_interval(server, answer.heartbeat_interval_ms)
+
+    def _follow_interval(self, server: str, interval_ms: int) -> None:
+        if 0 < interval_ms < self._interval_s * 1000:
+            log.info("name server %s asks for a heartbeat every %d ms", server, interval_ms)
+            self._interval_s = interval_ms / 1000
 
     async def queue_counts(self, topics: list[str]) -> dict[str, int]:
         """Queue counts of `topics` from the first name server that answers; a topic left

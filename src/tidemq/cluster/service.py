@@ -88,12 +88,28 @@ class NameServerHandlers:
         if code is RequestCode.REGISTER_BROKER:
             assert isinstance(header, RegisterBrokerRequest)
             self._verify(code.name, registration_fields(header), header)
+            if header.base_version >= 0:
+                accepted = ns.update(
+                    header.broker_name,
+                    header.address,
+                    epoch=header.epoch,
+                    base_version=header.base_version,
+                    version=header.version,
+                    topics=header.topics,
+                    removed=header.removed,
+                )
+                interval, ttl = ns.timing()
+                return RegisterBrokerResponse(
+                    heartbeat_interval_ms=interval, broker_ttl_ms=ttl, accepted=accepted
+                )
             interval, ttl = ns.register(
                 header.broker_name,
                 header.address,
                 list(header.topics),
                 created_ms=header.created_ms,
                 static_topics=header.static_topics,
+                epoch=header.epoch,
+                version=header.version,
             )
             return RegisterBrokerResponse(heartbeat_interval_ms=interval, broker_ttl_ms=ttl)
         if code is RequestCode.UNREGISTER_BROKER:

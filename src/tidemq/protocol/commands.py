@@ -401,11 +401,21 @@ class RegisterBrokerRequest(_Msg):
     signature: bytes = b""
     #: Static topics, apart from `topics` (their queues are chains, not claims).
     static_topics: list[StaticTopicReg] = []
+    #: The broker's run and its topic list's version (cluster/topic_journal.py). With
+    #: `base_version` >= 0 this is a delta on top of that version: `topics` are the
+    #: topics changed since (upserted), `removed` those deleted; -1: a full registration.
+    epoch: str = ""
+    version: int = 0
+    base_version: int = -1
+    removed: list[str] = []
 
 
 class RegisterBrokerResponse(_Msg):
     heartbeat_interval_ms: int
     broker_ttl_ms: int
+    #: False: a delta the name server could not apply (it does not hold the broker at its
+    #: base version); the broker registers in full.
+    accepted: bool = True
 
 
 class UnregisterBrokerRequest(_Msg):
