@@ -135,6 +135,7 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         # with PRODUCE (WRITE on the topic).
         RequestCode.INIT_PRODUCER: (),
         RequestCode.CREATE_TOPIC: (_rule(_CREATE, _T, _name),),
+        RequestCode.CREATE_TOPICS: (_rule(_CREATE, _T, lambda h: [t.name for t in h.topics]),),
         RequestCode.ALTER_TOPIC: (_rule(_ALTER, _T, _name),),
         RequestCode.DELETE_TOPIC: (_rule(_DELETE, _T, _name),),
         RequestCode.LIST_TOPICS: (),  # filtered: the topics the principal may describe

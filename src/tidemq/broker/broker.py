@@ -748,6 +748,7 @@ class Broker:
             RequestCode.LIST_OFFSETS: plain(d.list_offsets),
             RequestCode.INIT_PRODUCER: plain(d.init_producer),
             RequestCode.CREATE_TOPIC: plain(a.create_topic),
+            RequestCode.CREATE_TOPICS: plain(a.create_topics),
             RequestCode.ALTER_TOPIC: plain(a.alter_topic),
             RequestCode.DELETE_TOPIC: plain(a.delete_topic),
             RequestCode.LIST_TOPICS: plain(a.list_topics),

@@ -2,7 +2,9 @@
 
 The store owns topics; this table mirrors them on the loop so that every produce and fetch
 can be checked (topic exists, queue served here, size limit) without a trip to the writer
-thread. Every change goes through the gateway first and then refreshes the mirror.
+thread. Every change goes through the gateway first, then updates the mirror's entry for
+that topic (not the whole table: a broker with 100,000 topics creates one more in constant
+time) and tells the broker, which tells the name servers.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from tidemq.broker.topic_config import (
 from tidemq.core import limits, names
 from tidemq.core.errors import (
     ConfigError,
+    InvalidRequest,
     InvalidTopicName,
     QueueNotFound,
+    TidemqError,
     TopicAlreadyExists,
     TopicNotFound,
 )
 from tidemq.core.static_chain import STATIC_KEY
+from tidemq.protocol.commands import CreateTopicRequest
 from tidemq.store.compaction_settings import compaction_settings
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import CleanupPolicy, TopicInfo
@@ -157,6 +162,59 @@ class TopicTable:
     ) -> TopicInfo:
         """Create a topic: a user name (`check_user_topic` first, for requests from
         clients) or a per-group internal one the broker's services need (%RETRY%g, %DLQ%g)."""
+        template = self._template(
+            name, queues, message_type=message_type, config=config, hosted=hosted, static=static
+        )
+        (info,) = await self._gateway.call(lambda store: store.create_topics([template]))
+        self._put(info)
+        return info
+
+    async def create_many(
+        self, requests: list[CreateTopicRequest]
+    ) -> tuple[list[TopicInfo], list[tuple[str, TidemqError]]]:
+        """Create user topics in one metadata transaction: (created, [(name, why not)]).
+        Each request is checked alone; the ones refused (a bad name or config, one that
+        exists, a name twice) do not stop the others."""
+        templates: list[TopicInfo] = []
+        failed: list[tuple[str, TidemqError]] = []
+        seen: set[str] = set()
+        for r in requests:
+            try:
+                check_user_topic(r.name)
+                if r.name in seen:
+                    raise InvalidRequest(f"topic {r.name!r} appears twice in the batch")
+                if r.name in self._topics:
+                    raise TopicAlreadyExists(f"topic {r.name!r} already exists")
+                templates.append(
+                    self._template(
+                        r.name,
+                        r.queues,
+                        message_type=r.message_type,
+                        config=dict(r.config),
+                        hosted=list(r.hosted_queues),
+                    )
+                )
+                seen.add(r.name)
+            except TidemqError as exc:
+                failed.append((r.name, exc))
+        infos: list[TopicInfo] = []
+        if templates:
+            infos = await self._gateway.call(lambda store: store.create_topics(templates))
+        for info in infos:
+            self._put(info)
+        return infos, failed
+
+    def _template(
+        self,
+        name: str,
+        queues: int,
+        *,
+        message_type: str,
+        config: dict[str, str] | None,
+        hosted: list[int] | None,
+        static: bool = False,
+    ) -> TopicInfo:
+        """A new topic's record, checked (its id and creation time are the store's)."""
         if "%" in name and not names.is_internal_topic(name):
             raise InvalidTopicName(
                 f"invalid topic name {name[:140]!r}: '%' is reserved for tidemq's internal "
@@ -168,25 +226,20 @@ class TopicTable:
             raise ConfigError(f"queues must be 1..{limits.MAX_QUEUES_PER_TOPIC}, got {queues}")
         settings = parse_topic_config(config or {})
         self._check_tier(None, config or {}, settings)
-        mtype = parse_message_type(message_type)
         extra = {**settings.extra, **_hosted_value(hosted or [], queues)}
         if static:
             extra[STATIC_KEY] = "true"
-
-        def run(store: MessageStore) -> TopicInfo:
-            return store.create_topic(
-                name,
-                queues,
-                message_type=mtype,
-                cleanup_policy=settings.cleanup_policy or CleanupPolicy.DELETE,
-                retention_ms=settings.retention_ms,
-                retention_bytes=settings.retention_bytes,
-                config=extra,
-            )
-
-        info = await self._gateway.call(run)
-        self._put(info)
-        return info
+        return TopicInfo(
+            id=0,
+            name=name,
+            queues=queues,
+            message_type=parse_message_type(message_type),
+            cleanup_policy=settings.cleanup_policy or CleanupPolicy.DELETE,
+            retention_ms=settings.retention_ms,
+            retention_bytes=settings.retention_bytes,
+            config=extra,
+            created_ms=0,
+        )
 
     async def alter(
         self, name: str, *, queues: int | None, config: dict[str, str], hosted: list[int]

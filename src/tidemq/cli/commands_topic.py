@@ -24,7 +24,8 @@ from tidemq.cli.common import (
     say,
 )
 from tidemq.cli.static_view import show_chains, show_remap
-from tidemq.client.results import TopicInfo
+from tidemq.cli.topic_file import read_topic_file
+from tidemq.client.results import NewTopic, TopicInfo
 from tidemq.client.sync import Admin
 
 __all__ = ["app", "topic_name"]
@@ -155,12 +156,30 @@ def create(
             show_default=False,
         ),
     ] = None,
+    from_file: Annotated[
+        str | None,
+        typer.Option(
+            "--from-file",
+            metavar="FILE",
+            help="Create every topic FILE names, one 'NAME [QUEUES]' per line, in batches "
+            "('-': standard input); --queues, --type and --config apply to each.",
+            show_default=False,
+        ),
+    ] = None,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     output: OutputOpt = Output.TABLE,
 ) -> None:
-    """Create a topic."""
-    name = topic_name(topic, topic_opt)
+    """Create a topic, or many (--from-file)."""
     configs = parse_pairs(config or (), "--config")
+    if from_file is not None:
+        if topic or topic_opt or static:
+            raise CliUsageError("--from-file names the topics; no TOPIC, --topic or --static")
+        topics = read_topic_file(
+            from_file, queues=queues, message_type=topic_type.value.upper(), config=configs
+        )
+        _create_many(topics, if_not_exists, bootstrap, output)
+        return
+    name = topic_name(topic, topic_opt)
     if brokers is not None and not static:
         raise CliUsageError("--brokers places a static topic's queues; add --static")
     with _admin(bootstrap) as admin:
@@ -188,6 +207,17 @@ def create(
     else:
         kind = "static topic" if created.static else "topic"
         say(f"Created {kind} {name!r} with {created.queues} queue{plural}.")
+
+
+def _create_many(topics: list[NewTopic], exist_ok: bool, bootstrap: str, output: Output) -> None:
+    with _admin(bootstrap) as admin:
+        created = admin.create_topics(topics, exist_ok=exist_ok)
+    if output is Output.JSON:
+        emit_json(created)
+        return
+    existed = len(topics) - len(created)
+    note = f" ({existed} existed already)" if existed else ""
+    say(f"Created {len(created)} topic(s){note}.")
 
 
 @command(app, "list")

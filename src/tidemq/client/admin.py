@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from tidemq.client import acls as acls_api
-from tidemq.client import checks, kv, lookup, static_admin, static_leave
+from tidemq.client import checks, kv, lookup, static_admin, static_leave, topic_batch
 from tidemq.client.acls import Acl
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer import AsyncProducer
@@ -32,6 +32,7 @@ from tidemq.client.results import (
     BrokerStatus,
     CommittedOffset,
     GroupDescription,
+    NewTopic,
     PopStatus,
     ResumeResult,
     TierFile,
@@ -239,6 +240,19 @@ class AsyncAdmin:
             return await self.describe_topic(name)
         return await self._create_topic(
             name, queues, message_type=message_type, config=config, exist_ok=exist_ok
+        )
+
+    async def create_topics(
+        self, topics: Iterable[NewTopic], *, exist_ok: bool = False
+    ) -> list[TopicInfo]:
+        """Create many topics at once (`NewTopic` items): one request per broker per
+        `limits.MAX_TOPICS_PER_CREATE` topics, each broker creating them in one metadata
+        transaction. Returns the topics created; with `exist_ok`, existing ones are
+        skipped. A topic refused does not stop the others: the refusals are raised
+        together at the end (the error of the first, naming them all). See
+        `tidemq.client.topic_batch`."""
+        return await topic_batch.create_topics(
+            self._cluster, await self._live_brokers(), topics, exist_ok=exist_ok
         )
 
     async def remap_topic(

@@ -16,7 +16,7 @@ contract, which makes those types unhashable).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tidemq.core.static_chain import QueueChain
 from tidemq.protocol import commands as wire
@@ -30,6 +30,7 @@ __all__ = [
     "DiscardedTransaction",
     "GroupDescription",
     "MemberInfo",
+    "NewTopic",
     "OpenTransaction",
     "PopStatus",
     "QueueInfo",
@@ -93,6 +94,18 @@ def queue_info_from_wire(msg: wire.QueueInfo) -> QueueInfo:
         broker=msg.broker,
         compacted_end=msg.compacted_end,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class NewTopic:
+    """A topic to create with `Admin.create_topics` (many at once)."""
+
+    name: str
+    queues: int = 8
+    #: "MIXED", "NORMAL", "FIFO", "DELAY" or "TRANSACTION".
+    message_type: str = "MIXED"
+    #: Topic configs by their Kafka names (cleanup.policy, retention.ms, ...).
+    config: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -28,6 +28,7 @@ from tidemq.client.results import (
     CancelResult,
     CommittedOffset,
     GroupDescription,
+    NewTopic,
     PopStatus,
     ResumeResult,
     TierFile,
@@ -631,6 +632,12 @@ class Admin:
                 brokers=brokers,
             )
         )
+
+    def create_topics(
+        self, topics: Iterable[NewTopic], *, exist_ok: bool = False
+    ) -> list[TopicInfo]:
+        """See `AsyncAdmin.create_topics`."""
+        return run(self._a.create_topics(topics, exist_ok=exist_ok))
 
     def get_message(self, message_id: str) -> Message | None:
         """See `AsyncAdmin.get_message`."""

@@ -22,6 +22,7 @@ __all__ = [
     "MAX_RECEIVE_MESSAGES",
     "MAX_TAG_BYTES",
     "MAX_TIMEOUT_MS",
+    "MAX_TOPICS_PER_CREATE",
     "MAX_TOPIC_NAME_BYTES",
     "MIN_SEGMENT_BYTES",
     "NET_FRAME_READ_TIMEOUT_MS",
@@ -90,6 +91,9 @@ MAX_OFFSET = (1 << 63) - 1
 MAX_TIMEOUT_MS = (1 << 31) - 1
 #: Queues per topic: bounded so that a typo cannot create millions of index directories.
 MAX_QUEUES_PER_TOPIC = 4096
+#: Topics one batch create request carries (Admin.create_topics splits larger batches):
+#: bounds the request's frame and the time the broker holds its metadata transaction.
+MAX_TOPICS_PER_CREATE = 10_000
 #: Batches one producer may have in flight per queue. An idempotent producer keeps at most
 #: as many as the broker remembers per (producer, queue) (`store.idempotence_window`, sent
 #: in the InitProducer answer), so that a retry is always recognised.

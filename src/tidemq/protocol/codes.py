@@ -20,6 +20,7 @@ class RequestCode(IntEnum):
     DELETE_TOPIC = 12
     LIST_TOPICS = 13
     DESCRIBE_TOPIC = 14
+    CREATE_TOPICS = 15
     # consumer groups
     JOIN_GROUP = 20
     HEARTBEAT = 21

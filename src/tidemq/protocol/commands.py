@@ -236,6 +236,24 @@ class CreateTopicRequest(_Msg):
     hosted_queues: list[int] = []
 
 
+class CreateTopicsRequest(_Msg):
+    #: At most `limits.MAX_TOPICS_PER_CREATE`; each one created or refused on its own.
+    topics: list[CreateTopicRequest]
+
+
+class TopicFailure(_Msg):
+    name: str
+    #: An `ErrorCode` (TOPIC_ALREADY_EXISTS, INVALID_TOPIC_NAME, CONFIG_ERROR, ...).
+    code: int
+    message: str
+
+
+class CreateTopicsResponse(_Msg):
+    #: The topics created (name, queues, message type, configs; no per-queue info).
+    created: list[TopicInfoMsg]
+    failed: list[TopicFailure]
+
+
 class AlterTopicRequest(_Msg):
     name: str
     queues: int | None = None
@@ -801,6 +819,7 @@ REQUESTS: Final[dict[RequestCode, tuple[type[_Msg], type[_Msg]]]] = {
     RequestCode.LIST_OFFSETS: (ListOffsetsRequest, ListOffsetsResponse),
     RequestCode.INIT_PRODUCER: (InitProducerRequest, InitProducerResponse),
     RequestCode.CREATE_TOPIC: (CreateTopicRequest, TopicInfoMsg),
+    RequestCode.CREATE_TOPICS: (CreateTopicsRequest, CreateTopicsResponse),
     RequestCode.ALTER_TOPIC: (AlterTopicRequest, TopicInfoMsg),
     RequestCode.DELETE_TOPIC: (DeleteTopicRequest, Empty),
     RequestCode.LIST_TOPICS: (ListTopicsRequest, ListTopicsResponse),

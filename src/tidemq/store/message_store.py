@@ -303,24 +303,36 @@ class MessageStore:
     ) -> TopicInfo:
         """`created_ms`: the creation time to record (a topic restored from the tier keeps
         its original one); now by default."""
-        self._check_open()
-        info = self._meta.create_topic(
-            TopicInfo(
-                id=0,
-                name=name,
-                queues=queues,
-                message_type=message_type,
-                cleanup_policy=cleanup_policy,
-                retention_ms=retention_ms,
-                retention_bytes=retention_bytes,
-                config=dict(config or {}),
-                created_ms=self._clock.now_ms() if created_ms is None else created_ms,
-            )
+        (info,) = self.create_topics(
+            [
+                TopicInfo(
+                    id=0,
+                    name=name,
+                    queues=queues,
+                    message_type=message_type,
+                    cleanup_policy=cleanup_policy,
+                    retention_ms=retention_ms,
+                    retention_bytes=retention_bytes,
+                    config=dict(config or {}),
+                    created_ms=self._clock.now_ms() if created_ms is None else created_ms,
+                )
+            ]
         )
-        self._topics[name] = info
-        for q in range(queues):
-            self._queues[(info.id, q)] = self._new_index(info, q)
         return info
+
+    def create_topics(self, templates: list[TopicInfo]) -> list[TopicInfo]:
+        """Topics from templates (their `id` is ignored; `created_ms` 0: now), in one
+        metadata transaction: all are created or none."""
+        self._check_open()
+        now = self._clock.now_ms()
+        infos = self._meta.create_topics(
+            [replace(t, created_ms=t.created_ms or now) for t in templates]
+        )
+        for info in infos:
+            self._topics[info.name] = info
+            for q in range(info.queues):
+                self._queues[(info.id, q)] = self._new_index(info, q)
+        return infos
 
     def _new_index(self, info: TopicInfo, queue_id: int) -> QueueIndex:
         return QueueIndex(
@@ -377,7 +389,9 @@ class MessageStore:
             index = self._queues.pop((info.id, q))
             self._dirty_queues.discard((info.id, q))
             index.delete()
-        self._fs.remove_tree(topic_dir(self.config.data_dir, info))
+        directory = topic_dir(self.config.data_dir, info)
+        if self._fs.exists(directory):  # a topic never written has none
+            self._fs.remove_tree(directory)
 
     def topic(self, name: str) -> TopicInfo:
         self._check_open()
@@ -553,6 +567,7 @@ class MessageStore:
         self._check_checkpoint_room()
         ends: dict[tuple[int, int], int] = {}
         written: list[Path] = []
+        new_dirs: dict[Path, None] = {}  # ordered: parents before children
         try:
             for key in self._dirty_queues:
                 index = self._queues.get(key)
@@ -560,6 +575,7 @@ class MessageStore:
                     path = index.write_pending(sync=False)
                     if path is not None:
                         written.append(path)
+                    new_dirs.update(dict.fromkeys(index.take_unsynced_dirs()))
                     ends[key] = index.next_offset
         except OSError as exc:
             if exc.errno in _NO_SPACE:
@@ -569,6 +585,8 @@ class MessageStore:
         # held the loop for most of each checkpoint (see OsFileSystem.sync_files).
         try:
             self._fs.sync_files(written)
+            for directory in new_dirs:  # new index files' and queues' entries
+                self._fs.sync_dir(directory)
         except OSError as exc:
             # As for the log (fsyncgate): the entries were handed to the kernel and marked
             # written, and a retry could "succeed" on pages the kernel dropped. Fence; a
@@ -845,6 +863,15 @@ class MessageStore:
         return {t.id: t for t in self._topics.values()}
 
     def queue_dir(self, info: TopicInfo, queue_id: int) -> Path:
+        """The queue's directory, for files that are not derived (compacted logs): the
+        directories the topic's indexes made without syncing (see QueueIndex) are synced
+        first, the topic's own directory among them, which any of its queues may have
+        made: a file put there must not vanish with a directory entry."""
+        for q in range(info.queues):
+            index = self._queues.get((info.id, q))
+            if index is not None:
+                for directory in index.take_unsynced_dirs():
+                    self._fs.sync_dir(directory)
         return queue_dir(self.config.data_dir, info, queue_id)
 
     @property

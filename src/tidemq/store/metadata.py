@@ -238,6 +238,18 @@ class Metadata:
 
     @_writes
     def create_topic(self, info: TopicInfo) -> TopicInfo:
+        return self.topic_by_id(self._insert_topic(info))
+
+    @_writes
+    def create_topics(self, infos: list[TopicInfo]) -> list[TopicInfo]:
+        """Several topics in one transaction (one fsync, not one per topic: creating
+        100,000 topics is a few such calls). All or none: TopicAlreadyExists names the
+        first that exists."""
+        with self._tx():
+            ids = [self._insert_topic(info) for info in infos]
+        return [self.topic_by_id(i) for i in ids]
+
+    def _insert_topic(self, info: TopicInfo) -> int:
         validate_topic_name(info.name)
         if not 1 <= info.queues <= limits.MAX_QUEUES_PER_TOPIC:
             raise ConfigError(
@@ -264,7 +276,7 @@ class Metadata:
         except sqlite3.IntegrityError:
             raise TopicAlreadyExists(f"topic {info.name!r} already exists") from None
         assert cur.lastrowid is not None
-        return self.topic_by_id(cur.lastrowid)
+        return cur.lastrowid
 
     def _row_to_topic(self, row: tuple[Any, ...]) -> TopicInfo:
         tid, name, queues, mtype, policy, rms, rbytes, config, created = row

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from tidemq.store.files import FileSystem, ensure_dir
+from tidemq.store.files import FileSystem
 from tidemq.store.format.index_entry import ENTRY, ENTRY_DTYPE
 
 __all__ = ["IndexEntry", "IndexFileCache", "QueueIndex"]
@@ -86,10 +86,18 @@ class QueueIndex:
         self._per_file = entries_per_file
         self._cache = cache
         self._path_memo: tuple[int, Path] = (-1, directory)
-        ensure_dir(fs, directory)
+        # The directory is made with the first index file: a queue never written costs no
+        # directory, no fsync (creating 100,000 topics would otherwise sync 200,000
+        # directory entries, and every start would sync them again).
+        self._exists = fs.exists(directory)
+        #: Directories whose entries (a new directory, a new index file) are not synced
+        #: yet: the next checkpoint syncs them (`take_unsynced_dirs`), not the produce
+        #: that rolled the file. Until that checkpoint the entries are re-derived from
+        #: the log after a crash anyway.
+        self._unsynced_dirs: list[Path] = []
         self._files: list[int] = sorted(
             int(n[: -len(_SUFFIX)])
-            for n in fs.listdir(directory)
+            for n in (fs.listdir(directory) if self._exists else ())
             if n.endswith(_SUFFIX) and n[: -len(_SUFFIX)].isdigit()
         )
         self._tail: bytearray | None = None  # entries of the last file, loaded lazily
@@ -175,12 +183,30 @@ class QueueIndex:
     def _roll(self) -> None:
         if self._files:
             self.write_pending(sync=True)
+        if not self._exists:
+            self._make_dir()
         self._files.append(self._next_offset)
         self._fs.open(self._path(self._next_offset), create=True).close()
-        self._fs.sync_dir(self._dir)
+        if self._dir not in self._unsynced_dirs:
+            self._unsynced_dirs.append(self._dir)
         self._tail = bytearray()
         self._tail_bases = array("q")
         self._tail_written = 0
+
+    def _make_dir(self) -> None:
+        missing = []
+        probe = self._dir
+        while not self._fs.exists(probe) and probe != probe.parent:
+            missing.append(probe)
+            probe = probe.parent
+        self._fs.makedirs(self._dir)
+        self._unsynced_dirs.extend(created.parent for created in reversed(missing))
+        self._exists = True
+
+    def take_unsynced_dirs(self) -> list[Path]:
+        """The directories to sync before a checkpoint counts on this index's files."""
+        dirs, self._unsynced_dirs = self._unsynced_dirs, []
+        return dirs
 
     def has_pending(self) -> bool:
         return self._tail is not None and self._tail_written < len(self._tail_bases)
@@ -317,6 +343,7 @@ class QueueIndex:
         """
         self._tail = None
         min_offset = self.min_offset
+        changed = False
         while self._files:
             path = self._path(self._files[-1])
             self._cache.drop(path)
@@ -326,6 +353,7 @@ class QueueIndex:
             if keep == 0 and len(self._files) > 1:
                 self._fs.remove(path)
                 self._files.pop()
+                changed = True
                 continue
             if keep * _W != len(raw):
                 handle = self._fs.open(path)
@@ -335,7 +363,8 @@ class QueueIndex:
                 finally:
                     handle.close()
             break
-        self._fs.sync_dir(self._dir)
+        if changed:  # only removals change the directory (a queue left whole syncs nothing)
+            self._fs.sync_dir(self._dir)
         self._load_bounds()
         self.min_offset = min(max(min_offset, self.min_offset), self._next_offset)
 
@@ -345,7 +374,8 @@ class QueueIndex:
         for first in self._files:
             self._cache.drop(self._path(first))
             self._fs.remove(self._path(first))
-        self._fs.sync_dir(self._dir)
+        if self._files:
+            self._fs.sync_dir(self._dir)
         self._files = []
         self._tail = None
         self._next_offset = self.min_offset = next_offset
@@ -354,7 +384,9 @@ class QueueIndex:
     def delete(self) -> None:
         for first in self._files:
             self._cache.drop(self._path(first))
-        self._fs.remove_tree(self._dir)
+        if self._exists or self._fs.exists(self._dir):
+            self._fs.remove_tree(self._dir)
+        self._exists = False
         self._files = []
         self._tail = None
 
