@@ -32,6 +32,7 @@ from tidemq.broker.groups import GroupCoordinator
 from tidemq.broker.handlers.admin import AdminHandlers
 from tidemq.broker.handlers.data import DataHandlers
 from tidemq.broker.handlers.groups import GroupHandlers
+from tidemq.broker.handlers.key_query import KeyQueryHandler
 from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.metrics import (
@@ -318,6 +319,7 @@ class Broker:
             transactions=self._transactions,
             static=self._static,
         )
+        self._key_query = KeyQueryHandler(self._gateway, self._topics, self._static)
         self._special = SpecialHandlers(
             self._timers,
             self._transactions,
@@ -716,6 +718,7 @@ class Broker:
                 lambda r: self._pop.resume(r.group, r.message_id, r.action)
             ),
             RequestCode.KV_GET: plain(self._compaction.kv_get),
+            RequestCode.QUERY_MESSAGES: plain(self._key_query.query),
             RequestCode.COMPACT: plain(self._compaction.compact),
             RequestCode.STATIC_OPEN: plain(self._static.open),
             RequestCode.STATIC_SEAL: plain(self._static.seal),
