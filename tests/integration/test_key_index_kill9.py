@@ -85,10 +85,10 @@ async def _produce_until_killed(
                 done = await asyncio.wait_for(
                     asyncio.gather(*sends, return_exceptions=True), REPLY_TIMEOUT_S
                 )
-                for i, receipt in enumerate(done):
-                    if not isinstance(receipt, BaseException):
-                        model[f"k{(first + i) % K_KEYS}"].add(receipt.message_id)
-                        model[f"b{(first + i) % B_KEYS}"].add(receipt.message_id)
+                for i, outcome in enumerate(done):
+                    if not isinstance(outcome, BaseException):
+                        model[f"k{(first + i) % K_KEYS}"].add(outcome.message_id)
+                        model[f"b{(first + i) % B_KEYS}"].add(outcome.message_id)
             except (TidemqError, TimeoutError):
                 break  # the server died mid-request: not acknowledged
     finally:
