@@ -95,7 +95,8 @@ def main() -> None:
     for kind in ("keyed", "keyless"):
         on, off = r[f"{kind}_on"], r[f"{kind}_off"]
         print(f"{kind} batched produce ({BATCH} x 100 B, {args.flush} flush): "
-              f"{on:,.0f} msg/s indexed, {off:,.0f} with key.index=false ({on / off:.2f}x)")  # fmt: skip
+              f"{on:,.0f} msg/s indexed, {off:,.0f} with key.index=false "
+              f"({on / off:.2f}x)")  # fmt: skip
     for name, what in (("one", "a key of 1 message"), ("hot32", "a key of 32 messages")):
         print(f"query_messages, {what}: p50 {r[f'query_{name}_p50_ms']:.2f} ms, "
               f"p99 {r[f'query_{name}_p99_ms']:.2f} ms ({r[f'query_{name}_found']} found, "
