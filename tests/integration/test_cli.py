@@ -542,6 +542,29 @@ def test_txn_rollback(server: Server) -> None:
         assert consumer.poll(300) == []
 
 
+def test_message_query_by_key_and_time(server: Server) -> None:
+    b = server.address
+    ok("topic", "create", "t-keyq", "--queues", "2", "-n", b)
+    with Producer(b) as producer:
+        old = producer.send("t-keyq", b"old", key=b"order-1", timestamp=1_700_000_000.0)
+        new = producer.send("t-keyq", b"new", keys=["order-1", "cust-9"], queue=1)
+        producer.send("t-keyq", b"other", key=b"order-2")
+    found = ok("message", "query", "t-keyq", "--key", "order-1", "-n", b, "-o", "json")
+    rows = [json.loads(line) for line in found.lines()]
+    assert [r["id"] for r in rows] == [new.message_id, old.message_id]  # newest first
+    assert rows[0]["keys"] == ["order-1", "cust-9"]
+    one = ok("message", "query", "t-keyq", "-k", "order-1", "--limit", "1", "-n", b, "-o", "json")
+    assert [json.loads(line)["value"] for line in one.lines()] == ["new"]
+    later = ok("message", "query", "t-keyq", "--key", "order-1",
+               "--from", "2999-01-01T00:00:00+00:00", "-n", b, "-o", "json")  # fmt: skip
+    assert later.stdout == ""
+    table = ok("message", "query", "t-keyq", "--key", "cust-9", "-n", b)
+    assert new.message_id in table.stdout
+    bad = cli("message", "query", "t-keyq", "--key", "k", "--from", "yesterday", "-n", b)
+    assert bad.code == 2
+    assert "--from" in bad.stderr
+
+
 def test_message_get_by_id_offset_and_time(server: Server) -> None:
     b = server.address
     ok("topic", "create", "t-lookup", "--queues", "1", "-n", b)

@@ -193,6 +193,7 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         RequestCode.ACL_DELETE: _CLUSTER_ALTER,
         RequestCode.ACL_LIST: _CLUSTER_DESCRIBE,
         RequestCode.KV_GET: (_rule(_READ, _T, _topic),),
+        RequestCode.QUERY_MESSAGES: (_rule(_READ, _T, _topic),),
         RequestCode.COMPACT: (_rule(_ALTER, _T, _topic),),
         RequestCode.TIER_STATUS: _CLUSTER_DESCRIBE,
         # The files' names and ranges: a topic's metadata.

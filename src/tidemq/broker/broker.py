@@ -32,6 +32,7 @@ from tidemq.broker.groups import GroupCoordinator
 from tidemq.broker.handlers.admin import AdminHandlers
 from tidemq.broker.handlers.data import DataHandlers
 from tidemq.broker.handlers.groups import GroupHandlers
+from tidemq.broker.handlers.key_query import KeyQueryHandler
 from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.metrics import (
@@ -178,6 +179,10 @@ class Broker:
         #: Tiered storage (None: `tiered.url` not set).
         self.tier: TierService | None = None
         self._lock_fd: int | None = None
+        #: The topic list's version for the name servers: beats send changes only.
+        self._journal = TopicJournal()
+        #: The version the embedded name server holds (None: none yet).
+        self._ns_acked: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -241,10 +246,6 @@ class Broker:
         self._gateway = StoreGateway(store, loop, self._polling.notify)
         self._created_ms = _created_ms(store)
         self._topics = TopicTable(cfg, self._gateway)
-        #: The topic list's version for the name servers: beats send changes only.
-        self._journal = TopicJournal()
-        #: The version the embedded name server holds (None: none yet).
-        self._ns_acked: int | None = None
         self._compaction = CompactionService(
             self._gateway, self._topics, cfg.compaction_check_interval_ms
         )
@@ -325,6 +326,7 @@ class Broker:
             transactions=self._transactions,
             static=self._static,
         )
+        self._key_query = KeyQueryHandler(self._gateway, self._topics, self._static)
         self._special = SpecialHandlers(
             self._timers,
             self._transactions,
@@ -779,6 +781,7 @@ class Broker:
                 lambda r: self._pop.resume(r.group, r.message_id, r.action)
             ),
             RequestCode.KV_GET: plain(self._compaction.kv_get),
+            RequestCode.QUERY_MESSAGES: plain(self._key_query.query),
             RequestCode.COMPACT: plain(self._compaction.compact),
             RequestCode.STATIC_OPEN: plain(self._static.open),
             RequestCode.STATIC_SEAL: plain(self._static.seal),

@@ -12,6 +12,7 @@ from typing import Final
 
 from tidemq.core.errors import ConfigError
 from tidemq.store.compaction_settings import COMPACTION_KEYS, compaction_settings
+from tidemq.store.key_index import KEY_INDEX_CONFIG
 from tidemq.store.metadata import CleanupPolicy, MessageType
 from tidemq.store.remote_ranges import USE_RETENTION, tier_settings
 
@@ -47,6 +48,8 @@ KNOWN: Final[dict[str, str]] = {
     "retention.ms; -1: forever)",
     "local.retention.bytes": "keep at most this many bytes locally per queue (-2: as "
     "retention.bytes; -1: no limit)",
+    KEY_INDEX_CONFIG: "true | false: index message keys for queries by key (default true; "
+    "false saves the index's cost on produce)",
 }
 
 
@@ -99,6 +102,10 @@ def parse_topic_config(config: Mapping[str, str]) -> TopicSettings:
             f"schema.validation must be true or false, got {config['schema.validation']!r}"
         )
     tier_settings(config)  # ConfigError naming a bad tiered-storage key
+    if config.get(KEY_INDEX_CONFIG, "true").lower() not in ("true", "false"):
+        raise ConfigError(
+            f"{KEY_INDEX_CONFIG} must be true or false, got {config[KEY_INDEX_CONFIG]!r}"
+        )
     if config.get("message.timestamp.type", "CreateTime") not in ("CreateTime", "LogAppendTime"):
         raise ConfigError("message.timestamp.type must be CreateTime or LogAppendTime")
     extra = {

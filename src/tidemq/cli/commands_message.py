@@ -1,4 +1,5 @@
-"""`tidemq message get`: one message by id, or by topic, queue and offset or time."""
+"""`tidemq message get`: one message by id, or by topic, queue and offset or time;
+`tidemq message query`: a topic's messages by key."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ from tidemq.cli.common import (
     command,
     emit_table,
 )
+from tidemq.client.key_query import DEFAULT_QUERY_LIMIT
 from tidemq.client.sync import Admin
+from tidemq.core import limits
 from tidemq.core.errors import UnknownMessage
 from tidemq.core.message import Message
 
 __all__ = ["app"]
 
-app = typer.Typer(help="Find messages: by id, offset or time.", no_args_is_help=True)
+app = typer.Typer(help="Find messages: by id, offset, time or key.", no_args_is_help=True)
 
 
 def _text(data: bytes | None) -> str | None:
@@ -47,15 +50,15 @@ def _record(m: Message) -> dict[str, Any]:
     }
 
 
-def _when(text: str) -> float:
+def _when(text: str, option: str = "--at") -> float:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise CliUsageError(
-            f"--at {text!r} is not an ISO time (e.g. 2026-11-25T10:00:00+00:00)"
+            f"{option} {text!r} is not an ISO time (e.g. 2026-11-25T10:00:00+00:00)"
         ) from None
     if moment.tzinfo is None:
-        raise CliUsageError(f"--at {text!r} needs a time zone (e.g. +00:00 or Z)")
+        raise CliUsageError(f"{option} {text!r} needs a time zone (e.g. +00:00 or Z)")
     return moment.timestamp()
 
 
@@ -103,3 +106,45 @@ def get(
         typer.echo(json.dumps(record, ensure_ascii=False))
         return
     emit_table(["FIELD", "VALUE"], ((k, v) for k, v in record.items()), title=what)
+
+
+@command(app)
+def query(
+    topic: Annotated[str, typer.Argument(help="The topic to search.", show_default=False)],
+    *,
+    key: Annotated[
+        str, typer.Option("--key", "-k", help="A message key (its key or one of its keys).")
+    ],
+    since: Annotated[
+        str | None,
+        typer.Option("--from", metavar="TIME", help="Stored at or after this ISO time."),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--to", metavar="TIME", help="Stored at or before this ISO time."),
+    ] = None,
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit", min=1, max=limits.MAX_KEY_QUERY_MESSAGES, help="At most this many."
+        ),
+    ] = DEFAULT_QUERY_LIMIT,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Messages of TOPIC with key K, newest first (`-o json`: one JSON object a line)."""
+    start = None if since is None else _when(since, "--from")
+    end = None if until is None else _when(until, "--to")
+    with Admin(check_bootstrap(bootstrap), client_config=client_config()) as admin:
+        found = admin.query_messages(topic, key, start=start, end=end, limit=limit)
+    records = [_record(m) for m in found]
+    if output is Output.JSON:
+        for record in records:
+            typer.echo(json.dumps(record, ensure_ascii=False))
+        return
+    columns = ["id", "queue", "offset", "timestamp_ms", "key", "keys", "value"]
+    emit_table(
+        [c.upper() for c in columns],
+        ([r[c] for c in columns] for r in records),
+        title=f"{topic}: {len(records)} message(s) with key {key!r}",
+    )

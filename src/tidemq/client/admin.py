@@ -21,9 +21,10 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 
 from tidemq.client import acls as acls_api
-from tidemq.client import checks, kv, lookup, static_admin, static_leave, topic_batch
+from tidemq.client import checks, key_query, kv, lookup, static_admin, static_leave, topic_batch
 from tidemq.client.acls import Acl
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer import AsyncProducer
@@ -315,6 +316,23 @@ class AsyncAdmin:
             offset = found
         assert offset is not None
         return await lookup.messages_from(self._cluster, topic, queue, offset, limit)
+
+    async def query_messages(
+        self,
+        topic: str,
+        key: str | bytes,
+        *,
+        start: float | datetime | None = None,
+        end: float | datetime | None = None,
+        limit: int = key_query.DEFAULT_QUERY_LIMIT,
+    ) -> list[Message]:
+        """Messages of `topic` whose `key` or one of whose `keys` is `key`, stored between
+        `start` and `end` (seconds since the epoch or aware datetimes, both included;
+        None: no bound), newest first, at most `limit` (1..1000), over every queue and
+        broker. Found through the brokers' key indexes (a topic with key.index=false is
+        refused); messages removed by retention or compaction are not returned."""
+        request = key_query.query_request(topic, key, start=start, end=end, limit=limit)
+        return await key_query.query_messages(self._cluster, request)
 
     async def remove_broker(self, name: str) -> list[static_leave.PrunedQueue]:
         """Take broker `name` out of every static topic's chains once it holds no data

@@ -18,6 +18,7 @@ from tidemq.client.admin import AsyncAdmin
 from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer
 from tidemq.client.cluster import ClientConfig
 from tidemq.client.group_consumer import AssignmentCallback, AsyncGroupConsumer
+from tidemq.client.key_query import DEFAULT_QUERY_LIMIT
 from tidemq.client.kv import CompactionReport, KeyLookup
 from tidemq.client.producer import AsyncProducer, Delay, DeliverAt, ValueSerializer
 from tidemq.client.push_consumer import DEFAULT_RETRY_POLICY, AsyncPushConsumer, RetryPolicy
@@ -664,6 +665,18 @@ class Admin:
     ) -> list[Message]:
         """See `AsyncAdmin.messages`."""
         return run(self._a.messages(topic, queue, offset=offset, at=at, limit=limit))
+
+    def query_messages(
+        self,
+        topic: str,
+        key: str | bytes,
+        *,
+        start: float | datetime | None = None,
+        end: float | datetime | None = None,
+        limit: int = DEFAULT_QUERY_LIMIT,
+    ) -> list[Message]:
+        """See `AsyncAdmin.query_messages`."""
+        return run(self._a.query_messages(topic, key, start=start, end=end, limit=limit))
 
     def remove_broker(self, name: str) -> list[PrunedQueue]:
         """See `AsyncAdmin.remove_broker`."""

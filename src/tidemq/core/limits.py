@@ -14,6 +14,9 @@ __all__ = [
     "MAX_HEADER_VALUE_BYTES",
     "MAX_IN_FLIGHT_PER_QUEUE",
     "MAX_KEYS_PER_MESSAGE",
+    "MAX_KEY_QUERY_BYTES",
+    "MAX_KEY_QUERY_CANDIDATES",
+    "MAX_KEY_QUERY_MESSAGES",
     "MAX_LINGER_MS",
     "MAX_OFFSET",
     "MAX_PROPERTIES_BYTES",
@@ -58,6 +61,15 @@ MAX_HEADER_KEY_BYTES = 256
 MAX_HEADER_VALUE_BYTES = 16 << 10
 #: RocketMQ `keys` (business ids used by query-by-key) per message.
 MAX_KEYS_PER_MESSAGE = 64
+#: Messages one query by key returns (RocketMQ's queryMessage returns at most 64 by
+#: default): a key shared by millions of messages is paged by time range, not by limit.
+MAX_KEY_QUERY_MESSAGES = 1_000
+#: Key-index entries one broker examines per query (each costs a read of its record, and
+#: removed or colliding ones match nothing): bounds the work of a query at ~ a second.
+MAX_KEY_QUERY_CANDIDATES = 10_000
+#: Record bytes in one answer to a query by key (whole records, as a fetch answers): one
+#: default-sized fetch answer.
+MAX_KEY_QUERY_BYTES = 16 << 20
 #: A tag is short by nature; RocketMQ caps it well below this.
 MAX_TAG_BYTES = 255
 #: System properties carried by a record (delay time, transaction id, origin topic, ...).

@@ -31,7 +31,7 @@ from typing import Final
 import crc32c
 
 from tidemq.core.batch import ENVELOPE, Envelope, parse_envelope
-from tidemq.core.errors import CorruptRecordError, InvalidBatch
+from tidemq.core.errors import BatchTooLarge, CorruptRecordError, InvalidBatch
 
 __all__ = [
     "HEADER",
@@ -170,7 +170,8 @@ def verify_payload(header: RecordHeader, record: bytes | memoryview) -> Envelope
     payload = memoryview(record)[header.payload_start : header.size]
     try:
         env = parse_envelope(payload)
-    except InvalidBatch as exc:
+    except (InvalidBatch, BatchTooLarge) as exc:
+        # A torn payload can hold any envelope, a body size over the format's limit too.
         raise CorruptRecordError(f"record payload: {exc}") from None
     if env.crc != header.payload_crc or env.count != header.count:
         raise CorruptRecordError("record payload does not match its header")

@@ -76,6 +76,8 @@ class RequestCode(IntEnum):
     # compact topics (docs/guide/compact-topics.md): a key's latest value, a run on demand
     KV_GET = 100
     COMPACT = 101
+    # operations (docs/guide/operations.md): messages by key (the broker's key index)
+    QUERY_MESSAGES = 110
     # tiered storage (docs/guide/tiered-storage.md): what is offloaded, and how it goes
     TIER_STATUS = 120
     TIER_FILES = 121

@@ -38,6 +38,8 @@ class ScannedRecord:
     position: int
     header: RecordHeader
     tag_summary: int
+    #: The whole record, checked (a view of the scan's buffer: use it before the next).
+    record: memoryview
 
 
 class CommitLog:
@@ -228,7 +230,7 @@ class CommitLog:
                 env = _verify_payload(header, record)
             except CorruptRecordError as exc:
                 return self._bad(position, last, str(exc))
-            yield ScannedRecord(position, header, env.tag_summary)
+            yield ScannedRecord(position, header, env.tag_summary, record)
             position += header.size
 
     def _parse_at(self, buf: bytes, rel: int, remaining: int, last: bool) -> RecordHeader | None:

@@ -34,6 +34,13 @@ class StoreConfig:
     index_entries_per_file: int = 1 << 18
     #: Sealed index files kept in memory for lookups, over all queues.
     index_cache_files: int = 256
+    #: Key index (store/key_index.py): entries per file (40 bytes each; 1,048,576 = 40
+    #: MiB). A full file is sorted and sealed at the next checkpoint (~0.1 s for this many).
+    key_index_entries_per_file: int = 1 << 20
+    #: Key index bound: once sealed files and a full open file would hold more entries
+    #: than this, the oldest sealed file is deleted (its keys are no longer found by key).
+    #: 33,554,432 entries = 1.25 GiB of disk.
+    key_index_max_entries: int = 1 << 25
     #: Largest batch payload accepted by append (the broker's `max_message_bytes`).
     max_batch_bytes: int = 4 << 20
     #: Appends are refused above this fraction of the disk in use.
@@ -69,6 +76,7 @@ class StoreConfig:
             "disk_check_interval_bytes",
             "disk_check_interval_ms",
             "idempotence_window",
+            "key_index_entries_per_file",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"store.{name} must be positive, got {getattr(self, name)}")
@@ -77,6 +85,11 @@ class StoreConfig:
         if not 0.0 < self.disk_reject_ratio <= 1.0:
             raise ConfigError(
                 f"store.disk_reject_ratio must be in (0, 1], got {self.disk_reject_ratio}"
+            )
+        if self.key_index_max_entries < self.key_index_entries_per_file:
+            raise ConfigError(
+                "store.key_index_max_entries must be >= store.key_index_entries_per_file "
+                f"({self.key_index_entries_per_file}), got {self.key_index_max_entries}"
             )
         if self.retention_ms < -1 or self.retention_bytes < -1:
             raise ConfigError("store.retention_ms and retention_bytes must be >= -1 (-1: none)")

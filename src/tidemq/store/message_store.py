@@ -29,6 +29,7 @@ import numpy as np
 
 from tidemq.core import limits
 from tidemq.core.batch import (
+    Envelope,
     check_tags,
     decode_columns,
     first_index_at,
@@ -53,7 +54,7 @@ from tidemq.core.record import RecordFlags, parse_header
 from tidemq.core.static_chain import QueueChain
 from tidemq.store import compactor
 from tidemq.store.checkpoint import write_checkpoint
-from tidemq.store.commit_log import CommitLog
+from tidemq.store.commit_log import AppendedRecord, CommitLog
 from tidemq.store.compacted_log import CompactedLog
 from tidemq.store.compacted_queues import CompactedQueues, FoundMessage, message_keys
 from tidemq.store.compaction import CompactionJob, CompactionResult
@@ -62,6 +63,8 @@ from tidemq.store.config import FlushMode, StoreConfig
 from tidemq.store.files import FileSystem, OsFileSystem
 from tidemq.store.format.checkpoint import Checkpoint
 from tidemq.store.format.index_entry import ENTRY
+from tidemq.store.key_index import KeyIndex, batch_keys, indexes_topic
+from tidemq.store.key_lookup import KeyMatches, find_by_key
 from tidemq.store.metadata import CleanupPolicy, MessageType, Metadata, TopicInfo
 from tidemq.store.offload import OffloadView
 from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp, ProducerStates
@@ -228,6 +231,7 @@ class MessageStore:
         producers: ProducerStates,
         index_cache: IndexFileCache,
         indexed_position: int,
+        key_index: KeyIndex,
         compacted: dict[tuple[int, int], CompactedLog] | None = None,
     ) -> None:
         """Use `MessageStore.open`; this only assembles recovered parts."""
@@ -243,6 +247,9 @@ class MessageStore:
         self._index_cache = index_cache
         self._indexed_position = indexed_position
         self._topics: dict[str, TopicInfo] = {t.name: t for t in metadata.live_topics()}
+        #: Where each message key is, for every topic without key.index=false (key_index.py).
+        self.key_index = key_index
+        self._key_indexed = {t.id for t in self._topics.values() if indexes_topic(t.name, t.config)}
         #: Compact queues' compacted logs (see compacted_queues.py).
         self.compacted = CompactedQueues(fs, metadata, compacted or {})
         #: Chains of the static queues this broker holds links of.
@@ -330,9 +337,16 @@ class MessageStore:
         )
         for info in infos:
             self._topics[info.name] = info
+            self._note_key_indexing(info)
             for q in range(info.queues):
                 self._queues[(info.id, q)] = self._new_index(info, q)
         return infos
+
+    def _note_key_indexing(self, info: TopicInfo) -> None:
+        if indexes_topic(info.name, info.config):
+            self._key_indexed.add(info.id)
+        else:
+            self._key_indexed.discard(info.id)
 
     def _new_index(self, info: TopicInfo, queue_id: int) -> QueueIndex:
         return QueueIndex(
@@ -372,6 +386,7 @@ class MessageStore:
         for q in range(info.queues, new.queues):
             self._queues[(info.id, q)] = self._new_index(new, q)
         self._topics[name] = new
+        self._note_key_indexing(new)
         return new
 
     def delete_topic(self, name: str) -> None:
@@ -380,6 +395,7 @@ class MessageStore:
         info = self.topic(name)
         self._meta.mark_deleted(info.id, self._clock.now_ms())
         del self._topics[name]
+        self._key_indexed.discard(info.id)
         self._producers.drop_topic(info.id)
         self.static.drop_topic(info.id)
         self.remote.drop_topic(info.id)
@@ -488,6 +504,7 @@ class MessageStore:
             payload_crc=env.crc,
         )
         index.append(rec.position, rec.size, env.count, rec.store_time_ms, env.tag_summary)
+        self._index_keys(info.id, queue_id, payload, env, base, rec)
         if keys is not None:
             dirty = self.dirty_keys.get((info.id, queue_id))
             if dirty is not None:
@@ -498,6 +515,25 @@ class MessageStore:
         if producer is not None:
             self._producers.record(key, producer, env.count, base, end)
         return AppendResult(base, env.count, end, rec.store_time_ms)
+
+    def _index_keys(  # noqa: PLR0917 - one caller, append, passing what it has
+        self,
+        topic_id: int,
+        queue_id: int,
+        payload: bytes | memoryview,
+        env: Envelope,
+        base: int,
+        rec: AppendedRecord,
+    ) -> None:
+        if topic_id in self._key_indexed:
+            self.key_index.add(
+                batch_keys(payload, env),
+                base_offset=base,
+                log_position=rec.position,
+                store_time_ms=rec.store_time_ms,
+                topic_id=topic_id,
+                queue_id=queue_id,
+            )
 
     @property
     def watermark(self) -> DiskWatermark:
@@ -577,6 +613,9 @@ class MessageStore:
                         written.append(path)
                     new_dirs.update(dict.fromkeys(index.take_unsynced_dirs()))
                     ends[key] = index.next_offset
+            key_file = self.key_index.write_pending()
+            if key_file is not None:
+                written.append(key_file)
         except OSError as exc:
             if exc.errno in _NO_SPACE:
                 raise DiskFull(f"no space left to write queue indexes: {exc}") from None
@@ -593,6 +632,7 @@ class MessageStore:
             # restart re-derives every index past the last good checkpoint from the log.
             raise self._log.fail_flush(exc) from None
         self._dirty_queues.clear()
+        self._seal_key_index()
         self._meta.save_producer_state(self._producers.take_dirty())
         cp = Checkpoint(flushed, flushed, self._log.last_store_time_ms)
         try:
@@ -608,6 +648,14 @@ class MessageStore:
         self._indexed_position = flushed
         self._unindexed_entries = 0
         self._last_checkpoint_ms = self._clock.monotonic_ms()
+
+    def _seal_key_index(self) -> None:
+        try:
+            self.key_index.seal_if_full()
+        except OSError as exc:
+            # Derived data: the open file stays whole and durable, and the seal is tried
+            # again at the next checkpoint.
+            log.warning("sealing a key index file failed (retried later): %s", exc)
 
     def _check_checkpoint_room(self) -> None:
         """Raise DiskFull, before writing anything, when the disk lacks the room this
@@ -841,6 +889,18 @@ class MessageStore:
         return compactor.compact(
             self, topic, queue_id, max_keys=max_keys or compactor.DEFAULT_MAX_KEYS
         )
+
+    def find_by_key(
+        self, topic: str, key: bytes, *, start_ms: int, end_ms: int, limit: int
+    ) -> KeyMatches:
+        """Stored messages of `topic` carrying `key` (as `key` or one of `keys`), stored in
+        [start_ms, end_ms], newest first, at most `limit` (key_lookup.py)."""
+        self._check_open()
+        return find_by_key(self, topic, key, start_ms=start_ms, end_ms=end_ms, limit=limit)
+
+    def key_indexed(self, topic: str) -> bool:
+        """Whether the topic's messages go into the key index (no key.index=false)."""
+        return self.topic(topic).id in self._key_indexed
 
     def lookup_key(self, topic: str, queue_id: int, key: bytes) -> FoundMessage | None:
         """The latest readable message of `key` in a compact queue (value None: a

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tidemq.core.batch import parse_envelope
 from tidemq.core.clock import Clock
 from tidemq.core.errors import CorruptRecordError
+from tidemq.core.record import RecordFlags
 from tidemq.store.checkpoint import read_checkpoint
 from tidemq.store.commit_log import CommitLog, ScannedRecord
 from tidemq.store.compacted_queues import open_compacted_logs
 from tidemq.store.config import StoreConfig
 from tidemq.store.files import FileSystem, ensure_dir
+from tidemq.store.key_index import KeyIndex, batch_keys, indexes_topic
 from tidemq.store.message_store import MessageStore, queue_dir
 from tidemq.store.metadata import Metadata
 from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp, ProducerStates
@@ -67,6 +70,8 @@ def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) 
 
     producers = ProducerStates(config.idempotence_window)
     producers.load(meta.load_producer_state())
+    keys = _open_key_index(config, fs, replay_from)
+    keyed = {t.id for t in meta.live_topics() if indexes_topic(t.name, t.config)}
     valid_end = replay_from
     for rec in log.scan(replay_from):
         h = rec.header
@@ -76,6 +81,8 @@ def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) 
         if index is None:
             continue  # a deleted topic: its records wait for retention
         _index_record(index, rec, rebuilding=(h.topic_id, h.queue_id) in rebuilt)
+        if h.topic_id in keyed and rec.position >= keys.covered_position:
+            _index_keys(keys, rec)
         if h.producer_id != NO_PRODUCER:
             stamp = ProducerStamp(h.producer_id, h.producer_epoch, h.base_sequence)
             producers.record(
@@ -102,6 +109,7 @@ def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) 
         },
     )
     store = MessageStore(
+        key_index=keys,
         compacted=compacted,
         config=config,
         fs=fs,
@@ -155,6 +163,33 @@ def _finish_rebuilt_indexes(
                     f"in the log, but a checkpoint saw it reach {ends[key]}"
                 )
             index.reset(ends[key])  # every record of the queue went with its segments
+
+
+def _open_key_index(config: StoreConfig, fs: FileSystem, replay_from: int) -> KeyIndex:
+    """The key index, its open file cut back to the replay position."""
+    keys = KeyIndex(
+        fs,
+        config.data_dir / "keyindex",
+        entries_per_file=config.key_index_entries_per_file,
+        max_entries=config.key_index_max_entries,
+    )
+    keys.cut_from_position(replay_from)
+    return keys
+
+
+def _index_keys(keys: KeyIndex, rec: ScannedRecord) -> None:
+    h = rec.header
+    if h.flags & RecordFlags.COMPACTED:
+        return  # only compaction writes these, into its own files, never the log
+    payload = rec.record[h.payload_start :]
+    keys.add(
+        batch_keys(payload, parse_envelope(payload, verify_crc=False)),
+        base_offset=h.base_offset,
+        log_position=rec.position,
+        store_time_ms=h.store_time_ms,
+        topic_id=h.topic_id,
+        queue_id=h.queue_id,
+    )
 
 
 def _index_record(index: QueueIndex, rec: ScannedRecord, *, rebuilding: bool) -> None:

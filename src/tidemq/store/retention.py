@@ -71,7 +71,10 @@ def apply_retention(store: MessageStore) -> int:
         first = index.first_entry()
         if first is not None and index.min_offset < index.next_offset:
             needed = min(needed, first.log_position)
-    return len(store.log.segments.delete_segments_before(needed))
+    deleted = len(store.log.segments.delete_segments_before(needed))
+    # Key-index files pointing only into deleted segments name nothing readable now.
+    store.key_index.drop_before(store.log.start_position)
+    return deleted
 
 
 def _local_limits(info: TopicInfo, config: StoreConfig, tier: TierSettings) -> tuple[int, int]:
