@@ -25,8 +25,14 @@ from tidemq.core.batch import (
     parse_envelope,
 )
 from tidemq.store.config import StoreConfig
-from tidemq.store.format.compacted import key_hash
-from tidemq.store.format.key_entry import ENTRY, ENTRY_DTYPE, entry_bytes
+from tidemq.store.format.key_entry import (
+    ENTRY,
+    ENTRY_DTYPE,
+    column_hashes,
+    entry_array,
+    entry_bytes,
+    index_hash,
+)
 from tidemq.store.key_index import batch_keys
 from tidemq.store.message_store import MessageStore
 from tidemq.testing.clock import ManualClock
@@ -36,7 +42,7 @@ END = (1 << 63) - 1
 Model = dict[tuple[str, bytes], list[tuple[int, int]]]  # (topic, key) -> (queue, offset)
 
 
-def test_an_entry_is_40_bytes_and_hashes_as_the_compacted_logs_do() -> None:
+def test_an_entry_is_40_bytes() -> None:
     raw = entry_bytes(
         [(0, b"a"), (2, b"b")],
         base_offset=10,
@@ -47,9 +53,47 @@ def test_an_entry_is_40_bytes_and_hashes_as_the_compacted_logs_do() -> None:
     )
     assert len(raw) == 2 * ENTRY.size == 80
     entries = np.frombuffer(raw, dtype=ENTRY_DTYPE)
-    assert entries["key_hash"].tolist() == [key_hash(b"a"), key_hash(b"b")]
+    assert entries["key_hash"].tolist() == [index_hash(b"a"), index_hash(b"b")]
     assert entries["offset"].tolist() == [10, 12]
     assert entries[0].tolist()[1:] == (10, 4096, 7, 3, 1)
+    same = entry_array(
+        np.array([0, 2], dtype=np.intp),
+        np.array([index_hash(b"a"), index_hash(b"b")], dtype=np.uint64),
+        base_offset=10,
+        log_position=4096,
+        store_time_ms=7,
+        topic_id=3,
+        queue_id=1,
+    )
+    assert same.tobytes() == raw
+
+
+def test_index_hash_reference_values() -> None:
+    """Pinned, as part of the file format (VERSION 2): FNV-1a 64 of the bytes, then the
+    length mixed in (the published FNV-1a 64 of b"a" is 0xaf63dc4c8601ec8c)."""
+    mask = (1 << 64) - 1
+    assert index_hash(b"a") == ((0xAF63DC4C8601EC8C ^ 1) * 0x100000001B3) & mask
+    # Over 64 bytes, the first and last 32 (and the length) are hashed.
+    long = b"x" * 32 + b"middle" * 20 + b"y" * 32
+    same_ends = b"x" * 32 + b"m" * 120 + b"y" * 32
+    assert index_hash(long) == index_hash(same_ends)  # a collision the read resolves
+    assert index_hash(long) != index_hash(long[:-1] + b"z")
+    assert index_hash(long) != index_hash(long + b"y")  # the length counts
+
+
+def test_column_hashes_agree_with_index_hash() -> None:
+    seed = int(os.environ.get("TIDEMQ_KEYINDEX_SEED", random.randrange(1 << 30)))
+    print(f"TIDEMQ_KEYINDEX_SEED={seed}")
+    rng = random.Random(seed)
+    for _ in range(200):
+        keys = [
+            rng.randbytes(rng.choice([0, 1, 5, 31, 32, 33, 63, 64, 65, 200])) for _ in range(50)
+        ]
+        offsets = np.array([0, *np.cumsum([len(k) for k in keys])], dtype=np.uint32)
+        data = np.frombuffer(b"".join(keys), dtype=np.uint8)
+        rows = np.array(sorted(rng.sample(range(50), rng.randint(0, 50))), dtype=np.intp)
+        got = column_hashes(offsets, data, rows).tolist()
+        assert got == [index_hash(keys[i]) for i in rows]
 
 
 def test_batch_keys_are_each_key_and_distinct_keys_once() -> None:
@@ -61,11 +105,11 @@ def test_batch_keys_are_each_key_and_distinct_keys_once() -> None:
             MessageRecord(b"v"),
         ]
     )
-    assert batch_keys(payload, parse_envelope(payload)) == [
-        (0, b"order-1"),
-        (0, b"cust-2"),
-        (1, b"x"),
-    ]
+    found = batch_keys(payload, parse_envelope(payload))
+    assert found.rows.tolist() == [0]
+    assert found.hashes.tolist() == [index_hash(b"order-1")]
+    assert found.items == [(0, b"cust-2"), (1, b"x")]
+    assert len(found) == 3
 
 
 def test_the_probe_never_misses_a_key() -> None:

@@ -34,6 +34,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 import crc32c
 import numpy as np
@@ -51,10 +52,19 @@ from tidemq.store.format.key_entry import (
     OPEN_SUFFIX,
     SEALED_SUFFIX,
     VERSION,
+    column_hashes,
+    entry_array,
     entry_bytes,
 )
 
-__all__ = ["FENCE_STRIDE", "KEY_INDEX_CONFIG", "KeyIndex", "batch_keys", "indexes_topic"]
+__all__ = [
+    "FENCE_STRIDE",
+    "KEY_INDEX_CONFIG",
+    "BatchKeys",
+    "KeyIndex",
+    "batch_keys",
+    "indexes_topic",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,25 +87,50 @@ def indexes_topic(name: str, config: Mapping[str, str]) -> bool:
     return config.get(KEY_INDEX_CONFIG, "true").lower() != "false"
 
 
-def batch_keys(payload: bytes | memoryview, envelope: Envelope) -> list[tuple[int, bytes]]:
-    """(message index, key) for each key of a version-1 batch: the message's `key` (when
-    non-empty) and each of its distinct `keys` other than that one (UTF-8 bytes). A batch
-    without any costs a probe of its section sizes, not a decode."""
+@dataclass(frozen=True, slots=True)
+class BatchKeys:
+    """The keys of one batch: its `key` column's non-empty entries (message `rows`, with
+    their hashes computed together) and its distinct `keys` items other than the key."""
+
+    rows: npt.NDArray[np.intp]
+    hashes: npt.NDArray[np.uint64]
+    items: list[tuple[int, bytes]]
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.items)
+
+
+_NO_KEYS: Final = BatchKeys(np.zeros(0, dtype=np.intp), np.zeros(0, dtype=np.uint64), [])
+
+
+def batch_keys(payload: bytes | memoryview, envelope: Envelope) -> BatchKeys:
+    """The keys of a version-1 batch: each message's `key` (when non-empty) and each of
+    its distinct `keys` other than that one (UTF-8 bytes). A batch without any costs a
+    probe of its section sizes, not a decode; the key column is hashed with numpy, not
+    key by key."""
     if not may_have_keys(payload, envelope):
-        return []
+        return _NO_KEYS
     columns = decode_columns(payload, verify_crc=False)
-    keys = binary_values(columns.key)
-    found = [(i, k) for i, k in enumerate(keys) if k]
+    key = columns.key
+    offsets = key.offsets
+    present = offsets[1:] > offsets[:-1]
+    if key.validity is not None:
+        present &= key.validity
+    rows = np.flatnonzero(present)
+    data = np.frombuffer(key.data, dtype=np.uint8)
+    hashes = column_hashes(offsets, data, rows)
+    items: list[tuple[int, bytes]] = []
     bounds = columns.keys.list_offsets.tolist()
     if bounds[-1]:
-        items = binary_values(columns.keys.items)
+        keys = binary_values(key)
+        values = binary_values(columns.keys.items)
         for i in range(columns.count):
             if bounds[i] == bounds[i + 1]:
                 continue
-            for item in dict.fromkeys(items[bounds[i] : bounds[i + 1]]):
+            for item in dict.fromkeys(values[bounds[i] : bounds[i + 1]]):
                 if item and item != keys[i]:
-                    found.append((i, item))
-    return found
+                    items.append((i, item))
+    return BatchKeys(rows, hashes, items)
 
 
 @dataclass(slots=True)
@@ -217,7 +252,7 @@ class KeyIndex:
 
     def add(
         self,
-        keys: list[tuple[int, bytes]],
+        keys: BatchKeys,
         *,
         base_offset: int,
         log_position: int,
@@ -226,15 +261,17 @@ class KeyIndex:
         queue_id: int,
     ) -> None:
         """Entries for the keys of one record (`batch_keys`)."""
-        if keys:
-            self._open_entries += entry_bytes(
-                keys,
-                base_offset=base_offset,
-                log_position=log_position,
-                store_time_ms=store_time_ms,
-                topic_id=topic_id,
-                queue_id=queue_id,
-            )
+        where = {
+            "base_offset": base_offset,
+            "log_position": log_position,
+            "store_time_ms": store_time_ms,
+            "topic_id": topic_id,
+            "queue_id": queue_id,
+        }
+        if len(keys.rows):
+            self._open_entries += entry_array(keys.rows, keys.hashes, **where).tobytes()
+        if keys.items:
+            self._open_entries += entry_bytes(keys.items, **where)
 
     @property
     def entry_count(self) -> int:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from tidemq.core import limits
 from tidemq.core.batch import binary_values, decode_columns, message_offsets
 from tidemq.core.record import parse_header
-from tidemq.store.format.key_entry import key_hash
+from tidemq.store.format.key_entry import index_hash
 
 if TYPE_CHECKING:
     from tidemq.store.message_store import MessageStore
@@ -75,7 +75,7 @@ def find_by_key(
     stored in [start_ms, end_ms], newest first; at most `max_bytes` of records (at least
     one record when any matches)."""
     info = store.topic(topic)
-    candidates = store.key_index.candidates(info.id, key_hash(key), start_ms, end_ms)
+    candidates = store.key_index.candidates(info.id, index_hash(key), start_ms, end_ms)
     last: list[tuple[MatchedRecord, _Decoded]] = []
     out: list[MatchedRecord] = []
     count = size = 0
