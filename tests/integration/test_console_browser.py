@@ -152,6 +152,13 @@ def _check_messages(page: Page, made: Made) -> None:
     expect(page.locator("#messages")).to_contain_text('"amount": 42')
     expect(page.locator("#messages")).to_contain_text("[schema ")
     page.screenshot(path=SCREENSHOTS / "message-by-id.png", full_page=True)
+    # By key: every order with key k1 (8 of the 24), newest first.
+    page.fill("#key-form input[name=topic]", "orders")
+    page.fill("#key-form input[name=key]", "k1")
+    page.click("#find-key")
+    expect(page.locator("#messages tbody tr")).to_have_count(N // 3)
+    expect(page.locator("#messages tbody tr").first).to_contain_text(f"order-{N - 2}")
+    page.screenshot(path=SCREENSHOTS / "messages-by-key.png", full_page=True)
 
 
 def _check_dead_letters(page: Page, made: Made) -> None:

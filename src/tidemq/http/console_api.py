@@ -158,6 +158,21 @@ def console_routes(data_for: DataFor, name_servers: str) -> list[BaseRoute]:
         )
         return _json(found)
 
+    async def by_key(request: Request, data: ConsoleData) -> Response:
+        topic = request.query_params.get("topic") or ""
+        key = request.query_params.get("key") or ""
+        if not topic or not key:
+            raise BadInput("query parameters topic and key are needed")
+        start, end = request.query_params.get("start_ms"), request.query_params.get("end_ms")
+        found = await data.by_key(
+            topic,
+            key,
+            start=_int(request, "start_ms") / 1000 if start else None,
+            end=_int(request, "end_ms") / 1000 if end else None,
+            limit=min(_int(request, "limit", 20), MAX_BROWSE),
+        )
+        return _json(found)
+
     async def message(request: Request, data: ConsoleData) -> Response:
         found = await data.message(request.path_params["id"])
         if found is None:
@@ -208,6 +223,7 @@ def console_routes(data_for: DataFor, name_servers: str) -> list[BaseRoute]:
         ("/api/groups/{group:path}", group),
         ("/api/messages", messages),
         ("/api/message/{id}", message),
+        ("/api/messages-by-key", by_key),
         ("/api/dlq", dlq_groups),
         ("/api/dlq/{group:path}", dlq),
         ("/api/timers", timers),

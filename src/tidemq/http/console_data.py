@@ -150,6 +150,12 @@ class ConsoleData:
         found = await self._admin.messages(topic, queue, offset=offset, at=at, limit=limit)
         return [message_record(m, self._decoder) for m in found]
 
+    async def by_key(
+        self, topic: str, key: str, *, start: float | None, end: float | None, limit: int
+    ) -> list[dict[str, Any]]:
+        found = await self._admin.query_messages(topic, key, start=start, end=end, limit=limit)
+        return [message_record(m, self._decoder) for m in found]
+
     async def message(self, message_id: str) -> dict[str, Any] | None:
         found = await self._admin.get_message(message_id)
         return None if found is None else message_record(found, self._decoder)

@@ -192,6 +192,12 @@ async function messages(main, params) {
   const byId = el("form", { id: "id-form" },
     el("label", {}, "Message id", el("input", { name: "id", size: 32 })),
     el("button", { type: "submit", id: "find-id" }, "Find"));
+  const byKey = el("form", { id: "key-form" },
+    el("label", {}, "Topic", el("input", { name: "topic", value: params.get("topic") || "" })),
+    el("label", {}, "Key", el("input", { name: "key", size: 24 })),
+    el("label", {}, "From (UTC)", el("input", { name: "from", type: "datetime-local", step: "1" })),
+    el("label", {}, "To (UTC)", el("input", { name: "to", type: "datetime-local", step: "1" })),
+    el("button", { type: "submit", id: "find-key" }, "Find"));
   const run = async (path) => {
     try {
       const got = await api(path);
@@ -208,8 +214,15 @@ async function messages(main, params) {
     run(`messages?${q}`);
   };
   byId.onsubmit = (event) => { event.preventDefault(); run(`message/${enc(byId.id.value.trim())}`); };
+  byKey.onsubmit = (event) => {
+    event.preventDefault();
+    const q = new URLSearchParams({ topic: byKey.topic.value, key: byKey.key.value, limit: "50" });
+    if (byKey.from.value) q.set("start_ms", String(Date.parse(byKey.from.value + "Z")));
+    if (byKey.to.value) q.set("end_ms", String(Date.parse(byKey.to.value + "Z")));
+    run(`messages-by-key?${q}`);
+  };
   main.replaceChildren(el("h1", {}, "Messages"), el("h2", {}, "Browse a queue"), browse,
-    el("h2", {}, "Look up by id"), byId, out);
+    el("h2", {}, "Look up by id"), byId, el("h2", {}, "Look up by key (newest first)"), byKey, out);
   if (params.get("topic")) browse.requestSubmit();
 }
 
