@@ -2,7 +2,8 @@
 
 The model mirrors the on-disk layout the index promises: files named by the base offset of
 their first entry, at most `entries_per_file` entries each, entries reaching the file only
-at `write_pending` or when the file is sealed by a roll. Reopening from the files loses the
+at `write_pending` or when the file is sealed by a roll (a file is made when its first
+entries are written). Reopening from the files loses the
 unwritten tail entries and nothing else; `cut_from_position` (recovery) keeps each file's
 valid prefix below the position, dropping torn or garbage entries too.
 """
@@ -45,6 +46,9 @@ class _ModelFile:
     name: int  # base offset of its first entry (the next offset when it was created)
     entries: list[IndexEntry] = field(default_factory=list)
     written: int = 0  # leading entries that are in the file on disk
+    #: The file exists on disk: made when its first entries are written (a new file is
+    #: only in memory until then).
+    on_disk: bool = False
 
 
 class _IndexModel:
@@ -62,6 +66,7 @@ class _IndexModel:
         if not self.files or len(self.files[-1].entries) >= self.per_file:
             if self.files:  # a roll seals (writes) the previous file
                 self.files[-1].written = len(self.files[-1].entries)
+                self.files[-1].on_disk = True
             self.files.append(_ModelFile(self.next_offset))
         base = self.next_offset
         self.files[-1].entries.append(IndexEntry(position, size, count, base, store_time, tags))
@@ -71,13 +76,18 @@ class _IndexModel:
 
     def write_pending(self) -> None:
         if self.files:
-            self.files[-1].written = len(self.files[-1].entries)
+            last = self.files[-1]
+            if len(last.entries) > last.written:
+                last.on_disk = True
+            last.written = len(last.entries)
 
     def reopen(self) -> None:
         """A fresh QueueIndex over the files: unwritten entries are gone."""
         if self.files:
             last = self.files[-1]
             del last.entries[last.written :]
+        while self.files and not self.files[-1].on_disk:  # never written: never made
+            self.files.pop()
         self._load_bounds()
         self.min_offset = self.files[0].name if self.files else 0
 
@@ -254,7 +264,7 @@ class QueueIndexMachine(RuleBasedStateMachine):
     def files_match(self) -> None:
         # A queue never written has no directory yet (it is made with the first file).
         on_disk = sorted(p.name for p in self.dir.iterdir()) if self.dir.exists() else []
-        assert on_disk == [f"{f.name:020d}.idx" for f in self.model.files]
+        assert on_disk == [f"{f.name:020d}.idx" for f in self.model.files if f.on_disk]
 
     @invariant()
     def every_lookup_matches(self) -> None:

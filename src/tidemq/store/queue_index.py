@@ -95,6 +95,8 @@ class QueueIndex:
         #: that rolled the file. Until that checkpoint the entries are re-derived from
         #: the log after a crash anyway.
         self._unsynced_dirs: list[Path] = []
+        #: Whether the newest file exists on disk yet (see `_roll`).
+        self._last_on_disk = True
         self._files: list[int] = sorted(
             int(n[: -len(_SUFFIX)])
             for n in (fs.listdir(directory) if self._exists else ())
@@ -183,12 +185,11 @@ class QueueIndex:
     def _roll(self) -> None:
         if self._files:
             self.write_pending(sync=True)
-        if not self._exists:
-            self._make_dir()
+        # The new file is made when its first entries are written (`write_pending`, at a
+        # checkpoint or the next roll), not here: the first message to a queue touches no
+        # file system (entries live in memory until a checkpoint anyway).
         self._files.append(self._next_offset)
-        self._fs.open(self._path(self._next_offset), create=True).close()
-        if self._dir not in self._unsynced_dirs:
-            self._unsynced_dirs.append(self._dir)
+        self._last_on_disk = False
         self._tail = bytearray()
         self._tail_bases = array("q")
         self._tail_written = 0
@@ -218,7 +219,13 @@ class QueueIndex:
             return None
         assert self._tail is not None
         path = self._path(self._files[-1])
-        handle = self._fs.open(path)
+        if not self._last_on_disk:
+            if not self._exists:
+                self._make_dir()
+            if self._dir not in self._unsynced_dirs:  # the new file's entry
+                self._unsynced_dirs.append(self._dir)
+        handle = self._fs.open(path, create=not self._last_on_disk)
+        self._last_on_disk = True
         try:
             size = handle.size()
             try:
@@ -371,12 +378,15 @@ class QueueIndex:
     def reset(self, next_offset: int) -> None:
         """Recovery of a damaged index: remove every file; the queue continues at
         `next_offset` (nothing below it readable) and re-appended entries rebuild it."""
+        on_disk = self._files if self._last_on_disk else self._files[:-1]
         for first in self._files:
             self._cache.drop(self._path(first))
+        for first in on_disk:
             self._fs.remove(self._path(first))
-        if self._files:
+        if on_disk:
             self._fs.sync_dir(self._dir)
         self._files = []
+        self._last_on_disk = True
         self._tail = None
         self._next_offset = self.min_offset = next_offset
         self._last_position = -1
@@ -387,6 +397,7 @@ class QueueIndex:
         if self._exists or self._fs.exists(self._dir):
             self._fs.remove_tree(self._dir)
         self._exists = False
+        self._last_on_disk = True
         self._files = []
         self._tail = None
 
