@@ -34,6 +34,7 @@ from tidemq.protocol.acl_messages import (
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import REQUESTS
 from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
+from tidemq.protocol.query_messages import QueryMessagesRequest
 from tidemq.protocol.static_messages import (
     StaticOpenRequest,
     StaticSealRequest,
@@ -75,6 +76,10 @@ SAMPLES: dict[RequestCode, msgspec.Struct] = {
     RequestCode.LIST_OFFSETS: c.ListOffsetsRequest(topic=T, queue=0),
     RequestCode.INIT_PRODUCER: c.InitProducerRequest(),
     RequestCode.CREATE_TOPIC: c.CreateTopicRequest(name=NEW, queues=1),
+    RequestCode.CREATE_TOPICS: c.CreateTopicsRequest(
+        topics=[c.CreateTopicRequest(name=NEW + "-batch", queues=1)]
+    ),
+    RequestCode.QUERY_MESSAGES: QueryMessagesRequest(topic=T, key=b"k"),
     RequestCode.ALTER_TOPIC: c.AlterTopicRequest(name=T, queues=1),
     RequestCode.DELETE_TOPIC: c.DeleteTopicRequest(name=GONE),
     RequestCode.LIST_TOPICS: c.ListTopicsRequest(),

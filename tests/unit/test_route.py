@@ -210,3 +210,28 @@ def test_addresses_and_unserved_queues() -> None:
     )
     assert not full.has_unserved_queues
     assert full.without({"b:1"}).has_unserved_queues
+
+
+def test_merge_replaces_the_asked_topics_in_place() -> None:
+    table = _table()
+    answer = GetRoutesResponse(
+        routes=[
+            TopicRoute(topic="orders", queues=2, message_type="FIFO", brokers={0: "h:3"}),
+            TopicRoute(topic="new", queues=1, message_type="NORMAL", brokers={0: "h:3"}),
+        ],
+        brokers={"b3": "h:3"},
+        coordinator="h:3",
+    )
+    # "partial" was asked for and not answered: it no longer exists; "dark" was not asked.
+    table.merge(answer, ["orders", "new", "partial"])
+    assert table.queue_count("orders") == 2
+    assert table.broker_for("orders", 0) == "h:3"
+    assert table.broker_for("new", 0) == "h:3"
+    assert "partial" not in table
+    assert "dark" in table
+    assert dict(table.brokers) == {"b3": "h:3"}
+    assert table.coordinator == "h:3"
+    # An empty ask (the broker list alone) changes no topic.
+    table.merge(GetRoutesResponse(routes=[], brokers={"b1": "h:1"}), [])
+    assert "orders" in table
+    assert dict(table.brokers) == {"b1": "h:1"}

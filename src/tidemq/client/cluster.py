@@ -312,7 +312,7 @@ class ClusterClient:
         if not self._have_routes:
             # Nothing to merge into: the first fetch is a whole one.
             return await self.refresh_routes(force=True)
-        self._fetched = self._fetched.merged(response, topics)
+        self._fetched.merge(response, topics)
         self._routes = self._fetched.without(self._down.keys())
         return self._routes
 

@@ -1,8 +1,9 @@
 """The route table a client (or a broker forwarding a request) consults: which broker serves
 which queue of which topic, and which queue a message goes to.
 
-Built from one `GetRoutesResponse`; immutable, so a refresh builds a new table and swaps it
-in. Pure: no I/O, no clock.
+Built from one `GetRoutesResponse`; a whole refresh builds a new table and swaps it in. A
+partial one (a few topics: after a create, before the first send to a topic) merges into
+the table in place (`merge`). Pure: no I/O, no clock.
 
 Queue selection:
 
@@ -82,21 +83,20 @@ class RouteTable:
     def from_response(cls, response: GetRoutesResponse) -> RouteTable:
         return cls(response.routes, response.brokers, response.coordinator)
 
-    def merged(self, response: GetRoutesResponse, asked: Iterable[str]) -> RouteTable:
-        """This table with the routes of the `asked` topics replaced by the answer's (a
-        topic asked for and not answered no longer exists), and the answer's brokers and
-        coordinator. Costs a copy of two dicts, not a rebuild of every topic's entry: a
-        client that just created its 100,001st topic learns it cheaply."""
-        table = RouteTable(brokers=response.brokers, coordinator=response.coordinator)
-        table._source = dict(self._source)
-        table._topics = dict(self._topics)
+    def merge(self, response: GetRoutesResponse, asked: Iterable[str]) -> None:
+        """In place: the routes of the `asked` topics replaced by the answer's (a topic
+        asked for and not answered no longer exists), and the answer's brokers and
+        coordinator. The one exception to "immutable": a client that just created its
+        100,001st topic learns it in constant time, not by copying every route; readers
+        holding this table see the newer routes, which is all they could want."""
         for topic in asked:
-            table._source.pop(topic, None)
-            table._topics.pop(topic, None)
+            self._source.pop(topic, None)
+            self._topics.pop(topic, None)
         for route in response.routes:
-            table._source[route.topic] = route
-            table._topics[route.topic] = _Topic(route)
-        return table
+            self._source[route.topic] = route
+            self._topics[route.topic] = _Topic(route)
+        self._brokers = MappingProxyType(dict(response.brokers))
+        self._coordinator = response.coordinator
 
     def without(self, addresses: Collection[str]) -> RouteTable:
         """This table with the brokers at `addresses` taken out (a client saw their
