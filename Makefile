@@ -75,6 +75,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) benchmarks/bench_compaction.py --json benchmarks/results/compaction.json
 	$(PY) benchmarks/bench_static_remap.py --json benchmarks/results/static_remap.json
 	$(PY) benchmarks/bench_metrics.py --runs 6 --json benchmarks/results/metrics.json
+	$(PY) benchmarks/bench_topics.py --json benchmarks/results/topics.json
 	$(PY) benchmarks/bench_key_index.py --json benchmarks/results/key_index.json
 	$(PY) benchmarks/bench_serde.py --json benchmarks/results/serde.json
 	$(PY) benchmarks/bench_spark_avro.py --json benchmarks/results/spark_avro.json

@@ -130,8 +130,12 @@ def main() -> None:
         results.update(throughput(server.address, args.topics, args.seconds))
     finally:
         server.stop()
+    print(json.dumps(results), flush=True)  # kept if a memory run fails
     counts = [int(n) for n in args.memory_queues.split(",") if n]
-    results["memory"] = [memory(n) for n in counts]
+    results["memory"] = []
+    for n in counts:
+        results["memory"].append(memory(n))
+        print(json.dumps(results["memory"][-1]), flush=True)
     j = peers.machine_jiffies() - j0
     steal = 100 * j.steal / j.total if j.total else 0.0
     r = results

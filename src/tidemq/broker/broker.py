@@ -59,13 +59,13 @@ from tidemq.broker.system_topics import (
     scan_moved,
 )
 from tidemq.broker.timer_service import TimerService
+from tidemq.broker.topic_registrations import TopicRegistrations
 from tidemq.broker.topics import TopicTable
 from tidemq.broker.transaction_service import TransactionService
 from tidemq.cluster.membership import check_secret
 from tidemq.cluster.nameserver import NameServer
 from tidemq.cluster.registration import Registration
 from tidemq.cluster.service import NAMESERVER_CODES, NameServerHandlers
-from tidemq.cluster.topic_journal import STATIC, StaticMark, TopicJournal, TopicRegistration
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import (
     ConfigError,
@@ -87,7 +87,6 @@ from tidemq.protocol.commands import (
     PopReceiveRequest,
     PopReceiveResponse,
     PopStatusResponse,
-    StaticTopicReg,
     StatusResponse,
 )
 from tidemq.protocol.frame import Frame
@@ -179,10 +178,6 @@ class Broker:
         #: Tiered storage (None: `tiered.url` not set).
         self.tier: TierService | None = None
         self._lock_fd: int | None = None
-        #: The topic list's version for the name servers: beats send changes only.
-        self._journal = TopicJournal()
-        #: The version the embedded name server holds (None: none yet).
-        self._ns_acked: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -317,6 +312,7 @@ class Broker:
             register_now=self._register_now,
             pop_unfinished=self._pop.unfinished,
         )
+        self._registrations = TopicRegistrations(self._topics, self._static.chains)
         self._data = DataHandlers(
             cfg,
             self._gateway,
@@ -363,14 +359,14 @@ class Broker:
                 cfg.broker_name,
                 self.address,
                 cfg.name_servers,
-                self._topic_list,
+                self._registrations.topic_list,
                 cfg.broker_heartbeat_interval_ms,
-                static_topics=self._static_list,
+                static_topics=self._registrations.static_list,
                 created_ms=self._created_ms,
                 ssl_context=name_server_tls,
                 cluster_key=self._cluster_key,
-                journal=self._journal,
-                lookup=self._topic_reg,
+                journal=self._registrations.journal,
+                lookup=self._registrations.lookup,
             )
             self._topics.on_change = self._topic_changed
             await self._registration.start()
@@ -589,25 +585,6 @@ class Broker:
 
     # ------------------------------------------------------------------ registration
 
-    def _topic_list(self) -> list[tuple[str, int, str, list[int]]]:
-        return [
-            (t.name, t.queues, t.message_type.value, self._topics.hosted(t.name))
-            for t in self._topics.all()
-            if not self._topics.is_static(t.name)
-        ]
-
-    def _static_list(self) -> list[StaticTopicReg]:
-        return [
-            StaticTopicReg(
-                topic=t.name,
-                queues=t.queues,
-                message_type=t.message_type.value,
-                chains=self._static.chains(t.name),
-            )
-            for t in self._topics.all()
-            if self._topics.is_static(t.name)
-        ]
-
     async def _cluster_queue_counts(self, topics: list[str]) -> dict[str, int]:
         if self.nameserver is not None:
             return {r.topic: r.queues for r in self.nameserver.routes(topics)}
@@ -650,17 +627,8 @@ class Broker:
             group_commit=self._gateway.group_commit_bytes.copy(),
         )
 
-    def _topic_reg(self, name: str) -> TopicRegistration | StaticMark | None:
-        """One topic's registration now, for a delta (cluster/topic_journal.py)."""
-        info = self._topics.find(name)
-        if info is None:
-            return None
-        if self._topics.is_static(name):
-            return STATIC
-        return (name, info.queues, info.message_type.value, self._topics.hosted(name))
-
     def _topic_changed(self, name: str | None) -> None:
-        self._journal.touch(name)
+        self._registrations.journal.touch(name)
         if self.nameserver is not None:
             self._register_local()
         else:
@@ -669,7 +637,7 @@ class Broker:
     async def _register_now(self) -> None:
         """Register in full now (a static topic's chains changed: not a delta's business),
         returning once the name servers have it."""
-        self._journal.touch(None)
+        self._registrations.journal.touch(None)
         await self._register_changes()
 
     async def _register_changes(self) -> None:
@@ -681,33 +649,10 @@ class Broker:
             await self._registration.register_once()
 
     def _register_local(self) -> None:
-        """Register with the embedded name server: the changes since the version it holds,
-        or everything when it holds none (or refuses the delta)."""
-        ns = self.nameserver
-        assert ns is not None
-        journal = self._journal
-        delta = journal.delta(self._ns_acked, self._topic_reg)
-        if delta is not None and ns.update(
-            self.config.broker_name,
-            self.address,
-            epoch=journal.epoch,
-            base_version=delta.base_version,
-            version=delta.version,
-            topics=delta.upserts,
-            removed=delta.removed,
-        ):
-            self._ns_acked = delta.version
-            return
-        ns.register(
-            self.config.broker_name,
-            self.address,
-            self._topic_list(),
-            created_ms=self._created_ms,
-            static_topics=self._static_list(),
-            epoch=journal.epoch,
-            version=journal.version,
+        assert self.nameserver is not None
+        self._registrations.register_local(
+            self.nameserver, self.config.broker_name, self.address, created_ms=self._created_ms
         )
-        self._ns_acked = journal.version
 
     async def _sweep(self) -> None:
         interval = self.config.broker_heartbeat_interval_ms / 1000

@@ -269,7 +269,9 @@ class ClusterClient:
                         timeout_ms=timeout_ms,
                     )  # fmt: skip
             except TidemqError as exc:
-                if not self._have_routes or not exc.retriable:
+                # With routes known, any failure keeps them until the next try (a route
+                # answer too large for one frame, with a million queues, included).
+                if not self._have_routes:
                     raise
                 self._refresh_due = time.monotonic() + self.config.route_refresh_degraded_ms / 1000
                 if not self._stale_logged:

@@ -103,7 +103,11 @@ async def create_topics(
     if exist_ok:
         exists = int(TopicAlreadyExists.code)
         failed = {n: f for n, f in failed.items() if f.code != exists}
-    await cluster.refresh_routes(force=True)  # once for the whole batch
+    # The routes of the topics created, not every route (which, with a million queues,
+    # would not fit one answer).
+    names_created = list(created)
+    for i in range(0, len(names_created), limits.MAX_ROUTE_TOPICS):
+        await cluster.refresh_topics(names_created[i : i + limits.MAX_ROUTE_TOPICS])
     if failed:
         raise _refusal(list(failed.values()), len(created))
     return [created[n] for n in names if n in created]

@@ -17,6 +17,7 @@ from tidemq.cluster.nameserver import (
     DEFAULT_STALE_TOPIC_MS,
     NameServer,
 )
+from tidemq.core import limits
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import InvalidRequest
 from tidemq.net.server import ServerLimits, TcpServer
@@ -55,7 +56,7 @@ NAMESERVER_CODES = frozenset(
     }
 )
 #: Topics named in one route query.
-_ROUTE_TOPICS_MAX = 10_000
+_ROUTE_TOPICS_MAX = limits.MAX_ROUTE_TOPICS
 
 
 class NameServerHandlers:

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_QUEUES_PER_TOPIC",
     "MAX_QUEUE_ID",
     "MAX_RECEIVE_MESSAGES",
+    "MAX_ROUTE_TOPICS",
     "MAX_TAG_BYTES",
     "MAX_TIMEOUT_MS",
     "MAX_TOPICS_PER_CREATE",
@@ -106,6 +107,8 @@ MAX_QUEUES_PER_TOPIC = 4096
 #: Topics one batch create request carries (Admin.create_topics splits larger batches):
 #: bounds the request's frame and the time the broker holds its metadata transaction.
 MAX_TOPICS_PER_CREATE = 10_000
+#: Topics one route query names (a client asks for more in several).
+MAX_ROUTE_TOPICS = 10_000
 #: Batches one producer may have in flight per queue. An idempotent producer keeps at most
 #: as many as the broker remembers per (producer, queue) (`store.idempotence_window`, sent
 #: in the InitProducer answer), so that a retry is always recognised.
