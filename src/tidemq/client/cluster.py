@@ -123,6 +123,11 @@ class ClusterClient:
 
     # ------------------------------------------------------------------ connections
 
+    def open_connection(self, address: str) -> ClientConnection | None:
+        """The open connection to `address`, if there is one (no waiting, no opening)."""
+        conn = self._conns.get(address)
+        return conn if conn is not None and conn.is_open and not self._closed else None
+
     async def connection(self, address: str, *, probe: bool = False) -> ClientConnection:
         if self._closed:
             raise BrokerNotAvailable("the client is closed")

@@ -535,10 +535,12 @@ class AsyncProducer:
         config = self._config
         if config.linger_ms > 0 or config.acks_none or self._accumulator.holds(topic, queue):
             return False
-        sender = self._senders.get((topic, queue))
-        if sender is None or not self._ctx.routes_trusted():
-            return False  # the first send to a queue looks up its route, connection and id
-        return sender.send_direct(record, future)
+        if not self._ctx.routes_trusted():
+            return False
+        # A queue's first send too: its sender takes the connection and producer id this
+        # producer holds for the queue's broker (QueueSender._adopt_known_connection), or
+        # declines and the accumulator's path looks them up.
+        return self._sender(topic, queue).send_direct(record, future)
 
     def _sender(self, topic: str, queue: int) -> QueueSender:
         sender = self._senders.get((topic, queue))

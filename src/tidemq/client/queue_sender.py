@@ -223,10 +223,12 @@ class QueueSender:
         idle = not self._waiting and not self._inflight and not self._restamp
         if not idle or (self._task is not None and not self._task.done()):
             return None
+        ctx = self._ctx
+        if self._conn is None and self._stamp_key is None and not self._left:
+            self._adopt_known_connection()
         conn = self._conn
         if conn is None or not conn.has_free_slot or not conn.is_open:
             return None
-        ctx = self._ctx
         if ctx.cluster.routes.broker_for(self._topic, self._queue) != conn.address:
             return None
         if not ctx.config.idempotent:
@@ -236,6 +238,22 @@ class QueueSender:
         if ids is None or self._stamp_key != (conn.address, *ids):
             return None
         return conn, ids[0], ids[1], self._sequence
+
+    def _adopt_known_connection(self) -> None:
+        """A queue never sent to: its broker's connection and producer id, when this
+        producer has them already, serve its first message too (the first message to a
+        new queue costs what any other does)."""
+        ctx = self._ctx
+        address = ctx.cluster.routes.broker_for(self._topic, self._queue)
+        conn = None if address is None else ctx.cluster.open_connection(address)
+        if conn is None:
+            return
+        if ctx.config.idempotent:
+            ids = ctx.ids_now(conn.address)
+            if ids is None:
+                return
+            self._stamp_key = (conn.address, *ids)  # as `_stamp` does: sequence 0
+        self._conn = conn
 
     def send_direct(self, record: MessageRecord, future: ReceiptFuture) -> bool:
         """Send one message now from the caller (the fast path), when this sender is idle
