@@ -44,6 +44,16 @@ def _public_config(info: TopicInfo) -> dict[str, str]:
     return config
 
 
+def _summary(info: TopicInfo) -> TopicInfoMsg:
+    """A topic without its per-queue information (lists, batch creates)."""
+    return TopicInfoMsg(
+        name=info.name,
+        queues=info.queues,
+        message_type=info.message_type.value,
+        config=_public_config(info),
+    )
+
+
 async def _nothing() -> None:
     return None
 
@@ -130,15 +140,7 @@ class AdminHandlers:
         if created:
             await self._register_now()
         return CreateTopicsResponse(
-            created=[
-                TopicInfoMsg(
-                    name=t.name,
-                    queues=t.queues,
-                    message_type=t.message_type.value,
-                    config=_public_config(t),
-                )
-                for t in created
-            ],
+            created=[_summary(t) for t in created],
             failed=[TopicFailure(name=n, code=int(e.code), message=str(e)) for n, e in failed],
         )
 
@@ -155,17 +157,7 @@ class AdminHandlers:
         return Empty()
 
     async def list_topics(self, req: ListTopicsRequest) -> ListTopicsResponse:
-        return ListTopicsResponse(
-            topics=[
-                TopicInfoMsg(
-                    name=t.name,
-                    queues=t.queues,
-                    message_type=t.message_type.value,
-                    config=_public_config(t),
-                )
-                for t in self._topics.all()
-            ]
-        )
+        return ListTopicsResponse(topics=[_summary(t) for t in self._topics.all()])
 
     async def describe_topic(self, req: DescribeTopicRequest) -> TopicInfoMsg:
         return await self._describe(self._topics.get(req.name))
