@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 import urllib.request
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def _scrape(http: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_metrics_match_the_traffic(tmp_path: Path) -> None:
+    began = time.time()
     with server_process(tmp_path) as server:
         b = server.address
         with tidemq.Admin(b) as admin:
@@ -78,6 +80,13 @@ def test_metrics_match_the_traffic(tmp_path: Path) -> None:
         assert m[("rocketmq_consumer_group_number", ())] >= 1
         lag = (("consumer_group", "g-metered"), ("topic", TOPIC))
         assert m[("rocketmq_consumer_lag_messages", lag)] == N - 10
+        # How long ago its oldest unconsumed message (offset 5) was stored: since the test
+        # began at most; and the log's oldest record, the first one this test sent.
+        assert 0 <= m[("rocketmq_consumer_lag_latency", lag)] <= 1000 * (time.time() - began) + 1
+        reserve = m[("rocketmq_storage_message_reserve_time", ())]
+        assert (
+            m[("rocketmq_consumer_lag_latency", lag)] <= reserve <= 1000 * (time.time() - began) + 1
+        )
         assert m[("rocketmq_half_messages", ())] == 1
         assert m[("tidemq_timer_pending_messages", t)] == 1
         assert m[("tidemq_commit_log_bytes", ())] > N * 100

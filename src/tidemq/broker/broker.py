@@ -39,10 +39,12 @@ from tidemq.broker.metrics import (
     MetricsSnapshot,
     RequestTimes,
     consumer_lag,
+    consumer_lag_latency,
     disk_usage,
     pop_totals,
     queue_ends,
     queue_lag,
+    reserve_time_ms,
 )
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import MAX_PRODUCER_OWNERS, ProducerOwners
@@ -623,6 +625,10 @@ class Broker:
             queue_lag=by_queue,
             queue_end=ends,
             queues_omitted=omitted,
+            lag_latency_ms=consumer_lag_latency(
+                store, self._topics, self._static.view, self._clock.now_ms()
+            ),
+            reserve_time_ms=reserve_time_ms(store, self._clock.now_ms()),
             fsync=self._gateway.fsync_times().copy(),
             group_commit=self._gateway.group_commit_bytes.copy(),
         )

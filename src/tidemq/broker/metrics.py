@@ -32,10 +32,12 @@ __all__ = [
     "TopicTraffic",
     "Traffic",
     "consumer_lag",
+    "consumer_lag_latency",
     "disk_usage",
     "pop_totals",
     "queue_ends",
     "queue_lag",
+    "reserve_time_ms",
 ]
 
 
@@ -137,6 +139,11 @@ class MetricsSnapshot:
     queue_lag: dict[tuple[str, str, int], int] | None = None
     queue_end: dict[tuple[str, int], int] | None = None
     queues_omitted: int = 0
+    #: (group, topic) -> ms since the oldest message the group has not consumed was
+    #: stored (0: caught up), over the topic's queues here; static topics left out.
+    lag_latency_ms: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: ms since the oldest record of the commit log was stored (0: an empty log).
+    reserve_time_ms: int = 0
     #: The commit log's fdatasyncs: their durations, and the bytes each made durable.
     fsync: Durations = field(default_factory=Durations)
     group_commit: Durations = field(default_factory=lambda: Durations(GROUP_COMMIT_BUCKETS))
@@ -205,6 +212,42 @@ def consumer_lag(
     for (group, topic, _), behind in queue_lag(store, topics, view_of).items():
         lag[(group, topic)] = lag.get((group, topic), 0) + behind
     return lag
+
+
+def consumer_lag_latency(
+    store: MessageStore,
+    topics: TopicTable,
+    view_of: Callable[[str, int], LinkView | None],
+    now_ms: int,
+) -> dict[tuple[str, str], int]:
+    """(group, topic) -> ms since the oldest message the group has not consumed was
+    stored, the largest over the topic's queues stored here (RocketMQ's
+    consumer_lag_latency): one index lookup per lagging queue. Static topics are left
+    out (their committed offsets are logical, across links)."""
+    hosted = {t.name: set(topics.hosted(t.name)) for t in topics.all()}
+    out: dict[tuple[str, str], int] = {}
+    for group in store.groups():
+        for (topic, queue), committed in store.committed_offsets(group).items():
+            if queue not in hosted.get(topic, ()) or view_of(topic, queue) is not None:
+                continue
+            lo, hi = store.queue_bounds(topic, queue)
+            key = (group, topic)
+            out.setdefault(key, 0)
+            start = max(committed, lo)
+            if start >= hi:
+                continue
+            entries = store.index_of(topic, queue)[1].entries_from(start, 1)
+            if entries:
+                out[key] = max(out[key], now_ms - entries[0].store_time_ms)
+    return out
+
+
+def reserve_time_ms(store: MessageStore, now_ms: int) -> int:
+    """ms since the commit log's oldest record was stored (RocketMQ's
+    storage_message_reserve_time): one header read at the log's start."""
+    for _, header in store.log.scan_headers(store.log.start_position):
+        return max(0, now_ms - header.store_time_ms)
+    return 0
 
 
 def queue_ends(

@@ -44,6 +44,7 @@ class _BrokerCollector(Collector):
             "rocketmq_consumer_group_number", "Consumer groups known here.", len(s.groups)
         )
         yield from _lag(s)
+        yield from _latency(s)
         yield GaugeMetricFamily(
             "rocketmq_half_messages", "Messages of open transactions.", s.half_messages
         )
@@ -110,6 +111,23 @@ def _lag(s: MetricsSnapshot) -> Iterator[Metric]:
         "tidemq_metrics_queues_omitted",
         "Queues left out of the per-queue series (over the limit of one scrape).",
         s.queues_omitted,
+    )
+
+
+def _latency(s: MetricsSnapshot) -> Iterator[Metric]:
+    latency = GaugeMetricFamily(
+        "rocketmq_consumer_lag_latency",
+        "Milliseconds since the oldest message the group has not consumed was stored "
+        "(0: caught up), over the topic's queues stored on this broker.",
+        labels=["consumer_group", "topic"],
+    )
+    for (group, topic), ms in sorted(s.lag_latency_ms.items()):
+        latency.add_metric([group, topic], ms)
+    yield latency
+    yield GaugeMetricFamily(
+        "rocketmq_storage_message_reserve_time",
+        "Milliseconds since the oldest message the commit log keeps was stored.",
+        s.reserve_time_ms,
     )
 
 
