@@ -148,11 +148,21 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Duck-typed: uvloop's transports do not subclass asyncio.Transport.
-        self._transport = cast(asyncio.Transport, transport)
+        tr = self._transport = cast(asyncio.Transport, transport)
+        try:
+            self._set_up(tr)
+        except Exception:
+            # asyncio only logs what this callback raises, and the transport would stay
+            # open with no one to close it (a socket reset by its peer while being set
+            # up fails `setsockopt`): close it here.
+            log.debug("a connection failed while being set up", exc_info=True)
+            tr.abort()
+
+    def _set_up(self, transport: asyncio.Transport) -> None:
         if not self._server.accepting:
             # Accepted by the kernel just before the server stopped listening: the
             # shutdown has already closed every connection it knew, so close this one.
-            self._transport.abort()
+            transport.abort()
             return
         self._loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
@@ -165,7 +175,7 @@ class ServerConnection(asyncio.BufferedProtocol):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER_BYTES)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER_BYTES)
         high = self._limits.write_buffer_high_bytes
-        self._transport.set_write_buffer_limits(high=high, low=high // 4)
+        transport.set_write_buffer_limits(high=high, low=high // 4)
         refusal = self._server.accept(self)
         if refusal is not None:
             self._refuse(refusal)
