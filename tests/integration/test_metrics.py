@@ -112,9 +112,57 @@ def test_metrics_match_the_traffic(tmp_path: Path) -> None:
             == m[("tidemq_request_duration_seconds_count", produce)]
         )
         assert 0 < m[("tidemq_request_duration_seconds_sum", produce)] < 60
+        # Message sizes, by kind: every send above was a batch of one message.
+        normal, delay = (("message_type", "normal"),), (("message_type", "delay"),)
+        assert m[("rocketmq_message_size_count", normal)] == N
+        assert m[("rocketmq_message_size_count", delay)] == 1
+        assert m[("rocketmq_message_size_count", (("message_type", "transaction"),))] == 1
+        assert N * 100 < m[("rocketmq_message_size_sum", normal)] < N * 512
+        assert m[("rocketmq_message_size_bucket", (("le", "+Inf"), *normal))] == N
+        assert m[("rocketmq_message_size_bucket", (("le", "128.0"), *normal))] == 0
+        assert m[("rocketmq_message_size_bucket", (("le", "512.0"), *normal))] == N
+        invisible = (by_pop[0], ("state", "invisible"), by_pop[1])  # labels sorted
+        assert m[("tidemq_pop_leases", invisible)] == 2
+        assert m[("tidemq_pop_leases", (by_pop[0], ("state", "suspended"), by_pop[1]))] == 0
+        assert m[("tidemq_pop_retried_messages_total", by_pop)] == 0
+        assert not any(name.startswith("tidemq_tier_") for name, _ in m)  # not configured
+        with tidemq.TransactionProducer(b, "g-tx") as txns:
+            txn = txns.begin()
+            txn.send(TOPIC, b"one", queue=0)
+            txn.send(TOPIC, b"two", queue=1)
+            txn.commit()
         after = _scrape(server.http_address)
         assert after[("tidemq_transactions_rolled_back_total", ())] == 1
+        assert after[("tidemq_transactions_committed_total", ())] == 1
         assert after[("rocketmq_half_messages", ())] == 0
+        assert after[("rocketmq_commit_messages_total", t)] == 2
+        assert after[("rocketmq_rollback_messages_total", t)] == 1
+
+
+def test_tier_backlog(tmp_path: Path) -> None:
+    """With tiered storage configured, each tiered topic's messages not yet offloaded
+    (nothing is offloaded here: files close at 64 MiB or after an hour)."""
+    settings = [
+        "--http-port",
+        "0",
+        "--set",
+        f"tiered.url=file://{tmp_path / 'bucket'}",
+        "--set",
+        "tiered.file_max_age_ms=3600000",
+    ]
+    with server_process(tmp_path, settings) as server:
+        with tidemq.Admin(server.address) as admin:
+            admin.create_topic(TOPIC, 2, config={"remote.storage.enable": "true"})
+            admin.create_topic("local-only", 1)
+        with tidemq.Producer(server.address) as producer:
+            for i in range(7):
+                producer.send(TOPIC, b"v", queue=i % 2)
+            producer.send("local-only", b"v")
+        m = _scrape(server.http_address)
+    assert m[("tidemq_tier_backlog_messages", (("topic", TOPIC),))] == 7
+    assert ("tidemq_tier_backlog_messages", (("topic", "local-only"),)) not in m
+    assert m[("tidemq_tier_uploaded_bytes_total", ())] == 0
+    assert m[("tidemq_tier_errors_total", ())] == 0
 
 
 def test_per_queue_series_are_opt_in(tmp_path: Path) -> None:
@@ -152,3 +200,24 @@ def test_per_queue_series_are_opt_in(tmp_path: Path) -> None:
         for q, n in enumerate((3, 0, 6))
     }
     assert m[("tidemq_metrics_queues_omitted", ())] == 0
+
+
+def test_fifo_pop_leases_by_state(tmp_path: Path) -> None:
+    """A FIFO topic's messages are sized as `fifo`; its pop leases are `invisible` for each
+    message group's first message and `held` for those waiting behind it."""
+    with server_process(tmp_path) as server:
+        b = server.address
+        with tidemq.Admin(b) as admin:
+            admin.create_topic("ordered", 1, message_type="FIFO")
+        with tidemq.Producer(b) as producer:
+            for value, key in ((b"a0", b"a"), (b"a1", b"a"), (b"a2", b"a"), (b"b0", b"b")):
+                producer.send("ordered", value, key=key, queue=0)
+        with tidemq.SimpleConsumer(b, "g-fifo", {"ordered": "*"}, await_duration=1.0) as pop:
+            got = pop.receive(10)
+            assert sorted(m.value or b"" for m in got) == [b"a0", b"b0"]
+            m = _scrape(server.http_address)
+    assert m[("rocketmq_message_size_count", (("message_type", "fifo"),))] == 4
+    group, topic = ("consumer_group", "g-fifo"), ("topic", "ordered")
+    assert m[("tidemq_pop_leases", (group, ("state", "invisible"), topic))] == 2
+    assert m[("tidemq_pop_leases", (group, ("state", "held"), topic))] == 2
+    assert m[("rocketmq_consumer_inflight_messages", (group, topic))] == 2

@@ -19,7 +19,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -45,6 +45,7 @@ from tidemq.broker.metrics import (
     queue_ends,
     queue_lag,
     reserve_time_ms,
+    tier_backlog,
 )
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import MAX_PRODUCER_OWNERS, ProducerOwners
@@ -599,17 +600,20 @@ class Broker:
         topics = {t.name for t in self._topics.all()}
         groups = sorted(set(store.groups()) | set(self._coordinator.groups()))
         txns = self._transactions.status()
-        traffic = self._data.traffic.topics
-        in_flight, dead = pop_totals(self._pop, topics)
+        traffic = self._data.traffic
+        pop = pop_totals(self._pop, topics)
         by_queue: dict[tuple[str, str, int], int] | None = None
         ends: dict[tuple[str, int], int] | None = None
         omitted = 0
         if per_queue:
             by_queue = queue_lag(store, self._topics, self._static.view)
             ends, omitted = queue_ends(store, self._topics, self._static.view)
+        now_ms = self._clock.now_ms()
         return MetricsSnapshot(
             traffic={
-                name: dataclasses.replace(traffic[name]) for name in topics if name in traffic
+                name: dataclasses.replace(traffic.topics[name])
+                for name in topics
+                if name in traffic.topics
             },
             groups=groups,
             lag=consumer_lag(store, self._topics, self._static.view),
@@ -619,19 +623,33 @@ class Broker:
             timer_pending={t.topic: t.pending_messages for t in self._timers.status().topics},
             log_bytes=store.end_position - store.log.start_position,
             request_times={kind: d.copy() for kind, d in self.request_times.kinds.items()},
-            pop_in_flight=in_flight,
-            pop_dead_lettered=dead,
+            pop_in_flight=pop.in_flight,
+            pop_dead_lettered=pop.dead_lettered,
             disk=disk_usage(self.config.store.data_dir),
             queue_lag=by_queue,
             queue_end=ends,
             queues_omitted=omitted,
-            lag_latency_ms=consumer_lag_latency(
-                store, self._topics, self._static.view, self._clock.now_ms()
-            ),
-            reserve_time_ms=reserve_time_ms(store, self._clock.now_ms()),
+            lag_latency_ms=consumer_lag_latency(store, self._topics, self._static.view, now_ms),
+            reserve_time_ms=reserve_time_ms(store, now_ms),
             fsync=self._gateway.fsync_times().copy(),
             group_commit=self._gateway.group_commit_bytes.copy(),
+            message_sizes={kind: d.copy() for kind, d in traffic.sizes.items()},
+            txn_messages_committed=_existing(self._transactions.messages_committed, topics),
+            txn_messages_rolled_back=_existing(self._transactions.messages_rolled_back, topics),
+            pop_leases=pop.leases,
+            pop_retried=pop.retried,
+            **self._tier_metrics(),
         )
+
+    def _tier_metrics(self) -> dict[str, Any]:
+        tier = self.tier
+        if tier is None:
+            return {}
+        return {
+            "tier_backlog": tier_backlog(self._gateway.store, self._topics),
+            "tier_uploaded_bytes": tier.stats.uploaded_bytes,
+            "tier_errors": tier.stats.errors,
+        }
 
     def _topic_changed(self, name: str | None) -> None:
         self._registrations.journal.touch(name)
@@ -910,3 +928,8 @@ def _created_ms(store: MessageStore) -> int:
 
 async def _pop_status(queues: list[PopQueueStatus]) -> PopStatusResponse:
     return PopStatusResponse(queues=queues)
+
+
+def _existing(counts: Mapping[str, int], topics: Collection[str]) -> dict[str, int]:
+    """The counts of the topics that still exist (a deleted topic's series end)."""
+    return {topic: n for topic, n in counts.items() if topic in topics}

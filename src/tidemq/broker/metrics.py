@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tidemq.store.remote_ranges import tier_settings
+
 if TYPE_CHECKING:
     from tidemq.broker.pop_service import PopService
     from tidemq.broker.static_view import LinkView
@@ -26,8 +28,10 @@ __all__ = [
     "DURATION_BUCKETS",
     "GROUP_COMMIT_BUCKETS",
     "MAX_QUEUE_SERIES",
+    "MESSAGE_SIZE_BUCKETS",
     "Durations",
     "MetricsSnapshot",
+    "PopTotals",
     "RequestTimes",
     "TopicTraffic",
     "Traffic",
@@ -38,6 +42,7 @@ __all__ = [
     "queue_ends",
     "queue_lag",
     "reserve_time_ms",
+    "tier_backlog",
 ]
 
 
@@ -52,16 +57,24 @@ class TopicTraffic:
 @dataclass(slots=True)
 class Traffic:
     """Per topic: messages and bytes stored by produce requests (delayed and half
-    messages when they are sent) and read by fetches (what left the broker)."""
+    messages when they are sent) and read by fetches (what left the broker); per kind of
+    message (normal, fifo, delay, transaction): the sizes of the messages stored."""
 
     topics: defaultdict[str, TopicTraffic] = field(
         default_factory=lambda: defaultdict(TopicTraffic)
     )
+    sizes: defaultdict[str, Durations] = field(
+        default_factory=lambda: defaultdict(lambda: Durations(MESSAGE_SIZE_BUCKETS))
+    )
 
-    def stored(self, topic: str, messages: int, size: int) -> None:
+    def stored(self, topic: str, messages: int, size: int, kind: str = "normal") -> None:
         t = self.topics[topic]
         t.messages_in += messages
         t.bytes_in += size
+        if messages > 0:
+            # Per batch, not per message (the data path never walks the messages): each
+            # message counts at its batch's mean size, headers and batch framing included.
+            self.sizes[kind].observe_many(size / messages, messages)
 
     def sent(self, topic: str, messages: int, size: int) -> None:
         t = self.topics[topic]
@@ -78,6 +91,13 @@ class Traffic:
 DURATION_BUCKETS: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+#: Upper bounds (bytes) of the message-size buckets (RocketMQ's rocketmq_message_size uses
+#: 1, 4, 512 KiB, 1, 2 and 4 MiB; the smaller ones here tell 100 B from 1 KiB messages).
+MESSAGE_SIZE_BUCKETS: tuple[float, ...] = (
+    128, 512, 1024, 4096, 16384, 65536, 524288, 1048576, 2097152, 4194304,
 )  # fmt: skip
 
 
@@ -103,6 +123,11 @@ class Durations:
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total_s += value
+
+    def observe_many(self, value: float, times: int) -> None:
+        """`times` observations of `value`."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
+        self.total_s += value * times
 
     def copy(self) -> Durations:
         return Durations(self.bounds, list(self.counts), self.total_s)
@@ -147,6 +172,22 @@ class MetricsSnapshot:
     #: The commit log's fdatasyncs: their durations, and the bytes each made durable.
     fsync: Durations = field(default_factory=Durations)
     group_commit: Durations = field(default_factory=lambda: Durations(GROUP_COMMIT_BUCKETS))
+    #: Kind of message -> the sizes of the messages stored (bytes, copied).
+    message_sizes: dict[str, Durations] = field(default_factory=dict)
+    #: Topic -> messages of committed transactions published, and messages of rolled
+    #: back transactions discarded (since the broker started).
+    txn_messages_committed: dict[str, int] = field(default_factory=dict)
+    txn_messages_rolled_back: dict[str, int] = field(default_factory=dict)
+    #: (group, topic, state) -> pop leases: "invisible" (delivered, not acked), "held"
+    #: (FIFO, waiting behind an earlier message of its group), "suspended" (attempts used
+    #: up, waiting for resume); and (group, topic) -> messages moved to the retry topic.
+    pop_leases: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    pop_retried: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: Tiered storage (None when not configured): per tiered topic, messages on the
+    #: broker's disk not yet in the object store; and what was uploaded, with failures.
+    tier_backlog: dict[str, int] | None = None
+    tier_uploaded_bytes: int = 0
+    tier_errors: int = 0
 
 
 @dataclass(slots=True)
@@ -272,19 +313,41 @@ def queue_ends(
     return ends, omitted
 
 
-def pop_totals(
-    pop: PopService, topics: Collection[str]
-) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
-    """(group, topic) -> messages leased and not acked, and messages dead-lettered."""
-    in_flight: dict[tuple[str, str], int] = {}
-    dead: dict[tuple[str, str], int] = {}
-    for group in pop.groups():
-        for q in pop.status(group):
-            if q.topic in topics:
-                key = (group, q.topic)
-                in_flight[key] = in_flight.get(key, 0) + q.in_flight
-                dead[key] = dead.get(key, 0) + q.dead_lettered
-    return in_flight, dead
+@dataclass(slots=True)
+class PopTotals:
+    """Pop consumption per (group, topic), summed over the topic's queues here."""
+
+    in_flight: dict[tuple[str, str], int] = field(default_factory=dict)
+    dead_lettered: dict[tuple[str, str], int] = field(default_factory=dict)
+    retried: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: (group, topic, state) -> leases (see `MetricsSnapshot.pop_leases`).
+    leases: dict[tuple[str, str, str], int] = field(default_factory=dict)
+
+
+def pop_totals(pop: PopService, topics: Collection[str]) -> PopTotals:
+    """The pop service's counts for the existing topics."""
+    out = PopTotals()
+    for (group, topic, _), c in pop.counts().items():
+        if topic not in topics:
+            continue
+        key = (group, topic)
+        out.in_flight[key] = out.in_flight.get(key, 0) + c.invisible
+        out.dead_lettered[key] = out.dead_lettered.get(key, 0) + c.dead_lettered
+        out.retried[key] = out.retried.get(key, 0) + c.retried
+        for state, n in (("invisible", c.invisible), ("held", c.held), ("suspended", c.suspended)):
+            out.leases[(group, topic, state)] = out.leases.get((group, topic, state), 0) + n
+    return out
+
+
+def tier_backlog(store: MessageStore, topics: TopicTable) -> dict[str, int]:
+    """Tiered topic -> messages on this broker's disk past what the object store holds:
+    O(1) per queue (offsets only, no index read), so a scrape stays cheap."""
+    out: dict[str, int] = {}
+    for t in topics.all():
+        if not tier_settings(t.config).enabled:
+            continue
+        out[t.name] = sum(store.offload.pending_messages(t.name, q) for q in topics.hosted(t.name))
+    return out
 
 
 def disk_usage(data_dir: Path) -> tuple[int, int]:

@@ -102,7 +102,7 @@ from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus, Sto
 if TYPE_CHECKING:
     from tidemq.broker.tier_service import TierService
 
-__all__ = ["PopService", "Scheduler", "dlq_topic", "retry_topic"]
+__all__ = ["PopCounts", "PopService", "Scheduler", "dlq_topic", "retry_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -990,6 +990,33 @@ class PopService:
 
     def groups(self) -> Iterable[str]:
         return sorted({g for g, _, _ in self._tables})
+
+    def counts(self) -> dict[tuple[str, str, int], PopCounts]:
+        """(group, topic, queue) -> its lease counts (for metrics; one pass, no lists)."""
+        out: dict[tuple[str, str, int], PopCounts] = {}
+        for key, t in self._tables.items():
+            c = PopCounts(dead_lettered=t.dead, retried=t.retried)
+            for lease in t.leases.values():
+                if lease.deadline < _HELD:
+                    c.invisible += 1
+                elif lease.deadline == _HELD:
+                    c.held += 1
+                elif lease.deadline == _SUSPENDED:
+                    c.suspended += 1
+            out[key] = c
+        return out
+
+
+@dataclass(slots=True)
+class PopCounts:
+    """One queue's pop leases by state, and what left it for the retry and dead-letter
+    topics."""
+
+    invisible: int = 0
+    held: int = 0
+    suspended: int = 0
+    dead_lettered: int = 0
+    retried: int = 0
 
 
 def _apply_lease(table: _PopQueue, op: _PopOp) -> None:

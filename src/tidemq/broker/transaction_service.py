@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -150,6 +150,10 @@ class TransactionService:
         self._discarded: deque[DiscardedTxnInfo] = deque(maxlen=_DISCARDED_KEPT)
         self._committed = 0
         self._rolled_back = 0
+        #: Per topic, messages published by commits and discarded by rollbacks (since the
+        #: broker started; for metrics).
+        self.messages_committed: Counter[str] = Counter()
+        self.messages_rolled_back: Counter[str] = Counter()
         self._checkers: dict[str, list[ServerConnection]] = {}
         self._check_slots = asyncio.Semaphore(_MAX_CONCURRENT_CHECKS)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -514,8 +518,12 @@ class TransactionService:
             self._finished[t.txn_id] = t
             if state is TxnState.COMMITTED:
                 self._committed += 1
+                for p in t.published:
+                    self.messages_committed[p.topic] += p.count
             else:
                 self._rolled_back += 1
+                for h in t.halves:
+                    self.messages_rolled_back[h.topic] += h.count
         while len(self._finished) > _FINISHED_KEPT:
             self._finished.popitem(last=False)
 

@@ -48,6 +48,7 @@ class _BrokerCollector(Collector):
         yield GaugeMetricFamily(
             "rocketmq_half_messages", "Messages of open transactions.", s.half_messages
         )
+        yield from _transactions(s)
         yield CounterMetricFamily(
             "tidemq_transactions_committed", "Transactions committed.", s.transactions_committed
         )
@@ -74,6 +75,7 @@ class _BrokerCollector(Collector):
         )
         yield from _durations(s)
         yield from _pop(s)
+        yield from _tier(s)
 
 
 def _lag(s: MetricsSnapshot) -> Iterator[Metric]:
@@ -147,12 +149,69 @@ def _pop(s: MetricsSnapshot) -> Iterator[Metric]:
     )
     for (group, topic), n in sorted(s.pop_dead_lettered.items()):
         dead.add_metric([group, topic], n)
+    leases = GaugeMetricFamily(
+        "tidemq_pop_leases",
+        "Pop leases by state: invisible (delivered, not acked), held (FIFO, behind an "
+        "earlier message of its group), suspended (attempts used up, awaiting resume).",
+        labels=[*labels, "state"],
+    )
+    for (group, topic, state), n in sorted(s.pop_leases.items()):
+        leases.add_metric([group, topic, state], n)
+    retried = CounterMetricFamily(
+        "tidemq_pop_retried_messages",
+        "Messages a nack moved to the group's retry topic.",
+        labels=labels,
+    )
+    for (group, topic), n in sorted(s.pop_retried.items()):
+        retried.add_metric([group, topic], n)
     yield in_flight
     yield dead
+    yield leases
+    yield retried
+
+
+def _transactions(s: MetricsSnapshot) -> Iterator[Metric]:
+    committed = CounterMetricFamily(
+        "rocketmq_commit_messages",
+        "Messages of committed transactions, published to their topic.",
+        labels=["topic"],
+    )
+    for topic, n in sorted(s.txn_messages_committed.items()):
+        committed.add_metric([topic], n)
+    rolled_back = CounterMetricFamily(
+        "rocketmq_rollback_messages",
+        "Messages of rolled-back transactions, discarded.",
+        labels=["topic"],
+    )
+    for topic, n in sorted(s.txn_messages_rolled_back.items()):
+        rolled_back.add_metric([topic], n)
+    yield committed
+    yield rolled_back
+
+
+def _tier(s: MetricsSnapshot) -> Iterator[Metric]:
+    if s.tier_backlog is None:
+        return  # tiered storage is not configured: no series rather than zeros
+    backlog = GaugeMetricFamily(
+        "tidemq_tier_backlog_messages",
+        "Messages on this broker's disk not yet in the object store, per tiered topic.",
+        labels=["topic"],
+    )
+    for topic, n in sorted(s.tier_backlog.items()):
+        backlog.add_metric([topic], n)
+    yield backlog
+    yield CounterMetricFamily(
+        "tidemq_tier_uploaded_bytes", "Bytes uploaded to the object store.", s.tier_uploaded_bytes
+    )
+    yield CounterMetricFamily(
+        "tidemq_tier_errors", "Failed tier operations (each retried).", s.tier_errors
+    )
 
 
 def _buckets(d: Durations) -> list[tuple[str, float]]:
-    bounds = [*(str(b) for b in d.bounds), "+Inf"]
+    # As prometheus_client writes its own bucket bounds (1024 -> "1024.0", 0.0001 ->
+    # "0.0001"): queries match `le` as a string.
+    bounds = [*(repr(float(b)) for b in d.bounds), "+Inf"]
     return list(zip(bounds, itertools.accumulate(d.counts), strict=True))
 
 
@@ -172,6 +231,15 @@ def _durations(s: MetricsSnapshot) -> Iterator[Metric]:
         buckets=_buckets(s.fsync),
         sum_value=s.fsync.total_s,
     )
+    sizes = HistogramMetricFamily(
+        "rocketmq_message_size",
+        "Sizes of the messages stored, in bytes, by kind (normal, fifo, delay, "
+        "transaction); each message counts at its batch's mean size.",
+        labels=["message_type"],
+    )
+    for kind, d in sorted(s.message_sizes.items()):
+        sizes.add_metric([kind], _buckets(d), d.total_s)
+    yield sizes
     yield HistogramMetricFamily(
         "tidemq_group_commit_bytes",
         "Bytes of the commit log each fdatasync made durable.",

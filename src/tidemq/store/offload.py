@@ -47,6 +47,14 @@ class OffloadView:
             remote, index.min_offset, index.next_offset, int(live["size"].astype("i8").sum())
         )
 
+    def pending_messages(self, topic: str, queue_id: int) -> int:
+        """Messages stored locally past the remote end: offsets only, no index read (a
+        metrics scrape asks this of every tiered queue)."""
+        info, index = self._store.index_of(topic, queue_id)
+        remote = self._store.remote.get((info.id, queue_id))
+        start = index.min_offset if remote is None else max(remote.remote_end, index.min_offset)
+        return max(0, index.next_offset - start)
+
     def open_range(self, topic: str, queue_id: int) -> RemoteRange:
         """The queue's remote range, created empty at its min offset on first use."""
         info, index = self._store.index_of(topic, queue_id)

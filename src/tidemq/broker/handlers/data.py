@@ -109,7 +109,7 @@ class DataHandlers:
             result = await self._timers.schedule(
                 req.topic, req.queue, bytes(body), req.deliver_at_ms
             )
-            self.traffic.stored(req.topic, result.count, len(body))
+            self.traffic.stored(req.topic, result.count, len(body), "delay")
             return ProduceResponse(
                 base_offset=result.base_offset,
                 count=result.count,
@@ -118,7 +118,7 @@ class DataHandlers:
             )
         if kind is MessageType.TRANSACTION:
             result = await self._transactions.send(req.txn_id, req.topic, req.queue, bytes(body))
-            self.traffic.stored(req.topic, result.count, len(body))
+            self.traffic.stored(req.topic, result.count, len(body), "transaction")
             return ProduceResponse(
                 base_offset=result.base_offset,
                 count=result.count,
@@ -132,7 +132,8 @@ class DataHandlers:
             stamp = ProducerStamp(req.producer_id, req.epoch, req.base_sequence)
         result = await self._gateway.append(req.topic, req.queue, body, producer=stamp)
         if not result.duplicate:
-            self.traffic.stored(req.topic, result.count, len(body))
+            fifo = info.message_type is MessageType.FIFO
+            self.traffic.stored(req.topic, result.count, len(body), "fifo" if fifo else "normal")
         base = result.base_offset
         if view is not None:
             # The chain may have been sealed while the append waited for its flush: the
