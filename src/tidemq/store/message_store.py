@@ -624,8 +624,7 @@ class MessageStore:
         # held the loop for most of each checkpoint (see OsFileSystem.sync_files).
         try:
             self._fs.sync_files(written)
-            for directory in new_dirs:  # new index files' and queues' entries
-                self._fs.sync_dir(directory)
+            self._fs.sync_dirs(list(new_dirs))  # new index files' and queues' entries
         except OSError as exc:
             # As for the log (fsyncgate): the entries were handed to the kernel and marked
             # written, and a retry could "succeed" on pages the kernel dropped. Fence; a

@@ -410,6 +410,11 @@ class FaultFileSystem:
             _apply_change(self._durable_names, change)
         self._log = rest[::-1]
 
+    def sync_dirs(self, paths: Sequence[Path]) -> None:
+        """`sync_dir` of each, in order (the real one may sync the whole filesystem)."""
+        for path in paths:
+            self.sync_dir(path)
+
     def sync_files(self, paths: Sequence[Path]) -> None:
         """`sync` of each file, in order (the real one may sync the whole filesystem: the
         contract is only these files); OSError(EIO) at the first armed sync fault."""
