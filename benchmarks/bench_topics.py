@@ -11,6 +11,8 @@ On one `tidemq server` (async flush):
   on top of them (target <= 60 s);
 * the first message to each of 500 topics never written, against the second message to
   the same topics (one message per round trip; medians; target: no slower);
+* a whole route refresh (every topic) against one that holds the current routes' token
+  and is told "unchanged" (medians of 5; the answer's encoded size);
 * produce throughput with `send_async` of 100 B messages for `--seconds` (5) to one
   queue, and spread round robin over every one-queue topic (target >= 0.5x).
 
@@ -23,6 +25,7 @@ average over the run.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -33,8 +36,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import msgspec
+
 import peers
 import tidemq
+from tidemq.client.cluster import ClusterClient
+from tidemq.protocol.commands import GetRoutesRequest, GetRoutesResponse
 
 VALUE = b"x" * 100
 PROBES = 500
@@ -60,6 +67,36 @@ def create(address: str, topics: int, singles: int) -> dict[str, float]:
             admin.create_topic(f"s{i}", 1)
         singles_s = time.perf_counter() - start
     return {"batch_s": batch_s, "singles_s": singles_s}
+
+
+async def _route_fetches(address: str) -> dict[str, float]:
+    client = ClusterClient(address)
+    try:
+        full: list[float] = []
+        unchanged: list[float] = []
+        size = 0
+        for _ in range(5):
+            t0 = time.perf_counter()
+            answer = await client.call(address, GetRoutesRequest(), GetRoutesResponse)
+            full.append(time.perf_counter() - t0)
+            size = len(msgspec.msgpack.encode(answer))
+            t0 = time.perf_counter()
+            again = await client.call(
+                address, GetRoutesRequest(known=answer.generation), GetRoutesResponse
+            )
+            unchanged.append(time.perf_counter() - t0)
+            assert again.unchanged
+        return {
+            "routes_full_ms": statistics.median(full) * 1000,
+            "routes_unchanged_ms": statistics.median(unchanged) * 1000,
+            "routes_full_bytes": size,
+        }
+    finally:
+        await client.close()
+
+
+def route_fetches(address: str) -> dict[str, float]:
+    return asyncio.run(_route_fetches(address))
 
 
 def first_messages(address: str, topics: int) -> dict[str, float]:
@@ -126,6 +163,7 @@ def main() -> None:
     server = peers.start_tidemq("async")
     try:
         results.update(create(server.address, args.topics, args.singles))
+        results.update(route_fetches(server.address))
         results.update(first_messages(server.address, args.topics))
         results.update(throughput(server.address, args.topics, args.seconds))
     finally:
@@ -141,6 +179,9 @@ def main() -> None:
     r = results
     print(f"{args.topics:,} topics with create_topics: {r['batch_s']:.1f} s; then "
           f"{args.singles:,} with one call each: {r['singles_s']:.1f} s")  # fmt: skip
+    print(f"route refresh of every topic: {r['routes_full_ms']:.1f} ms "
+          f"({r['routes_full_bytes'] / 1e6:.1f} MB); unchanged: "
+          f"{r['routes_unchanged_ms']:.2f} ms")  # fmt: skip
     print(f"first message to a new queue: p50 {r['first_ms']:.3f} ms; second: "
           f"{r['second_ms']:.3f} ms ({r['first_ms'] / r['second_ms']:.2f}x)")  # fmt: skip
     print(f"send_async 100 B: one queue {r['one_queue_rate']:,.0f} msg/s, over "

@@ -415,3 +415,62 @@ def test_a_producer_may_cancel_the_delayed_messages_of_topics_it_writes(
         assert second.message_id != first.message_id
 
     loop.run(go())
+
+
+def test_unchanged_route_answers_respect_each_users_acls(
+    loop: Loop, start_broker: StartBroker
+) -> None:
+    """A route token says "unchanged" only to the user it was given to, and only while the
+    ACLs are those it was given under: bob's routes are cut to what he may describe."""
+    env = _start(start_broker)
+    admin_config = _config(ADMIN, ADMIN_PASSWORD)
+
+    async def routes(user: str, password: str, known: int) -> c.GetRoutesResponse:
+        conn = await ClientConnection.open(
+            env.address, max_frame_bytes=_FRAME, username=user, password=password
+        )
+        try:
+            request = c.GetRoutesRequest(known=known)
+            answer, _ = await conn.request(request, c.GetRoutesResponse, timeout_s=10)
+            return answer
+        finally:
+            conn.close()
+
+    def names(answer: c.GetRoutesResponse) -> set[str]:
+        return {r.topic for r in answer.routes if not r.topic.startswith("%")}
+
+    async def go() -> None:
+        async with tidemq.aio.Admin(env.address, client_config=admin_config) as admin:
+            await admin.create_topic("orders", 1)
+            await admin.create_topic("payroll", 1)
+            await admin.create_user(BOB, BOB_PASSWORD)
+            first = await routes(BOB, BOB_PASSWORD, 0)
+            assert names(first) == set()
+            assert not first.unchanged
+            again = await routes(BOB, BOB_PASSWORD, first.generation)
+            assert again.unchanged
+            assert again.routes == []
+            assert again.generation == first.generation
+            # Another user's token is no use to bob, nor bob's to the admin.
+            mine = await routes(ADMIN, ADMIN_PASSWORD, 0)
+            assert names(mine) == {"orders", "payroll"}
+            assert mine.generation != first.generation
+            assert not (await routes(ADMIN, ADMIN_PASSWORD, first.generation)).unchanged
+            assert not (await routes(BOB, BOB_PASSWORD, mine.generation)).unchanged
+            grant = tidemq.Acl(
+                principal=f"User:{BOB}",
+                resource_type="topic",
+                resource_name="orders",
+                operation="describe",
+            )
+            assert await admin.create_acls([grant]) == 1
+            # No topic changed, but bob may see more now: his old token is stale.
+            granted = await routes(BOB, BOB_PASSWORD, first.generation)
+            assert not granted.unchanged
+            assert names(granted) == {"orders"}
+            assert (await routes(BOB, BOB_PASSWORD, granted.generation)).unchanged
+            # The admin's token was not about ACLs' effects on him, but it is mixed with
+            # their version too: one full answer after any ACL change, then unchanged.
+            assert not (await routes(ADMIN, ADMIN_PASSWORD, mine.generation)).unchanged
+
+    loop.run(go(), timeout_s=60)

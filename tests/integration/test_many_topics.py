@@ -17,7 +17,9 @@ from tests.support.server_process import server_process
 
 import tidemq
 from tidemq import aio
+from tidemq.client.cluster import ClusterClient
 from tidemq.core.errors import ConfigError, InvalidTopicName, TopicAlreadyExists
+from tidemq.protocol.commands import GetRoutesRequest, GetRoutesResponse
 
 if TYPE_CHECKING:
     from tests.integration.conftest import BrokerEnv, ClusterEnv, Loop, ThreadedBroker
@@ -132,3 +134,37 @@ def test_topics_of_an_acknowledged_batch_survive_kill9(tmp_path: Path) -> None:
                 if got:
                     break
             assert [m.value for m in got] == [b"first"]
+
+
+def test_route_refreshes_fetch_only_what_changed(loop: Loop, cluster: ClusterEnv) -> None:
+    """A client's periodic refresh of every route sends the token of the routes it holds:
+    while nothing changed the name server answers "unchanged" (no routes on the wire,
+    the client keeps its table); a topic created elsewhere changes the token."""
+
+    async def main() -> None:
+        async with aio.Admin(cluster.bootstrap) as admin:
+            await admin.create_topics([tidemq.NewTopic(f"r{i}", 1) for i in range(50)])
+        watcher = ClusterClient(cluster.bootstrap)
+        try:
+            first = await watcher.refresh_routes(force=True)
+            assert {f"r{i}" for i in range(50)} <= set(first.topics())
+            asked = GetRoutesRequest(known=0)
+            whole = await watcher.call(cluster.bootstrap, asked, GetRoutesResponse)
+            assert not whole.unchanged
+            assert whole.generation > 0
+            asked = GetRoutesRequest(known=whole.generation)
+            same = await watcher.call(cluster.bootstrap, asked, GetRoutesResponse)
+            assert same.unchanged
+            assert same.routes == []
+            assert same.brokers == whole.brokers
+            assert await watcher.refresh_routes(force=True) is first  # kept, not rebuilt
+            async with aio.Admin(cluster.bootstrap) as admin:
+                await admin.create_topic("later", 1)
+            newer = await watcher.refresh_routes(force=True)
+            assert newer is not first
+            assert "later" in newer
+            assert await watcher.refresh_routes(force=True) is newer
+        finally:
+            await watcher.close()
+
+    loop.run(main())

@@ -470,3 +470,65 @@ def test_extend_leases_does_not_count_the_name_servers_own_pause(
     assert ns.status()[0].last_heartbeat_ms_ago == 0
     clock.advance(TTL + 1)  # and silent for a TTL after the pause: gone
     assert ns.expire() == ["b1"]
+
+
+# ------------------------------------------------------------------ generation
+
+
+def _answer(ns: NameServer) -> tuple[list[TopicRoute], dict[str, str], str]:
+    return ns.routes(), ns.brokers(), ns.coordinator()
+
+
+def test_generation_changes_exactly_when_the_answer_may(ns: NameServer, clock: ManualClock) -> None:
+    """Equal generations, equal answers: each change of what `routes()`, `brokers()` or
+    `coordinator()` answer gives a new generation; heartbeats that change nothing keep it."""
+    seen: dict[int, tuple[list[TopicRoute], dict[str, str], str]] = {}
+
+    def step() -> int:
+        g = ns.generation()
+        assert g > 0
+        assert seen.setdefault(g, _answer(ns)) == _answer(ns)  # same token: same answer
+        return g
+
+    g0 = step()
+    ns.register("b1", "h:1", [_reg("t", 2)], epoch="e", version=1)
+    g1 = step()
+    assert g1 != g0
+    ns.register("b1", "h:1", [_reg("t", 2)], epoch="e", version=1)  # a full beat, same
+    assert ns.update("b1", "h:1", epoch="e", base_version=1, version=1)  # an empty delta
+    assert step() == g1
+    assert ns.update("b1", "h:1", epoch="e", base_version=1, version=2, topics=[_reg("u", 1)])
+    g2 = step()
+    assert g2 != g1
+    assert ns.update("b1", "h:1", epoch="e", base_version=2, version=3, removed=["u"])
+    g3 = step()
+    assert g3 not in (g1, g2)  # the same topics as at g1, but counted as a change
+    ns.register("b2", "h:2", [_reg("v", 1)])
+    g4 = step()
+    clock.advance(TTL - 1)
+    ns.register("b2", "h:2", [_reg("v", 1)])
+    assert step() == g4
+    clock.advance(2)  # b1 lapses: its topic is stale ("no route right now")
+    g5 = step()
+    assert g5 != g4
+    assert ns.routes(["t"]) == [_stale("t", 2)]
+    ns.expire()
+    g6 = step()
+    for _ in range(STALE // INTERVAL):  # b2 beats the whole time; b1's topic is forgotten
+        clock.advance(INTERVAL)
+        ns.register("b2", "h:2", [_reg("v", 1)])
+        assert step() == g6 or ns.routes(["t"]) == []
+    g7 = step()
+    assert ns.routes(["t"]) == []
+    assert g7 != g6
+    ns.register("b2", "h:9", [_reg("v", 1)])  # a new address
+    assert step() != g7
+
+
+def test_generations_of_two_runs_differ(clock: ManualClock) -> None:
+    """A restarted name server never repeats the previous run's tokens."""
+    a, b = NameServer(clock), NameServer(clock)
+    for ns in (a, b):
+        ns.register("b1", "h:1", [_reg("t", 1)])
+    assert _answer(a) == _answer(b)
+    assert a.generation() != b.generation()

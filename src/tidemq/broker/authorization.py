@@ -18,6 +18,7 @@ decision's full reason goes to the audit log (rate-limited per kind of refusal).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -288,6 +289,8 @@ class Authorization:
             except InvalidRequest as exc:  # written by an older version, or by hand
                 log.error("ignoring a stored ACL entry: %s", exc)
         self._authorizer = self._build()
+        #: Bumped at each change of the entries (see `route_token`).
+        self._version = 0
 
     def _build(self) -> Authorizer:
         return Authorizer(self._entries, super_users=self._super)
@@ -363,6 +366,17 @@ class Authorization:
             answer.routes = [r for r in answer.routes if visible(_T, r.topic)]
         return answer
 
+    def route_token(self, token: int, principal: str | None, host: str) -> int:
+        """A GET_ROUTES generation as this principal sees it, and back (the same call):
+        its answers are cut to what it may describe, so "unchanged since this token" must
+        also mean the same ACLs. The name server's token XOR a mask of the ACLs' version,
+        the principal and its host; 0 (none) stays 0."""
+        if token == 0:
+            return 0
+        who = f"{self._version}\0{principal or ''}\0{host}".encode()
+        mask = int.from_bytes(hashlib.blake2b(who, digest_size=8).digest(), "big") >> 1
+        return token ^ mask
+
     # ------------------------------------------------------------------ management
 
     def create(self, req: AclCreateRequest) -> AclsChangedResponse:
@@ -372,6 +386,7 @@ class Authorization:
             self._save([_row(e) for e in new])
             self._entries.update(new)
             self._authorizer = self._build()
+            self._version += 1
         return AclsChangedResponse(changed=len(new))
 
     def delete(self, req: AclDeleteRequest) -> AclsChangedResponse:
@@ -381,6 +396,7 @@ class Authorization:
             self._remove([_row(e) for e in gone])
             self._entries.difference_update(gone)
             self._authorizer = self._build()
+            self._version += 1
         return AclsChangedResponse(changed=len(gone))
 
     def listed(self, req: AclListRequest) -> AclListResponse:

@@ -812,6 +812,8 @@ class Broker:
         if code in ACL_CODES:
             return await self._acl_request(code, header), b""
         principal = conn.principal
+        if authz.enabled and code is RequestCode.GET_ROUTES:
+            header.known = authz.route_token(header.known, principal, conn.host)
         if principal is not None and code is RequestCode.PRODUCE and header.producer_id >= 0:
             self._producer_owners.check(header.producer_id, principal)
         started = time.perf_counter()
@@ -823,6 +825,8 @@ class Broker:
             self._producer_owners.issued(answer.producer_id, principal)
         if authz.enabled and code in FILTERED_CODES:
             answer = authz.filter(code, header, answer, principal, conn.host)
+            if code is RequestCode.GET_ROUTES:
+                answer.generation = authz.route_token(answer.generation, principal, conn.host)
         return answer, body
 
     def _authorize_cancel(self, message_id: str, conn: ServerConnection) -> None:

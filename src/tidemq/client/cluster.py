@@ -108,6 +108,8 @@ class ClusterClient:
         self._fetched = RouteTable()
         self._routes = RouteTable()
         self._have_routes = False
+        #: The name server's token of the whole routes last fetched (GetRoutesRequest.known).
+        self._generation = 0
         #: When (monotonic s) the routes are due for a refresh; 0: at the next lookup.
         self._refresh_due = 0.0
         #: A request said the routes are wrong (QueueMoved): the next lookup awaits a refresh.
@@ -263,10 +265,11 @@ class ClusterClient:
             timeout_ms = min(self.config.route_request_timeout_ms, self.config.request_timeout_ms)
             try:
                 if self._have_routes:
-                    # One try: on failure the known routes serve until the next one.
+                    # One try: on failure the known routes serve until the next one. With
+                    # the token of the routes held, an unchanged table is not sent again.
                     response, _ = await self.request(
-                        self.bootstrap, GetRoutesRequest(), GetRoutesResponse,
-                        timeout_ms=timeout_ms,
+                        self.bootstrap, GetRoutesRequest(known=self._generation),
+                        GetRoutesResponse, timeout_ms=timeout_ms,
                     )  # fmt: skip
                 else:
                     response = await self.call(
@@ -290,7 +293,11 @@ class ClusterClient:
             if self._stale_logged:
                 self._stale_logged = False
                 log.warning("route refresh from %s works again", self.bootstrap)
-            self._fetched = RouteTable.from_response(response)
+            if not response.unchanged:
+                self._fetched = RouteTable.from_response(response)
+            elif not self._have_routes:  # never: nothing was known to be unchanged
+                raise BrokerNotAvailable(f"{self.bootstrap} answered routes with none known")
+            self._generation = response.generation
             self._have_routes = True
             # A broker the name server no longer lists has been noticed there: if it is
             # listed again, it registered again, so trust the listing.

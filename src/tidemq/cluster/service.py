@@ -81,10 +81,20 @@ class NameServerHandlers:
             assert isinstance(header, GetRoutesRequest)
             if header.topics is not None and len(header.topics) > _ROUTE_TOPICS_MAX:
                 raise InvalidRequest(f"at most {_ROUTE_TOPICS_MAX} topics per route query")
+            if header.topics is not None:
+                return GetRoutesResponse(
+                    routes=ns.routes(header.topics),
+                    brokers=ns.brokers(),
+                    coordinator=ns.coordinator(),
+                )
+            generation = ns.generation()
+            unchanged = header.known == generation
             return GetRoutesResponse(
-                routes=ns.routes(header.topics),
+                routes=[] if unchanged else ns.routes(),
                 brokers=ns.brokers(),
                 coordinator=ns.coordinator(),
+                generation=generation,
+                unchanged=unchanged,
             )
         if code is RequestCode.REGISTER_BROKER:
             assert isinstance(header, RegisterBrokerRequest)

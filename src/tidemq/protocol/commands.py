@@ -445,6 +445,9 @@ class UnregisterBrokerRequest(_Msg):
 
 class GetRoutesRequest(_Msg):
     topics: list[str] | None = None
+    #: Asking for every topic: the `generation` of the routes the client has (0: none).
+    #: When nothing changed since, the answer says `unchanged` and carries no routes.
+    known: int = 0
 
 
 class GetRoutesResponse(_Msg):
@@ -452,6 +455,12 @@ class GetRoutesResponse(_Msg):
     brokers: dict[str, str]  # broker name -> address
     #: The broker that coordinates consumer groups (offsets, membership).
     coordinator: str = ""
+    #: For an answer about every topic: a token of these routes, to send back as `known`
+    #: (0 for an answer about named topics).
+    generation: int = 0
+    #: The routes of `known` are current: `routes` is empty, `brokers` and `coordinator`
+    #: are as they were.
+    unchanged: bool = False
 
 
 class ClusterStatusRequest(_Msg):
