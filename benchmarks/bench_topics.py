@@ -102,7 +102,7 @@ def route_fetches(address: str) -> dict[str, float]:
 def first_messages(address: str, topics: int) -> dict[str, float]:
     names = [f"t{i}" for i in range(0, topics, max(1, topics // PROBES))][:PROBES]
     with tidemq.Producer(address) as producer:
-        producer.send("s0", VALUE)  # routes and connection warmed on another topic
+        producer.send(f"t{topics - 1}", VALUE)  # routes and connection warmed
         first, second = [], []
         for name in names:
             t0 = time.perf_counter()
