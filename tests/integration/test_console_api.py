@@ -69,8 +69,19 @@ def _reads(http: str, start_ms: int) -> None:
     assert [m["offset"] for m in got] == [0]
     status, one = _call(http, f"/api/message/{plain['id']}")
     assert (status, one["offset"]) == (200, 0)
-    status, topics = _call(http, "/api/topics")
-    assert {t["name"]: t["system"] for t in topics} == {"t": False, "_schemas": True}
+    status, page = _call(http, "/api/topics?system=1")
+    assert {t["name"]: t["system"] for t in page["topics"]} == {"t": False, "_schemas": True}
+    assert page["next"] == ""
+    assert [t["name"] for t in _call(http, "/api/topics")[1]["topics"]] == ["t"]
+    # A page at a time, by name: `next` is where the next page starts after.
+    status, first = _call(http, "/api/topics?system=1&limit=1")
+    assert [t["name"] for t in first["topics"]] == ["_schemas"]
+    assert first["next"] == "_schemas"
+    status, second = _call(http, "/api/topics?system=1&limit=1&after=_schemas")
+    assert [t["name"] for t in second["topics"]] == ["t"]
+    assert second["next"] == ""  # no page after it
+    assert _call(http, "/api/topics?prefix=_&system=1")[1]["topics"][0]["name"] == "_schemas"
+    assert _call(http, "/api/topics?limit=0")[0] == 400
     status, topic = _call(http, "/api/topics/t")
     assert topic["queue_info"][0]["max_offset"] == 3
     status, cluster = _call(http, "/api/cluster")

@@ -98,6 +98,18 @@ def _open(page: Page, made: Made, path: str, name: str) -> None:
     page.screenshot(path=SCREENSHOTS / f"{name}.png", full_page=True)
 
 
+def _check_topic_pages(page: Page, made: Made) -> None:
+    """The filter, and pages of TOPICS_PAGE topics (one here: ?limit= is the API's)."""
+    page.fill("#topic-filter input[name=prefix]", "pay")
+    page.click("#topic-filter button")
+    expect(page.locator("#topics tbody tr")).to_have_count(1)
+    expect(page.locator("#topics")).to_contain_text("payments")
+    expect(page.locator("#next-topics")).to_have_count(0)
+    page.goto(f"http://{made.server.http_address}/ui/#/topics?after=orders")
+    expect(page.locator("#topics")).not_to_contain_text("orders")
+    expect(page.locator("#topics")).to_contain_text("payments")
+
+
 def test_every_page_shows_the_data_and_the_actions_work(page: Page, made: Made) -> None:
     b = made.server.address
 
@@ -109,6 +121,8 @@ def test_every_page_shows_the_data_and_the_actions_work(page: Page, made: Made) 
     _open(page, made, "topics", "topics")
     expect(page.locator("#topics")).to_contain_text("orders")
     expect(page.locator("#topics")).not_to_contain_text("%DLQ%billing")
+    _check_topic_pages(page, made)
+    _open(page, made, "topics", "topics")
     page.click("text=orders")
     expect(page.locator("#queues tbody tr")).to_have_count(2)
     expect(page.locator("#topic-summary")).to_contain_text(f"{N} messages retained")

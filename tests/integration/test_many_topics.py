@@ -18,8 +18,19 @@ from tests.support.server_process import server_process
 import tidemq
 from tidemq import aio
 from tidemq.client.cluster import ClusterClient
-from tidemq.core.errors import ConfigError, InvalidTopicName, TopicAlreadyExists
-from tidemq.protocol.commands import GetRoutesRequest, GetRoutesResponse
+from tidemq.core import limits
+from tidemq.core.errors import (
+    ConfigError,
+    InvalidRequest,
+    InvalidTopicName,
+    TopicAlreadyExists,
+)
+from tidemq.protocol.commands import (
+    GetRoutesRequest,
+    GetRoutesResponse,
+    ListTopicsRequest,
+    ListTopicsResponse,
+)
 
 if TYPE_CHECKING:
     from tests.integration.conftest import BrokerEnv, ClusterEnv, Loop, ThreadedBroker
@@ -168,3 +179,47 @@ def test_route_refreshes_fetch_only_what_changed(loop: Loop, cluster: ClusterEnv
             await watcher.close()
 
     loop.run(main())
+
+
+def test_topics_are_listed_a_page_at_a_time(
+    loop: Loop, cluster: ClusterEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each broker answers at most MAX_LIST_TOPICS topics per request (16 here); the admin
+    client pages through every broker and merges by name, with a prefix, a start after a
+    name, a limit, and a filter applied before the limit counts."""
+    monkeypatch.setattr(limits, "MAX_LIST_TOPICS", 16)
+    names = sorted([f"pg-{i:03d}" for i in range(70)] + [f"other-{i}" for i in range(5)])
+
+    async def main() -> None:
+        async with aio.Admin(cluster.bootstrap) as admin:
+            await admin.create_topics([tidemq.NewTopic(n, 1 + len(n) % 2) for n in names])
+            listed = [t.name for t in await admin.list_topics()]
+            assert [n for n in listed if n in names] == names  # 75 topics, 16 a page
+            pg = [n for n in names if n.startswith("pg-")]
+            assert [t.name for t in await admin.list_topics("pg-")] == pg
+            first = [t.name for t in await admin.list_topics("pg-", limit=20)]
+            assert first == pg[:20]
+            rest = await admin.list_topics("pg-", after=first[-1])
+            assert [t.name for t in rest] == pg[20:]
+            odd = await admin.list_topics("pg-", limit=5, keep=lambda n: int(n[3:]) % 2 == 1)
+            assert [t.name for t in odd] == ["pg-001", "pg-003", "pg-005", "pg-007", "pg-009"]
+            assert await admin.list_topics("pg-", limit=0) == []
+            with pytest.raises(ValueError, match="limit must be >= 0"):
+                await admin.list_topics(limit=-1)
+        conn = await ClusterClient(cluster.addresses[0]).connection(cluster.addresses[0])
+        try:
+            with pytest.raises(InvalidRequest, match="limit must be 0-16"):
+                await conn.request(ListTopicsRequest(limit=17), ListTopicsResponse, timeout_s=10)
+        finally:
+            conn.close()
+
+    loop.run(main())
+
+
+def test_topic_list_command_pages(sync_broker: ThreadedBroker) -> None:
+    with tidemq.Admin(sync_broker.address) as admin:
+        admin.create_topics([tidemq.NewTopic(f"cli-{i}", 1) for i in range(12)])
+    out = ok("topic", "list", "--prefix", "cli-1", "--bootstrap", sync_broker.address).stdout
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["cli-1", "cli-10", "cli-11"]
+    out = ok("topic", "list", "--limit", "2", "--bootstrap", sync_broker.address).stdout
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["cli-0", "cli-1"]

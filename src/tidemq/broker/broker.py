@@ -597,7 +597,7 @@ class Broker:
         """Counters and gauges for the HTTP listener's /metrics (on the broker's loop);
         `per_queue` (`http.metrics_per_queue`): also lag and end offset per queue."""
         store = self._gateway.store
-        topics = {t.name for t in self._topics.all()}
+        topics = self._topics.names()
         groups = sorted(set(store.groups()) | set(self._coordinator.groups()))
         txns = self._transactions.status()
         traffic = self._data.traffic
@@ -611,9 +611,9 @@ class Broker:
         now_ms = self._clock.now_ms()
         return MetricsSnapshot(
             traffic={
-                name: dataclasses.replace(traffic.topics[name])
-                for name in topics
-                if name in traffic.topics
+                name: dataclasses.replace(counts)
+                for name, counts in traffic.topics.items()
+                if name in topics
             },
             groups=groups,
             lag=consumer_lag(store, self._topics, self._static.view),
@@ -638,6 +638,7 @@ class Broker:
             txn_messages_rolled_back=_existing(self._transactions.messages_rolled_back, topics),
             pop_leases=pop.leases,
             pop_retried=pop.retried,
+            topic_number=len(topics),
             **self._tier_metrics(),
         )
 

@@ -137,7 +137,7 @@ class Durations:
 class MetricsSnapshot:
     """What `/metrics` reports, read from the broker in one step on its loop."""
 
-    #: Per existing user topic.
+    #: Per existing user topic that had traffic since the broker started.
     traffic: dict[str, TopicTraffic]
     #: Consumer groups known here (committed offsets or members).
     groups: list[str]
@@ -188,6 +188,8 @@ class MetricsSnapshot:
     tier_backlog: dict[str, int] | None = None
     tier_uploaded_bytes: int = 0
     tier_errors: int = 0
+    #: User topics on this broker (with traffic or not).
+    topic_number: int = 0
 
 
 @dataclass(slots=True)
@@ -230,11 +232,10 @@ def queue_lag(
 ) -> dict[tuple[str, str, int], int]:
     """(group, topic, queue) -> messages between the committed offset and the queue's
     end, for the queues stored here (a static queue's only where its write end is)."""
-    hosted = {t.name: set(topics.hosted(t.name)) for t in topics.all()}
     lag: dict[tuple[str, str, int], int] = {}
     for group in store.groups():
         for (topic, queue), committed in store.committed_offsets(group).items():
-            if queue not in hosted.get(topic, ()):
+            if not topics.hosts(topic, queue):
                 continue
             bounds = _visible_bounds(store, topic, queue, view_of)
             if bounds is not None:
@@ -265,11 +266,10 @@ def consumer_lag_latency(
     stored, the largest over the topic's queues stored here (RocketMQ's
     consumer_lag_latency): one index lookup per lagging queue. Static topics are left
     out (their committed offsets are logical, across links)."""
-    hosted = {t.name: set(topics.hosted(t.name)) for t in topics.all()}
     out: dict[tuple[str, str], int] = {}
     for group in store.groups():
         for (topic, queue), committed in store.committed_offsets(group).items():
-            if queue not in hosted.get(topic, ()) or view_of(topic, queue) is not None:
+            if not topics.hosts(topic, queue) or view_of(topic, queue) is not None:
                 continue
             lo, hi = store.queue_bounds(topic, queue)
             key = (group, topic)

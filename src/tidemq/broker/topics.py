@@ -9,7 +9,8 @@ time) and tells the broker, which tells the name servers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+from collections.abc import Callable, KeysView
 
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.store_gateway import StoreGateway
@@ -63,6 +64,8 @@ class TopicTable:
         self._config = config
         self._gateway = gateway
         self._topics: dict[str, TopicInfo] = {}
+        #: The names of `_topics`, sorted: lists and pages without sorting 100,000 names.
+        self._names: list[str] = []
         self._hosted: dict[str, frozenset[int]] = {}
         #: Static topics (tidemq.core.static_chain): their queues are links of chains.
         self._static: frozenset[str] = frozenset()
@@ -78,6 +81,7 @@ class TopicTable:
         # to clients.
         topics = [t for t in topics if not is_internal(t.name)]
         self._topics = {t.name: t for t in topics}
+        self._names = sorted(self._topics)
         self._hosted = {t.name: frozenset(parse_hosted(t.config, t.queues)) for t in topics}
         self._static = frozenset(t.name for t in topics if t.config.get(STATIC_KEY) == "true")
         self.on_change(None)
@@ -87,6 +91,8 @@ class TopicTable:
         with 100,000 topics creates the next one in constant time)."""
         if is_internal(info.name):
             return
+        if info.name not in self._topics:
+            bisect.insort(self._names, info.name)
         self._topics[info.name] = info
         self._hosted[info.name] = frozenset(parse_hosted(info.config, info.queues))
         if info.config.get(STATIC_KEY) == "true":
@@ -96,6 +102,7 @@ class TopicTable:
     def _drop(self, name: str) -> None:
         if self._topics.pop(name, None) is None:
             return
+        del self._names[bisect.bisect_left(self._names, name)]
         self._hosted.pop(name, None)
         if name in self._static:
             self._static = self._static - {name}
@@ -108,13 +115,40 @@ class TopicTable:
         return name in self._static
 
     def all(self) -> list[TopicInfo]:
-        return sorted(self._topics.values(), key=lambda t: t.name)
+        """Every topic, by name."""
+        return [self._topics[name] for name in self._names]
+
+    def page(self, prefix: str, after: str, limit: int) -> tuple[list[TopicInfo], str]:
+        """Up to `limit` topics by name, those starting with `prefix` and after `after`;
+        and the name to continue after ("" when none is left)."""
+        names = self._names
+        i = (
+            bisect.bisect_right(names, after)
+            if after >= prefix
+            else bisect.bisect_left(names, prefix)
+        )
+        out: list[TopicInfo] = []
+        while i < len(names) and names[i].startswith(prefix):
+            if len(out) == limit:
+                return out, out[-1].name
+            out.append(self._topics[names[i]])
+            i += 1
+        return out, ""
 
     def get(self, name: str) -> TopicInfo:
         info = self._topics.get(name)
         if info is None:
             raise TopicNotFound(f"topic {name[:140]!r} does not exist on this broker")
         return info
+
+    def names(self) -> KeysView[str]:
+        """The topics' names, a live read-only view (O(1) membership, no copy)."""
+        return self._topics.keys()
+
+    def hosts(self, name: str, queue: int) -> bool:
+        """Whether this broker stores `queue` of topic `name` (O(1): metrics ask this of
+        every committed offset)."""
+        return queue in self._hosted.get(name, ())
 
     def hosted(self, name: str) -> list[int]:
         return sorted(self._hosted.get(name, ()))

@@ -226,12 +226,20 @@ def list_(
         bool,
         typer.Option("--all", "-a", help="Also list internal topics (%RETRY%..., %DLQ%..., ...)."),
     ] = False,
+    prefix: Annotated[
+        str, typer.Option("--prefix", help="Only topics whose names start with this.")
+    ] = "",
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, help="At most this many topics (the first by name)."),
+    ] = None,
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     output: OutputOpt = Output.TABLE,
 ) -> None:
-    """List topics; internal ones only with --all."""
+    """List topics by name; internal ones only with --all."""
     with _admin(bootstrap) as admin:
-        topics = [t for t in admin.list_topics() if show_all or not is_internal(t.name)]
+        keep = None if show_all else (lambda name: not is_internal(name))
+        topics = admin.list_topics(prefix, limit=limit, keep=keep)
     if output is Output.JSON:
         emit_json(topics)
         return

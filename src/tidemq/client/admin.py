@@ -20,11 +20,20 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
 from tidemq.client import acls as acls_api
-from tidemq.client import checks, key_query, kv, lookup, static_admin, static_leave, topic_batch
+from tidemq.client import (
+    checks,
+    key_query,
+    kv,
+    lookup,
+    static_admin,
+    static_leave,
+    topic_batch,
+    topic_pages,
+)
 from tidemq.client.acls import Acl
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer import AsyncProducer
@@ -87,8 +96,6 @@ from tidemq.protocol.commands import (
     GroupOffset,
     ListGroupsRequest,
     ListGroupsResponse,
-    ListTopicsRequest,
-    ListTopicsResponse,
     PopQueueStatus,
     PopResumeRequest,
     PopResumeResponse,
@@ -435,16 +442,27 @@ class AsyncAdmin:
         )
         await self._cluster.refresh_topics([name])
 
-    async def list_topics(self) -> list[TopicInfo]:
-        brokers = await self._live_brokers()
-        answers = await asyncio.gather(
-            *(self._cluster.call(b, ListTopicsRequest(), ListTopicsResponse) for b in brokers)
+    async def list_topics(
+        self,
+        prefix: str = "",
+        *,
+        after: str = "",
+        limit: int | None = None,
+        keep: Callable[[str], bool] | None = None,
+    ) -> list[TopicInfo]:
+        """Topics by name (without their per-queue details): those starting with
+        `prefix`, after the name `after` (to page: the last name of the previous call), at
+        most `limit` (None: every one; the brokers answer in pages of 10,000); with
+        `keep`, only the names it keeps (tested before counting to `limit`)."""
+        listed = await topic_pages.list_topics(
+            self._cluster,
+            await self._live_brokers(),
+            prefix=prefix,
+            after=after,
+            limit=limit,
+            keep=keep,
         )
-        seen: dict[str, TopicInfoMsg] = {}
-        for answer in answers:
-            for topic in answer.topics:
-                seen.setdefault(topic.name, topic)
-        return [topic_info_from_wire(seen[n]) for n in sorted(seen)]
+        return [topic_info_from_wire(t) for t in listed]
 
     async def describe_topic(self, name: str) -> TopicInfo:
         hosting = await self._hosting(name)

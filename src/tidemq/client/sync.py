@@ -702,8 +702,16 @@ class Admin:
     def delete_topic(self, name: str) -> None:
         run(self._a.delete_topic(name))
 
-    def list_topics(self) -> list[TopicInfo]:
-        return run(self._a.list_topics())
+    def list_topics(
+        self,
+        prefix: str = "",
+        *,
+        after: str = "",
+        limit: int | None = None,
+        keep: Callable[[str], bool] | None = None,
+    ) -> list[TopicInfo]:
+        """See `tidemq.aio.Admin.list_topics`."""
+        return run(self._a.list_topics(prefix, after=after, limit=limit, keep=keep))
 
     def describe_topic(self, name: str) -> TopicInfo:
         return run(self._a.describe_topic(name))

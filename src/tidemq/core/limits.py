@@ -18,6 +18,7 @@ __all__ = [
     "MAX_KEY_QUERY_CANDIDATES",
     "MAX_KEY_QUERY_MESSAGES",
     "MAX_LINGER_MS",
+    "MAX_LIST_TOPICS",
     "MAX_OFFSET",
     "MAX_PROPERTIES_BYTES",
     "MAX_QUEUES_PER_TOPIC",
@@ -109,6 +110,9 @@ MAX_QUEUES_PER_TOPIC = 4096
 MAX_TOPICS_PER_CREATE = 10_000
 #: Topics one route query names (a client asks for more in several).
 MAX_ROUTE_TOPICS = 10_000
+#: Topics in one answer to a topic list (the client pages through more): a page of
+#: summaries stays far below the frame limit whatever the topic count.
+MAX_LIST_TOPICS = 10_000
 #: Batches one producer may have in flight per queue. An idempotent producer keeps at most
 #: as many as the broker remembers per (producer, queue) (`store.idempotence_window`, sent
 #: in the InitProducer answer), so that a retry is always recognised.

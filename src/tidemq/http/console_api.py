@@ -43,6 +43,9 @@ __all__ = ["console_routes"]
 _MAX_BODY: Final = 64 * 1024
 #: Most messages one browse shows.
 MAX_BROWSE: Final = 200
+#: Topics per page of the topics page (by default, and at most).
+TOPICS_PAGE: Final = 500
+MAX_TOPICS_PAGE: Final = 5_000
 _STATIC: Final = Path(__file__).parent / "console"
 _KINDS: Final = {int: "an integer", str: "a string", bool: "true or false"}
 
@@ -86,6 +89,18 @@ def _int(request: Request, name: str, default: int | None = None) -> int:
         raise BadInput(f"query parameter {name} must be an integer, got {raw!r}") from None
 
 
+async def _topics(request: Request, data: ConsoleData) -> Response:
+    """A page of the topic list: ?prefix=&after=&limit=&system=1."""
+    limit = _int(request, "limit", TOPICS_PAGE)
+    if not 1 <= limit <= MAX_TOPICS_PAGE:
+        raise BadInput(f"limit must be 1-{MAX_TOPICS_PAGE}, got {limit}")
+    q = request.query_params
+    page = await data.topics(
+        q.get("prefix") or "", q.get("after") or "", limit, system=q.get("system") == "1"
+    )
+    return _json(page)
+
+
 async def _action_body(request: Request) -> dict[str, Any]:
     """The JSON body of an action, once the request is known to come from this origin."""
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
@@ -120,9 +135,6 @@ def console_routes(data_for: DataFor, name_servers: str) -> list[BaseRoute]:
 
     async def cluster(request: Request, data: ConsoleData) -> Response:
         return _json(await data.cluster(name_servers))
-
-    async def topics(request: Request, data: ConsoleData) -> Response:
-        return _json(await data.topics())
 
     async def topic(request: Request, data: ConsoleData) -> Response:
         return _json(await data.topic(request.path_params["name"]))
@@ -217,7 +229,7 @@ def console_routes(data_for: DataFor, name_servers: str) -> list[BaseRoute]:
 
     get: list[tuple[str, Handler]] = [
         ("/api/cluster", cluster),
-        ("/api/topics", topics),
+        ("/api/topics", _topics),
         ("/api/topics/{name:path}", topic),
         ("/api/groups", groups),
         ("/api/groups/{group:path}", group),

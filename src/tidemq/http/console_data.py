@@ -87,17 +87,26 @@ class ConsoleData:
 
     # ------------------------------------------------------------------ topics
 
-    async def topics(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": t.name,
-                "queues": t.queues,
-                "message_type": t.message_type,
-                "config": dict(t.config),
-                "system": t.name.startswith(("%", "_")),
-            }
-            for t in sorted(await self._admin.list_topics(), key=lambda t: t.name)
-        ]
+    async def topics(self, prefix: str, after: str, limit: int, *, system: bool) -> dict[str, Any]:
+        """A page of topics by name; `next`: the `after` of the next page ("": the last)."""
+        page = await self._admin.list_topics(
+            prefix, after=after, limit=limit + 1, keep=None if system else _user_topic
+        )
+        more = len(page) > limit  # one more asked for: whether a next page exists
+        page = page[:limit]
+        return {
+            "topics": [
+                {
+                    "name": t.name,
+                    "queues": t.queues,
+                    "message_type": t.message_type,
+                    "config": dict(t.config),
+                    "system": not _user_topic(t.name),
+                }
+                for t in page
+            ],
+            "next": page[-1].name if more else "",
+        }
 
     async def topic(self, name: str) -> dict[str, Any]:
         info = await self._admin.describe_topic(name)
@@ -163,8 +172,8 @@ class ConsoleData:
     # ------------------------------------------------------------------ dead letters
 
     async def dead_letter_groups(self) -> list[str]:
-        topics = await self._admin.list_topics()
-        return sorted(t.name[len(DLQ_PREFIX) :] for t in topics if t.name.startswith(DLQ_PREFIX))
+        topics = await self._admin.list_topics(DLQ_PREFIX)
+        return [t.name[len(DLQ_PREFIX) :] for t in topics]
 
     async def dead_letters(self, group: str, limit: int) -> dict[str, Any]:
         letters = await self._admin.dead_letters(group, limit=min(limit, MAX_DEAD_LETTERS))
@@ -219,3 +228,8 @@ def _subjects(state: RegistryState) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _user_topic(name: str) -> bool:
+    """Not one of the system's (`%RETRY%g`, `%DLQ%g`, ... and `_schemas`)."""
+    return not name.startswith(("%", "_"))

@@ -39,7 +39,7 @@ class _BrokerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot()
         yield from _traffic(s)
-        yield GaugeMetricFamily("rocketmq_topic_number", "Topics on this broker.", len(s.traffic))
+        yield GaugeMetricFamily("rocketmq_topic_number", "Topics on this broker.", s.topic_number)
         yield GaugeMetricFamily(
             "rocketmq_consumer_group_number", "Consumer groups known here.", len(s.groups)
         )

@@ -266,11 +266,21 @@ class DeleteTopicRequest(_Msg):
 
 
 class ListTopicsRequest(_Msg):
-    pass
+    """One page of the topic list, by name."""
+
+    #: Only topics whose names start with this ("": every topic).
+    prefix: str = ""
+    #: Only names after this one (the `next` of the previous page; "": from the first).
+    after: str = ""
+    #: At most this many (0: `limits.MAX_LIST_TOPICS`, also the most allowed).
+    limit: int = 0
 
 
 class ListTopicsResponse(_Msg):
     topics: list[TopicInfoMsg]
+    #: More may follow: ask again with `after` set to this ("": the list is complete).
+    #: The last name looked at, which an ACL filter may have left out of `topics`.
+    next: str = ""
 
 
 class DescribeTopicRequest(_Msg):

@@ -157,7 +157,17 @@ class AdminHandlers:
         return Empty()
 
     async def list_topics(self, req: ListTopicsRequest) -> ListTopicsResponse:
-        return ListTopicsResponse(topics=[_summary(t) for t in self._topics.all()])
+        if not 0 <= req.limit <= limits.MAX_LIST_TOPICS:
+            raise InvalidRequest(
+                f"limit must be 0-{limits.MAX_LIST_TOPICS} topics per page, got {req.limit}"
+            )
+        for what, value in (("prefix", req.prefix), ("after", req.after)):
+            if len(value) > limits.MAX_TOPIC_NAME_BYTES:
+                raise InvalidRequest(
+                    f"{what} is longer than a topic name ({limits.MAX_TOPIC_NAME_BYTES})"
+                )
+        page, after = self._topics.page(req.prefix, req.after, req.limit or limits.MAX_LIST_TOPICS)
+        return ListTopicsResponse(topics=[_summary(t) for t in page], next=after)
 
     async def describe_topic(self, req: DescribeTopicRequest) -> TopicInfoMsg:
         return await self._describe(self._topics.get(req.name))

@@ -90,15 +90,34 @@ async function cluster(main) {
 }
 
 async function topics(main, params) {
+  // A page at a time (500 by name): a cluster may hold 100,000 topics.
   const all = params.get("system") === "1";
-  const list = (await api("topics")).filter((t) => all || !t.system);
+  const prefix = params.get("prefix") || "";
+  const q = new URLSearchParams({ prefix, after: params.get("after") || "" });
+  if (all) q.set("system", "1");
+  const page = await api(`topics?${q}`);
+  const link = (changes) => {
+    const next = new URLSearchParams({ prefix, ...(all ? { system: "1" } : {}), ...changes });
+    for (const [k, v] of [...next]) if (!v) next.delete(k);
+    return `#/topics?${next}`;
+  };
+  const filter = el("form", { id: "topic-filter" },
+    el("label", {}, "Name starts with", el("input", { name: "prefix", value: prefix })),
+    el("button", { type: "submit" }, "Filter"));
+  filter.onsubmit = (event) => {
+    event.preventDefault();
+    location.hash = link({ prefix: filter.prefix.value });
+  };
   main.replaceChildren(
     el("h1", {}, "Topics"),
-    el("p", {}, el("a", { href: all ? "#/topics" : "#/topics?system=1" },
+    filter,
+    el("p", {}, el("a", { href: link({ system: all ? "" : "1" }) },
       all ? "Hide system topics" : "Show system topics")),
-    table("topics", ["Name", "Queues", "Type", "Config"], list.map((t) => [
+    table("topics", ["Name", "Queues", "Type", "Config"], page.topics.map((t) => [
       el("a", { href: `#/topic/${enc(t.name)}` }, t.name), t.queues, t.message_type,
-      Object.entries(t.config).map(([k, v]) => `${k}=${v}`).join(", ")])));
+      Object.entries(t.config).map(([k, v]) => `${k}=${v}`).join(", ")])),
+    page.next ? el("p", {}, el("a", { id: "next-topics", href: link({ after: page.next }) },
+      `Next page (after ${page.next})`)) : null);
 }
 
 async function topic(main, params, name) {
