@@ -396,7 +396,10 @@ class ResetOffsetsResponse(_Msg):
 # ------------------------------------------------------------------ cluster
 
 
-class TopicRoute(_Msg):
+class TopicRoute(_Msg, array_like=True):
+    """One topic's route. Encoded as an array, not a map: a route answer of 100,000
+    topics is half the size without the field names (3.4 MB against 6.7)."""
+
     topic: str
     queues: int
     message_type: str
