@@ -364,6 +364,8 @@ class Authorization:
             answer.groups = [g for g in answer.groups if visible(_G, g)]
         elif code is RequestCode.GET_ROUTES and isinstance(answer, GetRoutesResponse):
             answer.routes = [r for r in answer.routes if visible(_T, r.topic)]
+            if header.topics is not None:  # named ones: say which are refused
+                answer.denied = [t for t in dict.fromkeys(header.topics) if not visible(_T, t)]
         return answer
 
     def route_token(self, token: int, principal: str | None, host: str) -> int:

@@ -180,9 +180,7 @@ class AsyncAdmin:
 
     async def _hosting(self, name: str) -> dict[str, list[int]]:
         """Broker address -> queues of `name` it serves (its route fetched alone)."""
-        routes = await self._cluster.refresh_topics([name])
-        if name not in routes:
-            raise TopicNotFound(f"topic {name!r} does not exist")
+        routes = await self._cluster.topic_routes(name)
         out: dict[str, list[int]] = {}
         for q in routes.queues(name):
             address = routes.broker_for(name, q)

@@ -324,11 +324,20 @@ class ClusterClient:
             timeout_ms=timeout_ms,
         )  # fmt: skip
         if not self._have_routes:
-            # Nothing to merge into: the first fetch is a whole one.
-            return await self.refresh_routes(force=True)
+            # Nothing to merge into: the first fetch is a whole one (and then this answer
+            # goes on top, for what it says of the topics asked, such as refusals).
+            await self.refresh_routes(force=True)
         self._fetched.merge(response, topics)
         self._routes = self._fetched.without(self._down.keys())
         return self._routes
+
+    async def topic_routes(self, topic: str) -> RouteTable:
+        """The routes, with `topic`'s fetched now (it alone). TopicNotFound when no broker
+        serves it, AuthorizationFailed when this user may not describe it."""
+        routes = await self.refresh_topics([topic])
+        if topic not in routes:
+            raise routes.unknown(topic)
+        return routes
 
     def mark_down(self, address: str, *, probe: bool = True) -> None:
         """The connection to `address` failed: leave it out of the routes until the name
@@ -367,6 +376,8 @@ class ClusterClient:
         address = look(routes)
         if address is None and topic not in routes:
             routes = await self.refresh_topics([topic])  # new to this client: it alone
+            if topic not in routes:  # the name server's answer, just now
+                raise routes.unknown(topic)
             address = look(routes)
         if address is None:
             routes = await self.refresh_routes(force=True)
@@ -381,7 +392,7 @@ class ClusterClient:
                 address = look(routes)
         if address is None:
             if topic not in routes:
-                raise TopicNotFound(f"topic {topic!r} does not exist")
+                raise routes.unknown(topic)
             if not 0 <= queue < routes.queue_count(topic):
                 raise QueueNotFound(
                     f"topic {topic!r} has {routes.queue_count(topic)} queues, no queue {queue}"

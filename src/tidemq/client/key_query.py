@@ -14,7 +14,7 @@ from datetime import datetime
 from tidemq.client import checks
 from tidemq.client.cluster import ClusterClient
 from tidemq.core import limits
-from tidemq.core.errors import InvalidRequest, TopicNotFound
+from tidemq.core.errors import InvalidRequest
 from tidemq.core.message import Message, iter_records, messages_from_records
 from tidemq.protocol.query_messages import QueryMessagesRequest, QueryMessagesResponse
 
@@ -72,10 +72,8 @@ def query_request(
 
 async def query_messages(cluster: ClusterClient, request: QueryMessagesRequest) -> list[Message]:
     """Up to `request.limit` messages of the topic carrying the key, newest first."""
-    routes = await cluster.refresh_routes(force=True)
     topic = request.topic
-    if topic not in routes:
-        raise TopicNotFound(f"topic {topic!r} does not exist")
+    routes = await cluster.topic_routes(topic)
     # The brokers serving its queues and, for a static topic, those of every link of its
     # chains still in the routes (older offsets stay where they were written).
     holders = {a for q in routes.queues(topic) if (a := routes.broker_for(topic, q)) is not None}

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from tidemq.client import checks
 from tidemq.client.cluster import ClusterClient
-from tidemq.core.errors import TopicNotFound
 from tidemq.protocol.kv_messages import (
     CompactRequest,
     CompactResponse,
@@ -52,9 +51,7 @@ async def lookup(cluster: ClusterClient, topic: str, key: object) -> KeyLookup |
         raise TypeError("key must be bytes, got None")
     routes = await cluster.refresh_routes()
     if topic not in routes:
-        routes = await cluster.refresh_routes(force=True)
-        if topic not in routes:
-            raise TopicNotFound(f"topic {topic!r} does not exist")
+        routes = await cluster.topic_routes(topic)
     queue = routes.select_queue(topic, raw, 0)  # where a producer sends this key
     address = await cluster.broker_for(topic, queue)
     answer = await cluster.call(

@@ -29,7 +29,6 @@ from tidemq.core.errors import (
     InvalidRequest,
     TidemqError,
     TopicAlreadyExists,
-    TopicNotFound,
 )
 from tidemq.core.static_chain import Link, QueueChain, plan_remap
 from tidemq.protocol.commands import DescribeTopicRequest, TopicInfoMsg
@@ -127,9 +126,7 @@ async def create_static(
 
 
 async def _current(cluster: ClusterClient, name: str) -> tuple[RouteTable, list[QueueChain]]:
-    routes = await cluster.refresh_routes(force=True)
-    if name not in routes:
-        raise TopicNotFound(f"topic {name!r} does not exist")
+    routes = await cluster.topic_routes(name)
     if not routes.is_static(name):
         raise InvalidRequest(
             f"topic {name!r} is not static: only static topics are remapped (create one "

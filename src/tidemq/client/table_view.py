@@ -19,7 +19,7 @@ from typing import Final
 from tidemq.client import checks
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.stream_consumer import AsyncStreamConsumer
-from tidemq.core.errors import TidemqError, TopicNotFound
+from tidemq.core.errors import TidemqError
 from tidemq.core.message import Message
 
 __all__ = ["AsyncTableView", "TableListener"]
@@ -55,9 +55,7 @@ class AsyncTableView:
 
     async def start(self) -> AsyncTableView:
         """Read the topic up to its current end, then follow it. Returns self."""
-        routes = await self._cluster.refresh_routes(force=True)
-        if self.topic not in routes:
-            raise TopicNotFound(f"topic {self.topic!r} does not exist")
+        routes = await self._cluster.topic_routes(self.topic)
         queues = list(range(routes.queue_count(self.topic)))
         self._consumer.assign([(self.topic, q) for q in queues])
         await self.refresh()

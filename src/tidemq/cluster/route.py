@@ -29,7 +29,7 @@ from types import MappingProxyType
 
 import crc32c
 
-from tidemq.core.errors import BrokerNotAvailable, TopicNotFound
+from tidemq.core.errors import AuthorizationFailed, BrokerNotAvailable, TidemqError, TopicNotFound
 from tidemq.core.static_chain import QueueChain, link_for
 from tidemq.protocol.commands import GetRoutesResponse, TopicRoute
 
@@ -78,6 +78,8 @@ class RouteTable:
         self._topics = {topic: _Topic(route) for topic, route in self._source.items()}
         self._brokers = MappingProxyType(dict(brokers or {}))
         self._coordinator = coordinator
+        #: Topics the user may not describe (learnt by asking for them by name).
+        self._denied: set[str] = set()
 
     @classmethod
     def from_response(cls, response: GetRoutesResponse) -> RouteTable:
@@ -92,6 +94,8 @@ class RouteTable:
         for topic in asked:
             self._source.pop(topic, None)
             self._topics.pop(topic, None)
+            self._denied.discard(topic)
+        self._denied.update(response.denied)
         for route in response.routes:
             self._source[route.topic] = route
             self._topics[route.topic] = _Topic(route)
@@ -115,7 +119,9 @@ class RouteTable:
             for r in self._source.values()
         ]
         brokers = {n: a for n, a in self._brokers.items() if a not in addresses}
-        return RouteTable(routes, brokers, self._coordinator)
+        table = RouteTable(routes, brokers, self._coordinator)
+        table._denied = self._denied
+        return table
 
     def addresses(self) -> set[str]:
         """Every address the table names: brokers, queue hosts and the coordinator."""
@@ -218,8 +224,17 @@ class RouteTable:
         served = found.served_ids
         return served[round_robin_counter % len(served)]
 
+    def unknown(self, topic: str) -> TidemqError:
+        """The error for a topic not in the table: AuthorizationFailed if the user was
+        refused it, else TopicNotFound."""
+        if topic in self._denied:
+            return AuthorizationFailed(
+                f"this user may not describe topic {topic!r} (whether or not it exists)"
+            )
+        return TopicNotFound(f"topic {topic!r} does not exist (no broker serves it)")
+
     def _topic(self, topic: str) -> _Topic:
         found = self._topics.get(topic)
         if found is None:
-            raise TopicNotFound(f"topic {topic!r} does not exist (no broker serves it)")
+            raise self.unknown(topic)
         return found

@@ -474,6 +474,9 @@ class GetRoutesResponse(_Msg):
     #: The routes of `known` are current: `routes` is empty, `brokers` and `coordinator`
     #: are as they were.
     unchanged: bool = False
+    #: Topics asked for by name that the asking user may not describe, whether they exist
+    #: or not (a broker with ACLs): refused, rather than reported unknown.
+    denied: list[str] = []
 
 
 class ClusterStatusRequest(_Msg):
