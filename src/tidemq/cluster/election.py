@@ -32,8 +32,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Final, Protocol
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
 
 from tidemq.cluster.election_state import Event, State, next_state
 from tidemq.cluster.etcd_client import (
@@ -42,7 +42,6 @@ from tidemq.cluster.etcd_client import (
     EtcdClient,
     Get,
     KeyValue,
-    Lease,
     Put,
     ValueIs,
 )
@@ -56,6 +55,7 @@ from tidemq.cluster.group_keys import (
     encode_epoch,
     encode_leader,
 )
+from tidemq.cluster.lease_keeper import LeaseFaults, LeaseKeeper
 from tidemq.core.clock import Clock
 from tidemq.core.errors import ConfigError, EtcdUnavailable, LeaderFenced, NotLeader
 
@@ -69,6 +69,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Longest the election waits for a cancelled etcd call (a watch) to finish.
+_CANCEL_WAIT_MS: Final = 1_000
 
 #: A lease longer than this would leave a group without a leader for that long after a
 #: crash; the issue's failover target is seconds.
@@ -102,13 +105,11 @@ class ElectionConfig:
             raise ConfigError("recheck_ms and retry_backoff_ms must be at least 10 ms")
 
 
-class ElectionFaults(Protocol):
+class ElectionFaults(LeaseFaults, Protocol):
     """Fault injection for tests (`tidemq.testing.election` ships one): production code
     passes none. `keepalive_paused` is asked before each lease keep-alive and revoke (a
     member cut off from etcd's lease service: its lease can only expire in etcd);
     `campaign_held` before each campaign."""
-
-    def keepalive_paused(self) -> bool: ...
 
     def campaign_held(self) -> bool: ...
 
@@ -148,15 +149,6 @@ class _Leadership:
     revision: int
 
 
-@dataclass
-class _LeaseKeeper:
-    lease: Lease
-    #: Monotonic ms past which etcd may have expired the lease.
-    deadline_ms: float
-    lost: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-
-
 class Election:
     """One member's part in its group's election. Owned by one event loop: `start()`
     runs it in the background until `resign()` or `stop()`."""
@@ -178,10 +170,13 @@ class Election:
         self._transitions = 0
         self._seen: LeaderRecord | None = None
         self._leadership: _Leadership | None = None
-        self._keeper: _LeaseKeeper | None = None
+        self._keeper: LeaseKeeper | None = None
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._leftovers: set[asyncio.Task[Any]] = set()
+        #: What ended the election if it failed (it is then STOPPED); None otherwise.
+        self.failure: Exception | None = None
 
     # -- observing ---------------------------------------------------------------------
 
@@ -198,11 +193,7 @@ class Election:
         """Leading, and the lease cannot have expired yet by this member's clock. A cheap
         local check; `confirm` asks etcd."""
         keeper = self._keeper
-        return (
-            self._state is State.LEADER
-            and keeper is not None
-            and self._clock.monotonic_ms() < keeper.deadline_ms
-        )
+        return self._state is State.LEADER and keeper is not None and keeper.alive()
 
     async def wait_for(
         self, predicate: Callable[[ElectionStatus], bool], *, timeout_s: float
@@ -256,6 +247,16 @@ class Election:
                     "group %s member %s: %s", self._config.group, self._config.member, error
                 )
                 await self._pause(self._config.retry_backoff_ms)
+            except Exception as error:
+                # A bug or a corrupt value in etcd: never go on believing it leads.
+                log.exception(
+                    "group %s member %s: election failed", self._keys.group, self._config.member
+                )
+                self.failure = error
+                self._leadership = None
+                await self._abandon_lease()
+                self._fire(Event.STOP)
+                return
 
     async def _pause(self, ms: float) -> None:
         """Wait `ms`, or less if the election stops meanwhile."""
@@ -328,9 +329,7 @@ class Election:
         try:
             await asyncio.wait({lost, changed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (lost, changed):
-                task.cancel()
-            await asyncio.gather(lost, changed, return_exceptions=True)
+            await self._cancel(lost, changed)
         if keeper.lost.is_set():
             self._fire(Event.LEASE_LOST)
             return
@@ -342,6 +341,17 @@ class Election:
             self._observe(holder)
             self._fire(Event.DEPOSED)
 
+    async def _cancel(self, *tasks: asyncio.Task[Any]) -> None:
+        """Cancel `tasks` and wait for them a bounded time: a gRPC stream's clean-up on
+        a dead connection must not keep the election from moving on. A task still
+        running then is kept referenced until it ends."""
+        for task in tasks:
+            task.cancel()
+        _, pending = await asyncio.wait(tasks, timeout=_CANCEL_WAIT_MS / 1000)
+        for task in pending:
+            self._leftovers.add(task)
+            task.add_done_callback(self._leftovers.discard)
+
     async def _fenced(self) -> None:
         await self._abandon_lease()
         self._leadership = None
@@ -349,61 +359,19 @@ class Election:
 
     # -- the lease ---------------------------------------------------------------------
 
-    async def _ensure_lease(self) -> _LeaseKeeper:
+    async def _ensure_lease(self) -> LeaseKeeper:
         if self._keeper is not None and not self._keeper.lost.is_set():
             return self._keeper
         await self._abandon_lease()
-        sent_ms = self._clock.monotonic_ms()
-        lease = await self._client.grant_lease(self._config.lease_ttl_s)
-        keeper = _LeaseKeeper(lease, sent_ms + lease.ttl_s * 1000)
-        keeper.task = asyncio.create_task(self._keep_alive(keeper), name="election-keepalive")
-        self._keeper = keeper
-        return keeper
-
-    async def _keep_alive(self, keeper: _LeaseKeeper) -> None:
-        """Refresh every third of the TTL until the lease is lost: expired in etcd, or not
-        refreshed before its deadline (etcd unreachable, or a test paused it)."""
-        interval_ms = keeper.lease.ttl_s * 1000 / 3
-        while not keeper.lost.is_set():
-            wait_ms = min(interval_ms, keeper.deadline_ms - self._clock.monotonic_ms())
-            await self._pause(max(wait_ms, 0))
-            if self._stopping.is_set():
-                return
-            if self._faults is None or not self._faults.keepalive_paused():
-                await self._refresh(keeper)
-            if self._clock.monotonic_ms() >= keeper.deadline_ms:
-                keeper.lost.set()
-
-    async def _refresh(self, keeper: _LeaseKeeper) -> None:
-        sent_ms = self._clock.monotonic_ms()
-        try:
-            ttl_s = await self._client.keep_alive(keeper.lease.id)
-        except EtcdUnavailable as error:
-            log.warning("group %s: lease keep-alive failed: %s", self._config.group, error)
-            return
-        if ttl_s <= 0:
-            keeper.lost.set()  # etcd expired it: the leader key went with it
-        else:
-            keeper.deadline_ms = sent_ms + ttl_s * 1000
+        self._keeper = await LeaseKeeper.grant(
+            self._client, self._config.lease_ttl_s, clock=self._clock, faults=self._faults
+        )
+        return self._keeper
 
     async def _abandon_lease(self) -> None:
-        """Stop keeping the lease alive and revoke it (best effort: a lease etcd cannot
-        revoke now expires on its own)."""
         keeper, self._keeper = self._keeper, None
-        if keeper is None:
-            return
-        keeper.lost.set()
-        if keeper.task is not None and keeper.task is not asyncio.current_task():
-            keeper.task.cancel()
-            await asyncio.gather(keeper.task, return_exceptions=True)
-        if self._faults is not None and self._faults.keepalive_paused():
-            return
-        try:
-            await self._client.revoke_lease(keeper.lease.id)
-        except EtcdUnavailable as error:
-            log.warning(
-                "group %s: lease not revoked (expires by itself): %s", self._keys.group, error
-            )
+        if keeper is not None:
+            await keeper.abandon()
 
     # -- what a leader calls -----------------------------------------------------------
 
