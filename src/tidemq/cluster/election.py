@@ -291,7 +291,7 @@ class Election:
             raise
 
     async def _campaign(self) -> None:
-        keeper = await self._ensure_lease()
+        keeper = await self._new_lease()
         keys = self._keys
         found = await self._client.get(keys.epoch)
         epoch = 0 if found is None else decode_epoch(keys.epoch, found.value)
@@ -313,6 +313,7 @@ class Election:
         winner = result.gets[0]
         self._observe(None if winner is None else decode_leader(keys.leader, winner.value))
         self._fire(Event.LOST)
+        await self._abandon_lease()
 
     async def _lead(self) -> None:
         leadership, keeper = self._leadership, self._keeper
@@ -359,9 +360,9 @@ class Election:
 
     # -- the lease ---------------------------------------------------------------------
 
-    async def _ensure_lease(self) -> LeaseKeeper:
-        if self._keeper is not None and not self._keeper.lost.is_set():
-            return self._keeper
+    async def _new_lease(self) -> LeaseKeeper:
+        """A fresh lease for a campaign. Followers hold none: a lease kept through a long
+        wait could be close to its deadline (after an etcd hiccup) just as it wins."""
         await self._abandon_lease()
         self._keeper = await LeaseKeeper.grant(
             self._client, self._config.lease_ttl_s, clock=self._clock, faults=self._faults

@@ -184,10 +184,12 @@ class EtcdClient:
         self._client = aetcd.Client(host=host, port=port, timeout=self._timeout_s, options=options)
 
     @asynccontextmanager
-    async def _call(self, operation: str, *, wait_s: float = 0.0) -> AsyncIterator[None]:
-        """Bound one call in time (a request timeout, plus `wait_s` for a call that waits
-        on purpose) and map its failures to EtcdUnavailable."""
-        bound_s = self._timeout_s + wait_s
+    async def _call(
+        self, operation: str, *, wait_s: float = 0.0, timeout_s: float | None = None
+    ) -> AsyncIterator[None]:
+        """Bound one call in time (`timeout_s`, or the request timeout, plus `wait_s` for
+        a call that waits on purpose) and map its failures to EtcdUnavailable."""
+        bound_s = (self._timeout_s if timeout_s is None else timeout_s) + wait_s
         try:
             async with asyncio.timeout(bound_s):
                 yield
@@ -258,9 +260,12 @@ class EtcdClient:
             lease = await self._client.lease(ttl_s)
         return Lease(int(lease.id), int(lease.ttl))
 
-    async def keep_alive(self, lease_id: int) -> int:
-        """One keep-alive of the lease: its TTL from now in seconds, 0 if it expired."""
-        async with self._call(f"lease keep-alive {lease_id:x}"):
+    async def keep_alive(self, lease_id: int, *, timeout_ms: int | None = None) -> int:
+        """One keep-alive of the lease: its TTL from now in seconds, 0 if it expired.
+        `timeout_ms` (default: the request timeout) lets a short lease give up on one
+        try in time for the next."""
+        timeout_s = None if timeout_ms is None else timeout_ms / 1000
+        async with self._call(f"lease keep-alive {lease_id:x}", timeout_s=timeout_s):
             reply = await self._client.refresh_lease(lease_id)
         return 0 if reply is None else max(0, int(reply.TTL))
 

@@ -53,6 +53,7 @@ class LeaseKeeper:
         self._client = client
         self._clock = clock
         self._faults = faults
+        self._interval_ms = lease.ttl_s * 1000 // 3
         self._task = asyncio.create_task(self._keep_alive(), name=f"lease-{lease.id:x}")
 
     @classmethod
@@ -71,9 +72,8 @@ class LeaseKeeper:
         return self._faults is not None and self._faults.keepalive_paused()
 
     async def _keep_alive(self) -> None:
-        interval_ms = self.lease.ttl_s * 1000 / 3
         while not self.lost.is_set():
-            wait_ms = min(interval_ms, self.deadline_ms - self._clock.monotonic_ms())
+            wait_ms = min(self._interval_ms, self.deadline_ms - self._clock.monotonic_ms())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.lost.wait(), max(wait_ms, 0) / 1000)
             if self.lost.is_set():
@@ -86,7 +86,10 @@ class LeaseKeeper:
     async def _refresh(self) -> None:
         sent_ms = self._clock.monotonic_ms()
         try:
-            ttl_s = await self._client.keep_alive(self.lease.id)
+            # One try may not outlast the interval: a call stuck on a dead connection
+            # would otherwise use up the whole lease (the request timeout is 2 s, as
+            # long as the shortest lease), leaving no time to try on a fresh one.
+            ttl_s = await self._client.keep_alive(self.lease.id, timeout_ms=self._interval_ms)
         except EtcdUnavailable as error:
             log.warning("lease %x keep-alive failed: %s", self.lease.id, error)
             return
