@@ -41,14 +41,24 @@ ELECTION_TIMEOUT_S = 20.0
 
 
 class Member:
-    def __init__(
-        self, name: str, election: Election, client: EtcdClient, faults: ElectionFaultSwitch
-    ):
-        self.name, self.election, self.client, self.faults = name, election, client, faults
+    """One broker of GROUP: its own etcd connection and its election (a new one after
+    `rejoin`)."""
+
+    def __init__(self, name: str, client: EtcdClient, config: ElectionConfig) -> None:
+        self.name, self.client, self.config = name, client, config
+        self.faults = ElectionFaultSwitch()
+        self.election = Election(client, config, clock=SystemClock(), faults=self.faults)
 
     @property
     def status(self) -> ElectionStatus:
         return self.election.status
+
+    def rejoin(self) -> None:
+        """Campaign again with a new election (after `resign`), as a restarted broker."""
+        assert self.status.state is State.STOPPED
+        self.faults = ElectionFaultSwitch()
+        self.election = Election(self.client, self.config, clock=SystemClock(), faults=self.faults)
+        self.election.start()
 
 
 @asynccontextmanager
@@ -59,12 +69,10 @@ async def members(endpoints: Sequence[str], count: int) -> AsyncIterator[list[Me
         for i in range(count):
             client = EtcdClient(endpoints)
             await client.connect()
-            faults = ElectionFaultSwitch()
             config = ElectionConfig(
                 group=GROUP, member=f"b{i}", address=f"127.0.0.1:{10_000 + i}", lease_ttl_s=TTL_S
             )
-            election = Election(client, config, clock=SystemClock(), faults=faults)
-            started.append(Member(f"b{i}", election, client, faults))
+            started.append(Member(f"b{i}", client, config))
         for member in started:
             member.election.start()
         yield started
@@ -133,6 +141,23 @@ def test_each_resign_hands_leadership_to_another_member_under_the_next_epoch(
                 leader = await next_leader(remaining, after_epoch=epochs[-1])
                 epochs.append(leader.status.epoch)
             assert epochs == [1, 2, 3]
+
+    loop.run(scenario())
+
+
+def test_under_churn_every_epoch_has_one_leader_and_epochs_go_up_by_one(
+    loop: Loop, etcd_single: EtcdCluster
+) -> None:
+    async def scenario() -> None:
+        async with members(etcd_single.endpoints, 3) as group:
+            history: list[tuple[int, str]] = []
+            for _ in range(6):
+                leader = await next_leader(group, after_epoch=history[-1][0] if history else 0)
+                assert [m.status.state for m in group].count(State.LEADER) == 1
+                history.append((leader.status.epoch, leader.name))
+                await leader.election.resign()
+                leader.rejoin()  # campaigns again, against the other two
+            assert [epoch for epoch, _ in history] == [1, 2, 3, 4, 5, 6]
 
     loop.run(scenario())
 

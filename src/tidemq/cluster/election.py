@@ -3,10 +3,11 @@ a fencing check. One `Election` per member; its state machine is `election_state
 
 How it works (keys in `group_keys`):
 
-* **Campaign.** A member with no leader in sight grants itself a lease (`lease_ttl_s`) and
-  runs one transaction: *if* the leader key does not exist *and* the epoch key still holds
-  the epoch it read (or is absent), *then* put the leader key (on its lease) with epoch
-  E+1 and put the epoch key to E+1. So two members can never win the same epoch, and the
+* **Campaign.** A member with no leader in sight grants itself a fresh lease
+  (`lease_ttl_s`; revoked again if it loses, so followers hold none) and runs one
+  transaction: *if* the leader key does not exist *and* the epoch key still holds the
+  epoch it read (or is absent), *then* put the leader key (on its lease) with epoch E+1
+  and put the epoch key to E+1. So two members can never win the same epoch, and the
   epoch grows by one at each election, even when a leader key expired without trace.
 * **Keep-alive.** A background task refreshes the lease every third of its TTL. The
   member's own deadline is the time it *sent* the last successful refresh plus the TTL
