@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
 import aetcd
@@ -53,6 +52,10 @@ ETCD_REQUEST_TIMEOUT_MS: Final = 2_000
 #: second of etcd.
 _RECONNECT_BACKOFF_MS_MAX: Final = 1_000
 _RECONNECT_BACKOFF_MS_MIN: Final = 100
+#: How long `close()` gives calls that timed out to wind down before closing the channel.
+_CLOSE_WAIT_MS: Final = 1_000
+
+_T = TypeVar("_T")
 
 
 def grpc_target(endpoints: Sequence[str]) -> tuple[str, int]:
@@ -182,38 +185,67 @@ class EtcdClient:
             "grpc.max_reconnect_backoff_ms": _RECONNECT_BACKOFF_MS_MAX,
         }
         self._client = aetcd.Client(host=host, port=port, timeout=self._timeout_s, options=options)
+        #: Calls that timed out, cancelled and still winding down (see `_call`).
+        self._dropped: set[asyncio.Future[Any]] = set()
 
-    @asynccontextmanager
     async def _call(
-        self, operation: str, *, wait_s: float = 0.0, timeout_s: float | None = None
-    ) -> AsyncIterator[None]:
-        """Bound one call in time (`timeout_s`, or the request timeout, plus `wait_s` for
-        a call that waits on purpose) and map its failures to EtcdUnavailable."""
+        self,
+        operation: str,
+        call: Coroutine[Any, Any, _T],
+        *,
+        wait_s: float = 0.0,
+        timeout_s: float | None = None,
+    ) -> _T:
+        """Run one aetcd call bounded in time (`timeout_s`, or the request timeout, plus
+        `wait_s` for a call that waits on purpose) and map its failures to
+        EtcdUnavailable.
+
+        The call runs as its own task, and on timeout (or when the caller is cancelled)
+        it is cancelled but not waited for: aetcd's clean-up of a stream (cancelling a
+        watch, ending a keep-alive) can itself wait on a dead connection, and a bound
+        that waited for it would be no bound. Such a task is kept until it ends."""
         bound_s = (self._timeout_s if timeout_s is None else timeout_s) + wait_s
+        task = asyncio.ensure_future(call)
         try:
-            async with asyncio.timeout(bound_s):
-                yield
-        except TimeoutError:
+            done, _ = await asyncio.wait({task}, timeout=bound_s)
+        except asyncio.CancelledError:
+            self._drop(task)
+            raise
+        if not done:
+            self._drop(task)
             raise EtcdUnavailable(
                 f"etcd {operation}: no answer from {list(self.endpoints)} "
                 f"within {bound_s * 1000:.0f} ms"
-            ) from None
+            )
+        try:
+            return task.result()
         except aetcd.exceptions.ClientError as error:
             raise EtcdUnavailable(
                 f"etcd {operation} failed on {list(self.endpoints)}: {error}"
             ) from error
 
+    def _drop(self, task: asyncio.Future[Any]) -> None:
+        task.cancel()
+        self._dropped.add(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Future[Any]) -> None:
+        self._dropped.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: its failure was reported as a timeout already
+
     async def connect(self) -> None:
-        async with self._call("connect"):
-            await self._client.connect()
+        await self._call("connect", self._client.connect())
 
     async def close(self) -> None:
+        """Close the channel; calls still winding down get `_CLOSE_WAIT_MS` to end."""
+        if self._dropped:
+            await asyncio.wait(set(self._dropped), timeout=_CLOSE_WAIT_MS / 1000)
         await self._client.close()
 
     async def get(self, key: bytes) -> KeyValue | None:
         """A linearizable read of one key (None: absent)."""
-        async with self._call(f"get {key!r}"):
-            found = await self._client.get(key)
+        found = await self._call(f"get {key!r}", self._client.get(key))
         return None if found is None else _key_value(found)
 
     async def txn(
@@ -227,12 +259,14 @@ class EtcdClient:
             else client.transactions.create(c.key) == c.revision
             for c in compare
         ]
-        async with self._call("transaction"):
-            succeeded, responses = await client.transaction(
+        succeeded, responses = await self._call(
+            "transaction",
+            client.transaction(
                 compare=conditions,
                 success=[self._op(op) for op in success],
                 failure=[self._op(op) for op in failure],
-            )
+            ),
+        )
         return self._txn_result(bool(succeeded), responses)
 
     def _op(self, op: Op) -> Any:
@@ -256,8 +290,7 @@ class EtcdClient:
         return TxnResult(succeeded, tuple(gets), revision)
 
     async def grant_lease(self, ttl_s: int) -> Lease:
-        async with self._call(f"lease grant ({ttl_s} s)"):
-            lease = await self._client.lease(ttl_s)
+        lease = await self._call(f"lease grant ({ttl_s} s)", self._client.lease(ttl_s))
         return Lease(int(lease.id), int(lease.ttl))
 
     async def keep_alive(self, lease_id: int, *, timeout_ms: int | None = None) -> int:
@@ -265,16 +298,18 @@ class EtcdClient:
         `timeout_ms` (default: the request timeout) lets a short lease give up on one
         try in time for the next."""
         timeout_s = None if timeout_ms is None else timeout_ms / 1000
-        async with self._call(f"lease keep-alive {lease_id:x}", timeout_s=timeout_s):
-            reply = await self._client.refresh_lease(lease_id)
+        reply = await self._call(
+            f"lease keep-alive {lease_id:x}",
+            self._client.refresh_lease(lease_id),
+            timeout_s=timeout_s,
+        )
         return 0 if reply is None else max(0, int(reply.TTL))
 
     async def revoke_lease(self, lease_id: int) -> None:
         """Revoke the lease, deleting every key attached to it. A lease that already
         expired is not an error."""
         try:
-            async with self._call(f"lease revoke {lease_id:x}"):
-                await self._client.revoke_lease(lease_id)
+            await self._call(f"lease revoke {lease_id:x}", self._client.revoke_lease(lease_id))
         except EtcdUnavailable as error:
             if "lease not found" not in str(error):
                 raise
@@ -284,15 +319,23 @@ class EtcdClient:
     ) -> WatchEvent | None:
         """The first change of `key` at or after `start_revision`, or None when nothing
         changed within `timeout_ms` (bounded by `timeout_ms` plus one request timeout)."""
-        async with self._call(f"watch {key!r}", wait_s=timeout_ms / 1000):
-            try:
-                event = await self._client.watch_once(
-                    key, timeout=timeout_ms / 1000, start_revision=start_revision
-                )
-            except aetcd.exceptions.WatchTimeoutError:
-                return None
+        event = await self._call(
+            f"watch {key!r}",
+            self._watch_once(key, start_revision, timeout_ms / 1000),
+            wait_s=timeout_ms / 1000,
+        )
+        if event is None:
+            return None
         if isinstance(event, Exception):
             # aetcd hands a broken watch stream's error over as the "event".
             raise EtcdUnavailable(f"etcd watch {key!r} failed on {list(self.endpoints)}: {event}")
         kind = EventKind.DELETE if event.kind == aetcd.EventKind.DELETE else EventKind.PUT
         return WatchEvent(kind, _key_value(event.kv))
+
+    async def _watch_once(self, key: bytes, start_revision: int, timeout_s: float) -> Any:
+        try:
+            return await self._client.watch_once(
+                key, timeout=timeout_s, start_revision=start_revision
+            )
+        except aetcd.exceptions.WatchTimeoutError:
+            return None
