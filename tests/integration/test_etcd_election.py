@@ -97,7 +97,9 @@ async def next_leader(group: Sequence[Member], *, after_epoch: int = 0) -> Membe
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
-    winner = waits[done.pop()]
+    finished = done.pop()
+    finished.result()  # a TimeoutError fails the test here
+    winner = waits[finished]
     record = winner.status.leader
     for m in group:
         await m.election.wait_for(lambda s: s.leader == record, timeout_s=ELECTION_TIMEOUT_S)
