@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 import pytest
 from tests.support.etcd_server import EtcdCluster, etcd_cluster3, etcd_single
 
-from tidemq.cluster.election import Election, ElectionConfig, ElectionStatus
+from tidemq.cluster.election import Campaign, Election, ElectionConfig, ElectionStatus
 from tidemq.cluster.election_state import State
-from tidemq.cluster.etcd_client import ETCD_REQUEST_TIMEOUT_MS, EtcdClient
+from tidemq.cluster.etcd_client import ETCD_REQUEST_TIMEOUT_MS, Delete, EtcdClient
 from tidemq.cluster.group_keys import GroupKeys, InSyncRecord
 from tidemq.cluster.in_sync import read_in_sync, write_in_sync
 from tidemq.core.clock import SystemClock
@@ -299,5 +299,41 @@ def test_the_election_goes_on_when_the_etcd_member_first_in_the_endpoints_dies(
                 except LeaderFenced:
                     continue
             raise AssertionError("no leader kept its epoch after five elections")
+
+    loop.run(scenario())
+
+
+@pytest.mark.parametrize("epoch_before", [0, 1])
+def test_a_campaign_built_on_a_stale_epoch_is_refused_even_with_no_leader(
+    loop: Loop, etcd_single: EtcdCluster, epoch_before: int
+) -> None:
+    # The race the epoch compare closes: X reads epoch E; Y wins E+1 and its key is gone
+    # again (resigned or expired) before X's transaction runs. The leader key is absent,
+    # but X must not win E+1 a second time.
+    keys = GroupKeys(GROUP)
+
+    async def win(client: EtcdClient, member: str) -> int:
+        campaign = Campaign.after(keys, await client.get(keys.epoch), member, "127.0.0.1:1", 0)
+        result = await client.txn(campaign.compare, campaign.success, campaign.failure)
+        assert result.succeeded
+        await client.txn([], [Delete(keys.leader)])  # leaves: no leader again
+        return campaign.record.epoch
+
+    async def scenario() -> None:
+        client = EtcdClient(etcd_single.endpoints)
+        await client.connect()
+        try:
+            for _ in range(epoch_before):
+                await win(client, "b9")
+            stale = Campaign.after(keys, await client.get(keys.epoch), "b0", "127.0.0.1:1", 0)
+            assert await win(client, "b1") == epoch_before + 1
+            result = await client.txn(stale.compare, stale.success, stale.failure)
+            assert not result.succeeded
+            assert result.gets == (None,)  # refused with no leader: by the epoch compare
+            found = await client.get(keys.epoch)
+            assert found is not None
+            assert found.value == str(epoch_before + 1).encode()
+        finally:
+            await client.close()
 
     loop.run(scenario())

@@ -38,11 +38,13 @@ from typing import Any, Final, Protocol
 
 from tidemq.cluster.election_state import Event, State, next_state
 from tidemq.cluster.etcd_client import (
+    Compare,
     CreatedAt,
     Delete,
     EtcdClient,
     Get,
     KeyValue,
+    Op,
     Put,
     ValueIs,
 )
@@ -62,6 +64,7 @@ from tidemq.core.errors import ConfigError, EtcdUnavailable, LeaderFenced, NotLe
 
 __all__ = [
     "MAX_LEASE_TTL_S",
+    "Campaign",
     "Election",
     "ElectionConfig",
     "ElectionFaults",
@@ -139,6 +142,35 @@ def fenced_error(
         group=keys.group,
         current_epoch=current,
     )
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """The one transaction that wins an election (see the module's docstring)."""
+
+    record: LeaderRecord
+    compare: list[Compare]
+    success: list[Op]
+    failure: list[Op]
+
+    @classmethod
+    def after(
+        cls, keys: GroupKeys, epoch: KeyValue | None, member: str, address: str, lease_id: int
+    ) -> Campaign:
+        """The campaign for the epoch after `epoch` (the epoch key as read; None: absent):
+        it wins only if there is no leader and the epoch key is still as read."""
+        current = 0 if epoch is None else decode_epoch(keys.epoch, epoch.value)
+        record = LeaderRecord(current + 1, member, address)
+        unchanged = CreatedAt(keys.epoch, 0) if epoch is None else ValueIs(keys.epoch, epoch.value)
+        return cls(
+            record,
+            compare=[CreatedAt(keys.leader, 0), unchanged],
+            success=[
+                Put(keys.leader, encode_leader(record), lease_id),
+                Put(keys.epoch, encode_epoch(record.epoch)),
+            ],
+            failure=[Get(keys.leader)],
+        )
 
 
 @dataclass
@@ -295,17 +327,11 @@ class Election:
         keeper = await self._new_lease()
         keys = self._keys
         found = await self._client.get(keys.epoch)
-        epoch = 0 if found is None else decode_epoch(keys.epoch, found.value)
-        record = LeaderRecord(epoch + 1, self._config.member, self._config.address)
-        unchanged = CreatedAt(keys.epoch, 0) if found is None else ValueIs(keys.epoch, found.value)
-        result = await self._client.txn(
-            compare=[CreatedAt(keys.leader, 0), unchanged],
-            success=[
-                Put(keys.leader, encode_leader(record), keeper.lease.id),
-                Put(keys.epoch, encode_epoch(record.epoch)),
-            ],
-            failure=[Get(keys.leader)],
+        campaign = Campaign.after(
+            keys, found, self._config.member, self._config.address, keeper.lease.id
         )
+        record = campaign.record
+        result = await self._client.txn(campaign.compare, campaign.success, campaign.failure)
         if result.succeeded:
             self._leadership = _Leadership(record, result.revision)
             self._seen = record

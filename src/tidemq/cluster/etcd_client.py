@@ -29,6 +29,7 @@ from tidemq.core.errors import ConfigError, EtcdUnavailable
 
 __all__ = [
     "ETCD_REQUEST_TIMEOUT_MS",
+    "Compare",
     "CreatedAt",
     "Delete",
     "EtcdClient",
@@ -36,6 +37,7 @@ __all__ = [
     "Get",
     "KeyValue",
     "Lease",
+    "Op",
     "Put",
     "TxnResult",
     "ValueIs",
