@@ -6,7 +6,7 @@ CKSUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-$(CKSUM)
 SERVER_STAMP := $(VENV)/.installed-server-$(CKSUM)
 
-.PHONY: run test check java chromium format bench soak clean
+.PHONY: run test check java chromium etcd format bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -42,9 +42,13 @@ java:
 chromium:
 	sh scripts/ensure-chromium.sh
 
+# The replication tests start real etcd processes: Debian's etcd-server (apt-get when missing).
+etcd:
+	sh scripts/ensure-etcd.sh
+
 # Two workers: most tests wait on servers, sleeps and subprocesses, so two share the two
 # cores well (13 min serial, 8 min on two). The Spark tests all go to one worker (one JVM).
-test: check java chromium
+test: check java chromium etcd
 	$(VENV)/bin/pytest -W error -q -n 2 --dist loadgroup
 
 format: $(STAMP)

@@ -22,12 +22,15 @@ __all__ = [
     "DeserializationFailed",
     "DiskFull",
     "ErrorCode",
+    "EtcdUnavailable",
     "FencedProducer",
     "InvalidBatch",
     "InvalidRequest",
     "InvalidTopicName",
+    "LeaderFenced",
     "MessageTypeMismatch",
     "NotCoordinator",
+    "NotLeader",
     "OffsetOutOfRange",
     "OutOfOrderSequence",
     "QueueMoved",
@@ -85,6 +88,9 @@ class ErrorCode(IntEnum):
     SCHEMA_VALIDATION_FAILED = 32
     TIER_UNAVAILABLE = 33
     DATA_LOST = 34
+    NOT_LEADER = 35
+    LEADER_FENCED = 36
+    ETCD_UNAVAILABLE = 37
 
 
 class TidemqError(Exception):
@@ -301,6 +307,33 @@ class DataLost(TidemqError):
     """Messages that were offloaded to the object store are gone from it (a file deleted
     behind the broker's back, or failing its checksum): readers are told, never handed an
     empty range. The message names the offsets and the file."""
+
+
+@_error(ErrorCode.NOT_LEADER, retriable=True)
+class NotLeader(TidemqError):
+    """This broker does not lead its replica group: the request needs the group's leader.
+    The message names the group and, when known, the current epoch and leader; a client
+    refreshes its routes and retries there."""
+
+    def __init__(self, message: str, *, group: str = "", current_epoch: int | None = None):
+        super().__init__(message)
+        self.group, self.current_epoch = group, current_epoch
+
+
+@_error(ErrorCode.LEADER_FENCED, retriable=True)
+class LeaderFenced(NotLeader):
+    """A member that believed it led its group under some epoch found that etcd no longer
+    holds it there (its lease expired while it was paused or cut off, or another member
+    won a later epoch). It must not acknowledge anything more under that epoch. The
+    message names etcd's current epoch and leader; retriable for a client, which retries
+    at the new leader."""
+
+
+@_error(ErrorCode.ETCD_UNAVAILABLE, retriable=True)
+class EtcdUnavailable(TidemqError):
+    """etcd (the cluster metadata store of replica groups) did not answer in time or
+    refused the connection. The message names the operation, the endpoints and etcd's
+    answer. Leadership cannot be confirmed meanwhile, so a leader stops acknowledging."""
 
 
 class DeserializationFailed(TidemqError):
