@@ -10,7 +10,8 @@ only adds to plain integers, `tidemq.broker.metrics`); series are per topic and 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -57,12 +58,13 @@ class _BrokerCollector(Collector):
             "Transactions rolled back (by the producer or after failed check-backs).",
             s.transactions_rolled_back,
         )
-        timers = GaugeMetricFamily(
-            "tidemq_timer_pending_messages", "Delayed messages not yet due.", labels=["topic"]
+        yield _labeled(
+            GaugeMetricFamily,
+            "tidemq_timer_pending_messages",
+            "Delayed messages not yet due.",
+            ["topic"],
+            s.timer_pending,
         )
-        for topic, pending in sorted(s.timer_pending.items()):
-            timers.add_metric([topic], pending)
-        yield timers
         yield GaugeMetricFamily(
             "tidemq_commit_log_bytes", "Bytes of the commit log kept on disk.", s.log_bytes
         )
@@ -78,37 +80,44 @@ class _BrokerCollector(Collector):
         yield from _tier(s)
 
 
+def _labeled(
+    kind: type[GaugeMetricFamily] | type[CounterMetricFamily],
+    name: str,
+    help_text: str,
+    labels: list[str],
+    values: Mapping[Any, float],
+) -> Metric:
+    """A family with one sample per entry of `values`, whose key holds the label values
+    (one value, or a tuple in `labels`' order), in key order."""
+    family = kind(name, help_text, labels=labels)
+    for key, value in sorted(values.items()):
+        parts = key if isinstance(key, tuple) else (key,)
+        family.add_metric([str(p) for p in parts], value)
+    return family
+
+
+_GROUP_TOPIC = ["consumer_group", "topic"]
+
+
 def _lag(s: MetricsSnapshot) -> Iterator[Metric]:
+    name = "rocketmq_consumer_lag_messages"
     help_text = (
         "Messages not yet consumed (committed) by the group, over the topic's queues "
         "stored on this broker."
     )
     if s.queue_lag is None:
-        lag = GaugeMetricFamily(
-            "rocketmq_consumer_lag_messages", help_text, labels=["consumer_group", "topic"]
-        )
-        for (group, topic), behind in sorted(s.lag.items()):
-            lag.add_metric([group, topic], behind)
-        yield lag
+        yield _labeled(GaugeMetricFamily, name, help_text, _GROUP_TOPIC, s.lag)
         return
     # Opted in (http.metrics_per_queue): one label set per family, so the per-queue
     # series replace the per-topic ones (sum by topic gives those back).
-    lag = GaugeMetricFamily(
-        "rocketmq_consumer_lag_messages",
-        help_text,
-        labels=["consumer_group", "topic", "queue_id"],
-    )
-    for (group, topic, queue), behind in sorted(s.queue_lag.items()):
-        lag.add_metric([group, topic, str(queue)], behind)
-    yield lag
-    ends = GaugeMetricFamily(
+    yield _labeled(GaugeMetricFamily, name, help_text, [*_GROUP_TOPIC, "queue_id"], s.queue_lag)
+    yield _labeled(
+        GaugeMetricFamily,
         "tidemq_queue_end_offset",
         "The offset the queue's next message will get (its rate is the queue's rate in).",
-        labels=["topic", "queue_id"],
+        ["topic", "queue_id"],
+        s.queue_end or {},
     )
-    for (topic, queue), end in sorted((s.queue_end or {}).items()):
-        ends.add_metric([topic, str(queue)], end)
-    yield ends
     yield GaugeMetricFamily(
         "tidemq_metrics_queues_omitted",
         "Queues left out of the per-queue series (over the limit of one scrape).",
@@ -117,15 +126,14 @@ def _lag(s: MetricsSnapshot) -> Iterator[Metric]:
 
 
 def _latency(s: MetricsSnapshot) -> Iterator[Metric]:
-    latency = GaugeMetricFamily(
+    yield _labeled(
+        GaugeMetricFamily,
         "rocketmq_consumer_lag_latency",
         "Milliseconds since the oldest message the group has not consumed was stored "
         "(0: caught up), over the topic's queues stored on this broker.",
-        labels=["consumer_group", "topic"],
+        _GROUP_TOPIC,
+        s.lag_latency_ms,
     )
-    for (group, topic), ms in sorted(s.lag_latency_ms.items()):
-        latency.add_metric([group, topic], ms)
-    yield latency
     yield GaugeMetricFamily(
         "rocketmq_storage_message_reserve_time",
         "Milliseconds since the oldest message the commit log keeps was stored.",
@@ -134,72 +142,64 @@ def _latency(s: MetricsSnapshot) -> Iterator[Metric]:
 
 
 def _pop(s: MetricsSnapshot) -> Iterator[Metric]:
-    labels = ["consumer_group", "topic"]
-    in_flight = GaugeMetricFamily(
+    yield _labeled(
+        GaugeMetricFamily,
         "rocketmq_consumer_inflight_messages",
         "Messages leased to pop consumers and not yet acknowledged.",
-        labels=labels,
+        _GROUP_TOPIC,
+        s.pop_in_flight,
     )
-    for (group, topic), n in sorted(s.pop_in_flight.items()):
-        in_flight.add_metric([group, topic], n)
-    dead = CounterMetricFamily(
+    yield _labeled(
+        CounterMetricFamily,
         "rocketmq_send_to_dlq_messages",
         "Messages moved to the group's dead-letter topic after their attempts.",
-        labels=labels,
+        _GROUP_TOPIC,
+        s.pop_dead_lettered,
     )
-    for (group, topic), n in sorted(s.pop_dead_lettered.items()):
-        dead.add_metric([group, topic], n)
-    leases = GaugeMetricFamily(
+    yield _labeled(
+        GaugeMetricFamily,
         "tidemq_pop_leases",
         "Pop leases by state: invisible (delivered, not acked), held (FIFO, behind an "
         "earlier message of its group), suspended (attempts used up, awaiting resume).",
-        labels=[*labels, "state"],
+        [*_GROUP_TOPIC, "state"],
+        s.pop_leases,
     )
-    for (group, topic, state), n in sorted(s.pop_leases.items()):
-        leases.add_metric([group, topic, state], n)
-    retried = CounterMetricFamily(
+    yield _labeled(
+        CounterMetricFamily,
         "tidemq_pop_retried_messages",
         "Messages a nack moved to the group's retry topic.",
-        labels=labels,
+        _GROUP_TOPIC,
+        s.pop_retried,
     )
-    for (group, topic), n in sorted(s.pop_retried.items()):
-        retried.add_metric([group, topic], n)
-    yield in_flight
-    yield dead
-    yield leases
-    yield retried
 
 
 def _transactions(s: MetricsSnapshot) -> Iterator[Metric]:
-    committed = CounterMetricFamily(
+    yield _labeled(
+        CounterMetricFamily,
         "rocketmq_commit_messages",
         "Messages of committed transactions, published to their topic.",
-        labels=["topic"],
+        ["topic"],
+        s.txn_messages_committed,
     )
-    for topic, n in sorted(s.txn_messages_committed.items()):
-        committed.add_metric([topic], n)
-    rolled_back = CounterMetricFamily(
+    yield _labeled(
+        CounterMetricFamily,
         "rocketmq_rollback_messages",
         "Messages of rolled-back transactions, discarded.",
-        labels=["topic"],
+        ["topic"],
+        s.txn_messages_rolled_back,
     )
-    for topic, n in sorted(s.txn_messages_rolled_back.items()):
-        rolled_back.add_metric([topic], n)
-    yield committed
-    yield rolled_back
 
 
 def _tier(s: MetricsSnapshot) -> Iterator[Metric]:
     if s.tier_backlog is None:
         return  # tiered storage is not configured: no series rather than zeros
-    backlog = GaugeMetricFamily(
+    yield _labeled(
+        GaugeMetricFamily,
         "tidemq_tier_backlog_messages",
         "Messages on this broker's disk not yet in the object store, per tiered topic.",
-        labels=["topic"],
+        ["topic"],
+        s.tier_backlog,
     )
-    for topic, n in sorted(s.tier_backlog.items()):
-        backlog.add_metric([topic], n)
-    yield backlog
     yield CounterMetricFamily(
         "tidemq_tier_uploaded_bytes", "Bytes uploaded to the object store.", s.tier_uploaded_bytes
     )
