@@ -34,7 +34,7 @@ from tidemq.protocol.acl_messages import (
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import REQUESTS
 from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
-from tidemq.protocol.query_messages import QueryMessagesRequest
+from tidemq.protocol.query_messages import OriginMessageRequest, QueryMessagesRequest
 from tidemq.protocol.static_messages import (
     StaticOpenRequest,
     StaticSealRequest,
@@ -80,6 +80,7 @@ SAMPLES: dict[RequestCode, msgspec.Struct] = {
         topics=[c.CreateTopicRequest(name=NEW + "-batch", queues=1)]
     ),
     RequestCode.QUERY_MESSAGES: QueryMessagesRequest(topic=T, key=b"k"),
+    RequestCode.ORIGIN_MESSAGE: OriginMessageRequest(message_id="0" * 28),
     RequestCode.ALTER_TOPIC: c.AlterTopicRequest(name=T, queues=1),
     RequestCode.DELETE_TOPIC: c.DeleteTopicRequest(name=GONE),
     RequestCode.LIST_TOPICS: c.ListTopicsRequest(),
@@ -477,5 +478,37 @@ def test_unchanged_route_answers_respect_each_users_acls(
             # The admin's token was not about ACLs' effects on him, but it is mixed with
             # their version too: one full answer after any ACL change, then unchanged.
             assert not (await routes(ADMIN, ADMIN_PASSWORD, mine.generation)).unchanged
+
+    loop.run(go(), timeout_s=60)
+
+
+def test_a_delayed_message_by_id_needs_read_on_its_topic(
+    loop: Loop, start_broker: StartBroker
+) -> None:
+    """ORIGIN_MESSAGE names the broker's timer topic; the broker checks READ on the
+    message's own topic once it has read it."""
+    env = _start(start_broker)
+    admin_config = _config(ADMIN, ADMIN_PASSWORD)
+    bob_config = _config(BOB, BOB_PASSWORD)
+
+    async def go() -> None:
+        async with tidemq.aio.Admin(env.address, client_config=admin_config) as admin:
+            await admin.create_topic("payroll", 1)
+            await admin.create_user(BOB, BOB_PASSWORD)
+            async with tidemq.aio.Producer(env.address, client_config=admin_config) as p:
+                receipt = await p.send("payroll", b"salary", delay=3600)
+            async with tidemq.aio.Admin(env.address, client_config=bob_config) as bob:
+                with pytest.raises(AuthorizationFailed, match="READ topic 'payroll'"):
+                    await bob.get_message(receipt.message_id)
+                grant = tidemq.Acl(
+                    principal=f"User:{BOB}",
+                    resource_type="topic",
+                    resource_name="payroll",
+                    operation="read",
+                )
+                assert await admin.create_acls([grant]) == 1
+                found = await bob.get_message(receipt.message_id)
+                assert found is not None
+                assert found.value == b"salary"
 
     loop.run(go(), timeout_s=60)

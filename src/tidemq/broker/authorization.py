@@ -155,8 +155,8 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         RequestCode.LIST_GROUPS: (),  # filtered: the groups the principal may describe
         RequestCode.DESCRIBE_GROUP: (_rule(_DESCRIBE, _G, _group),),
         RequestCode.RESET_OFFSETS: (*_GROUP_READ, _rule(_ALTER, _T, _topic)),
-        # Filtered, never refused, named topics too: a topic the principal may not
-        # describe is answered as one that does not exist.
+        # Filtered, never refused: the answer leaves out the topics the principal may not
+        # describe, and names those of them it asked for by name (`denied`).
         RequestCode.GET_ROUTES: (),
         RequestCode.REGISTER_BROKER: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
         RequestCode.UNREGISTER_BROKER: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
@@ -195,6 +195,9 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         RequestCode.ACL_LIST: _CLUSTER_DESCRIBE,
         RequestCode.KV_GET: (_rule(_READ, _T, _topic),),
         RequestCode.QUERY_MESSAGES: (_rule(_READ, _T, _topic),),
+        # The id names an internal topic: READ on the message's own topic, checked once
+        # the broker has read it (`check_read`).
+        RequestCode.ORIGIN_MESSAGE: (),
         RequestCode.COMPACT: (_rule(_ALTER, _T, _topic),),
         RequestCode.TIER_STATUS: _CLUSTER_DESCRIBE,
         # The files' names and ranges: a topic's metadata.
@@ -340,6 +343,15 @@ class Authorization:
             raise AuthorizationFailed("CANCEL_DELAYED refused: not logged in")
         requirement = Requirement(_WRITE, _T)
         self._check_one(RequestCode.CANCEL_DELAYED, principal, host, requirement, topic)
+
+    def check_read(self, code: RequestCode, principal: str | None, host: str, topic: str) -> None:
+        """READ on `topic`, for a request whose topic is known only once it is read (a
+        delayed or transactional message looked up by its id)."""
+        if not self.enabled:
+            return
+        if principal is None:
+            raise AuthorizationFailed(f"{code.name} refused: not logged in")
+        self._check_one(code, principal, host, Requirement(_READ, _T), topic)
 
     def may_describe(self, principal: str | None, host: str, kind: ResourceType, name: str) -> bool:
         if not self.enabled:

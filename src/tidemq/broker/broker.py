@@ -33,6 +33,7 @@ from tidemq.broker.handlers.admin import AdminHandlers
 from tidemq.broker.handlers.data import DataHandlers
 from tidemq.broker.handlers.groups import GroupHandlers
 from tidemq.broker.handlers.key_query import KeyQueryHandler
+from tidemq.broker.handlers.origin_lookup import OriginLookup
 from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.metrics import (
@@ -325,7 +326,7 @@ class Broker:
             transactions=self._transactions,
             static=self._static,
         )
-        self._key_query = KeyQueryHandler(self._gateway, self._topics, self._static)
+        self._key_query, self._origins = self._finders()
         self._special = SpecialHandlers(
             self._timers,
             self._transactions,
@@ -592,6 +593,13 @@ class Broker:
         if self.nameserver is not None:
             return {r.topic: r.queues for r in self.nameserver.routes(topics)}
         return await self._registration.queue_counts(topics)
+
+    def _finders(self) -> tuple[KeyQueryHandler, OriginLookup]:
+        """What finds messages by key, and delayed or transactional ones by id."""
+        return (
+            KeyQueryHandler(self._gateway, self._topics, self._static),
+            OriginLookup(self._gateway, self._timers, self._transactions),
+        )
 
     def metrics(self, *, per_queue: bool = False) -> MetricsSnapshot:
         """Counters and gauges for the HTTP listener's /metrics (on the broker's loop);
@@ -871,6 +879,11 @@ class Broker:
             return await self._data.fetch(header, budget=conn.budget)
         if code is RequestCode.CHECK_TXN:
             raise InvalidRequest("CHECK_TXN goes from the broker to a client, not the other way")
+        if code is RequestCode.ORIGIN_MESSAGE:
+            answer, body = await self._origins.find(header)
+            if answer.found:
+                self._authz.check_read(code, conn.principal, conn.host, answer.topic)
+            return answer, body
         result = await self._handlers[code](header, frame.body)
         if isinstance(result, tuple):
             return result

@@ -111,6 +111,11 @@ class TimerService(TimerHandovers):
             self._finish_scheduling(key)
         return result
 
+    def is_pending(self, base_offset: int) -> bool:
+        """Whether the timer-topic batch at `base_offset` is scheduled and not delivered
+        or cancelled yet."""
+        return base_offset in self._pending
+
     def topic_of(self, message_id: str) -> str | None:
         """The topic of the pending delayed batch `message_id` names here (None: none),
         for the authorization of its cancel."""

@@ -535,6 +535,18 @@ class TransactionService:
             already=already,
         )
 
+    def outcome(self, txn_id: str) -> tuple[str, list[PublishedBatch]]:
+        """A transaction's state ("open", "committed", "rolled_back"; "unknown" once it
+        is no longer remembered) and, committed, where its batches were published."""
+        txn = self._txns.get(txn_id) or self._finished.get(txn_id)
+        if txn is None:
+            return "unknown", []
+        if txn.state is TxnState.COMMITTED:
+            return "committed", list(txn.published)
+        if txn.state is TxnState.ROLLED_BACK:
+            return "rolled_back", []
+        return "open", []
+
     def sink_marker(self, sink_id: str) -> int:
         return self._markers.get(sink_id, -1)
 

@@ -3,16 +3,23 @@
 A message id names (topic hash, queue, offset) (`core.message.message_id`): the topic is
 found among the cluster's topics by its hash, then the message is read at its offset like
 any consumer reads it (static topics included: their offsets are logical). Ids of delayed
-and transactional messages name their internal origin instead; they are refused with what
-to use.
+and transactional messages name their origin instead, the broker's timer or half topic
+(and keep it once delivered): every live broker is asked (ORIGIN_MESSAGE), and the one
+that stored it answers with the message as sent, where it goes, and where it was
+delivered when known (`offset` -1 otherwise).
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from tidemq.client.cluster import ClusterClient
 from tidemq.client.stream_consumer import AsyncStreamConsumer
+from tidemq.core.batch import columns_to_records, decode_columns
 from tidemq.core.errors import InvalidRequest, OffsetOutOfRange, UnknownMessage
 from tidemq.core.message import Message, parse_message_id, topic_hash
+from tidemq.core.record import parse_header
+from tidemq.protocol.query_messages import OriginMessageRequest, OriginMessageResponse
 
 __all__ = ["MAX_BROWSE", "message_at", "message_at_time", "message_by_id", "messages_from"]
 
@@ -85,14 +92,52 @@ async def message_by_id(cluster: ClusterClient, message_id: str) -> Message | No
     routes = await cluster.refresh_routes(force=True)
     topics = [t for t in routes.topics() if topic_hash(t) == wanted]
     if not topics:
-        raise UnknownMessage(
-            f"no topic of this cluster has the id {message_id}'s topic hash (a delayed or "
-            "transactional message's id names its internal origin: look it up by topic, "
-            "queue and offset, or by time)"
-        )
+        found = await _by_origin(cluster, sorted(set(routes.brokers.values())), message_id)
+        if found is None:
+            raise UnknownMessage(
+                f"no topic of this cluster has the id {message_id}'s topic hash, and no "
+                "live broker stored it as a delayed or transactional message (or no longer "
+                "keeps it)"
+            )
+        return found
     for topic in topics:  # a hash names one topic but for a collision
         if queue < routes.queue_count(topic):
             found = await message_at(cluster, topic, queue, offset)
             if found is not None:
                 return found
     return None
+
+
+async def _by_origin(cluster: ClusterClient, brokers: list[str], message_id: str) -> Message | None:
+    """The delayed or transactional message with this id, from the broker that stored it
+    (None: no live broker has it)."""
+    request = OriginMessageRequest(message_id=message_id)
+    answers = await asyncio.gather(
+        *(cluster.request(b, request, OriginMessageResponse) for b in brokers)
+    )
+    offset = parse_message_id(message_id)[2]
+    for answer, body in answers:
+        if answer.found:
+            return _origin_message(answer, body, offset)
+    return None
+
+
+def _origin_message(answer: OriginMessageResponse, record: bytes, offset: int) -> Message:
+    header = parse_header(record)
+    columns = decode_columns(memoryview(record)[header.payload_start :])
+    index = offset - answer.base_offset
+    m = columns_to_records(columns)[index]
+    delivered = answer.delivered_base + index if answer.delivered_base >= 0 else -1
+    return Message(
+        answer.topic,
+        answer.queue,
+        delivered,
+        m.value,
+        m.key,
+        m.tag,
+        m.keys,
+        dict(m.headers),
+        m.timestamp_ms,
+        (answer.origin, 0, offset),
+        answer.deliver_at_ms,
+    )

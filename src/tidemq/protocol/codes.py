@@ -78,6 +78,8 @@ class RequestCode(IntEnum):
     COMPACT = 101
     # operations (docs/guide/operations.md): messages by key (the broker's key index)
     QUERY_MESSAGES = 110
+    # ... and a delayed or transactional message by the id naming its origin
+    ORIGIN_MESSAGE = 111
     # tiered storage (docs/guide/tiered-storage.md): what is offloaded, and how it goes
     TIER_STATUS = 120
     TIER_FILES = 121

@@ -1,5 +1,7 @@
-"""Messages by key (code 110): the broker's key index, read by `Admin.query_messages`.
-Appended to `commands.REQUESTS`; fields only ever added at the end.
+"""Messages by key (code 110): the broker's key index, read by `Admin.query_messages`;
+and a delayed or transactional message by its id (code 111), which names where the broker
+first stored it (its timer or half topic), read by `Admin.get_message`. Appended to
+`commands.REQUESTS`; fields only ever added at the end.
 
 The response body holds whole commit-log records back to back, as a FETCH answer does;
 `record_sizes`, `queues` and `masks` say, per record, its size, its queue and which of its
@@ -14,7 +16,13 @@ import msgspec
 
 from tidemq.protocol.codes import RequestCode
 
-__all__ = ["QUERY_REQUESTS", "QueryMessagesRequest", "QueryMessagesResponse"]
+__all__ = [
+    "QUERY_REQUESTS",
+    "OriginMessageRequest",
+    "OriginMessageResponse",
+    "QueryMessagesRequest",
+    "QueryMessagesResponse",
+]
 
 
 class _Msg(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -41,6 +49,33 @@ class QueryMessagesResponse(_Msg):
     more: bool = False
 
 
+class OriginMessageRequest(_Msg):
+    #: A delayed or transactional message's id (as its receipt and its consumers see it).
+    message_id: str
+
+
+class OriginMessageResponse(_Msg):
+    """The body holds the record as first stored (in the timer or half topic) when
+    `found`; the message is the one at `offset - base_offset` in it."""
+
+    found: bool = False
+    #: The id's origin topic (e.g. "%SYS%TIMER@broker-0"), the batch's first offset there.
+    origin: str = ""
+    base_offset: int = 0
+    #: Where it goes (or went): its topic and queue.
+    topic: str = ""
+    queue: int = 0
+    #: "pending" (a delayed message not due yet), "delivered" (or cancelled: a delayed
+    #: message no longer scheduled), "open", "committed", "rolled_back", or "unknown" (a
+    #: transaction no longer remembered).
+    state: str = ""
+    deliver_at_ms: int = 0
+    #: The first offset of the batch where it was delivered or published (-1: not
+    #: delivered, or not found within the search's bounds).
+    delivered_base: int = -1
+
+
 QUERY_REQUESTS: Final[dict[RequestCode, tuple[type[msgspec.Struct], type[msgspec.Struct]]]] = {
     RequestCode.QUERY_MESSAGES: (QueryMessagesRequest, QueryMessagesResponse),
+    RequestCode.ORIGIN_MESSAGE: (OriginMessageRequest, OriginMessageResponse),
 }
