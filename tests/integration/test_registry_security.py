@@ -214,14 +214,14 @@ def test_the_console_acts_as_the_user_who_logged_in(authorizing: SecureNode) -> 
                 )
             ]
         )
-    status, topics = _console(secure, "/api/topics", USER, PASSWORD)
+    status, page = _console(secure, "/api/topics", USER, PASSWORD)
     assert status == 200
-    assert {"open-t", "secret-t"} <= {t["name"] for t in topics}
-    status, topics = _console(secure, "/api/topics", "viewer", "viewer-secret-1")
-    assert (status, [t["name"] for t in topics]) == (200, ["open-t"])
+    assert {"open-t", "secret-t"} <= {t["name"] for t in page["topics"]}
+    status, page = _console(secure, "/api/topics", "viewer", "viewer-secret-1")
+    assert (status, [t["name"] for t in page["topics"]]) == (200, ["open-t"])
     assert _console(secure, "/api/topics/open-t", "viewer", "viewer-secret-1")[0] == 200
     status, answer = _console(secure, "/api/topics/secret-t", "viewer", "viewer-secret-1")
-    assert status in (403, 404), answer
+    assert status == 403, answer  # refused by name, as one that does not exist would be
     # An action needs its rights too: the viewer may not reset a group's offsets.
     reset = {"topic": "open-t", "to": "earliest", "execute": True}
     status, answer = _console(secure, "/api/reset/g", "viewer", "viewer-secret-1", reset)

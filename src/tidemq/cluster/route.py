@@ -231,10 +231,13 @@ class RouteTable:
             return AuthorizationFailed(
                 f"this user may not describe topic {topic!r} (whether or not it exists)"
             )
-        return TopicNotFound(f"topic {topic!r} does not exist (no broker serves it)")
+        return TopicNotFound(f"topic {topic!r} does not exist")
 
     def _topic(self, topic: str) -> _Topic:
         found = self._topics.get(topic)
         if found is None:
-            raise self.unknown(topic)
+            error = self.unknown(topic)
+            if isinstance(error, TopicNotFound):  # as a route table, it can say why
+                error = TopicNotFound(f"topic {topic!r} does not exist (no broker serves it)")
+            raise error
         return found
