@@ -224,20 +224,17 @@ class RouteTable:
         served = found.served_ids
         return served[round_robin_counter % len(served)]
 
-    def unknown(self, topic: str) -> TidemqError:
+    def unknown(self, topic: str, why: str = "") -> TidemqError:
         """The error for a topic not in the table: AuthorizationFailed if the user was
-        refused it, else TopicNotFound."""
+        refused it, else TopicNotFound (with `why` appended)."""
         if topic in self._denied:
             return AuthorizationFailed(
                 f"this user may not describe topic {topic!r} (whether or not it exists)"
             )
-        return TopicNotFound(f"topic {topic!r} does not exist")
+        return TopicNotFound(f"topic {topic!r} does not exist{why}")
 
     def _topic(self, topic: str) -> _Topic:
         found = self._topics.get(topic)
         if found is None:
-            error = self.unknown(topic)
-            if isinstance(error, TopicNotFound):  # as a route table, it can say why
-                error = TopicNotFound(f"topic {topic!r} does not exist (no broker serves it)")
-            raise error
+            raise self.unknown(topic, " (no broker serves it)")
         return found
