@@ -352,7 +352,7 @@ class AnalyticsRun:
         for sink in self._sinks:
             sink.close()
         if not any(q.isActive for q in self.queries.values()):
-            self._progress.close()  # the counts stay readable
+            self._progress.close(self.queries.values())
 
 
 def _input_queues(bootstrap: str, topics: Sequence[str], client: ClientOptions) -> int:
