@@ -112,15 +112,34 @@ class CommitLog:
             payload_crc=payload_crc,
         )
         size = HEADER.size + len(properties) + len(payload)
+        position = self._write((header, properties, payload), size)
+        self._last_store_time_ms = store_time
+        return AppendedRecord(position, size, store_time)
+
+    def append_copy(self, record: bytes | memoryview, header: RecordHeader) -> AppendedRecord:
+        """Append a whole record copied from another member's log (replication): its bytes
+        unchanged, its store time included, so both logs hold the same record at the same
+        position. The caller checked it (`parse_header`, `verify_payload`)."""
+        self._check_usable()
+        if header.store_time_ms < self._last_store_time_ms:
+            # The leader's store times never decrease; an older one means the copy does
+            # not continue this log.
+            raise CorruptRecordError(
+                f"copied record's store time {header.store_time_ms} is before this log's "
+                f"last ({self._last_store_time_ms})"
+            )
+        position = self._write((record,), header.size)
+        self._last_store_time_ms = header.store_time_ms
+        return AppendedRecord(position, header.size, header.store_time_ms)
+
+    def _write(self, buffers: tuple[bytes | memoryview, ...], size: int) -> int:
         try:
-            position = self._segments.append((header, properties, payload), size)
+            return self._segments.append(buffers, size)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFull(f"no space left for a {size}-byte record") from None
             self._failure = f"write failed: {exc}"
             raise StorageFailure(f"commit log write failed: {exc}") from None
-        self._last_store_time_ms = store_time
-        return AppendedRecord(position, size, store_time)
 
     def begin_flush(self) -> tuple[int, Callable[[], None]]:
         """Split flush, for an owner that runs the fdatasync on another thread while it

@@ -70,6 +70,7 @@ from tidemq.store.offload import OffloadView
 from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp, ProducerStates
 from tidemq.store.queue_index import IndexFileCache, QueueIndex
 from tidemq.store.remote_ranges import RemoteRanges
+from tidemq.store.replica_log import ReplicaView
 from tidemq.store.static_queues import StaticQueues
 
 __all__ = [
@@ -330,10 +331,17 @@ class MessageStore:
     def create_topics(self, templates: list[TopicInfo]) -> list[TopicInfo]:
         """Topics from templates (their `id` is ignored; `created_ms` 0: now), in one
         metadata transaction: all are created or none."""
+        return self._add_topics(templates, keep_ids=False)
+
+    def adopt_topics(self, infos: list[TopicInfo]) -> list[TopicInfo]:
+        """Topics exactly as another member of the replica group has them, ids included."""
+        return self._add_topics(infos, keep_ids=True)
+
+    def _add_topics(self, templates: list[TopicInfo], *, keep_ids: bool) -> list[TopicInfo]:
         self._check_open()
         now = self._clock.now_ms()
         infos = self._meta.create_topics(
-            [replace(t, created_ms=t.created_ms or now) for t in templates]
+            [replace(t, created_ms=t.created_ms or now) for t in templates], keep_ids=keep_ids
         )
         for info in infos:
             self._topics[info.name] = info
@@ -382,12 +390,17 @@ class MessageStore:
             retention_bytes=info.retention_bytes if retention_bytes is None else retention_bytes,
             config={**info.config, **(config or {})},
         )
+        self.put_topic(new)
+        return new
+
+    def put_topic(self, new: TopicInfo) -> None:
+        """Store a live topic's changed info (its queues may only grow)."""
+        info = self._topics[new.name]
         self._meta.update_topic(new)
         for q in range(info.queues, new.queues):
             self._queues[(info.id, q)] = self._new_index(new, q)
-        self._topics[name] = new
+        self._topics[new.name] = new
         self._note_key_indexing(new)
-        return new
 
     def delete_topic(self, name: str) -> None:
         """Remove a topic and its indexes. Its records stay in the log until retention
@@ -427,6 +440,15 @@ class MessageStore:
         return info, index
 
     # ------------------------------------------------------------------ writing
+
+    def note_producer_batch(
+        self, key: tuple[int, int, int], stamp: ProducerStamp, count: int, base: int, end: int
+    ) -> None:
+        """A copied record's producer stamp (replication): dedupe retries of it later."""
+        self._producers.record(key, stamp, count, base, end)
+        if stamp.producer_id > self._last_producer_id:
+            self._meta.note_producer_id(stamp.producer_id)
+            self._last_producer_id = stamp.producer_id
 
     def allocate_producer_id(self) -> int:
         producer_id = self._meta.next_producer_id()
@@ -503,6 +525,25 @@ class MessageStore:
             producer_epoch=producer.epoch if producer else -1,
             payload_crc=env.crc,
         )
+        self.note_appended(info, queue_id, index, payload, env, rec, keys)
+        end = rec.position + rec.size
+        if producer is not None:
+            self._producers.record(key, producer, env.count, base, end)
+        return AppendResult(base, env.count, end, rec.store_time_ms)
+
+    def note_appended(  # noqa: PLR0917 - two callers (append, the replica's), same facts
+        self,
+        info: TopicInfo,
+        queue_id: int,
+        index: QueueIndex,
+        payload: bytes | memoryview,
+        env: Envelope,
+        rec: AppendedRecord,
+        keys: list[bytes] | None,
+    ) -> None:
+        """Everything derived from a record just appended: its index entry, key index
+        entries, a compact queue's dirty keys."""
+        base = index.next_offset
         index.append(rec.position, rec.size, env.count, rec.store_time_ms, env.tag_summary)
         self._index_keys(info.id, queue_id, payload, env, base, rec)
         if keys is not None:
@@ -511,10 +552,6 @@ class MessageStore:
                 dirty.update(zip(keys, range(base, base + env.count), strict=True))
         self._dirty_queues.add((info.id, queue_id))
         self._unindexed_entries += 1
-        end = rec.position + rec.size
-        if producer is not None:
-            self._producers.record(key, producer, env.count, base, end)
-        return AppendResult(base, env.count, end, rec.store_time_ms)
 
     def _index_keys(  # noqa: PLR0917 - one caller, append, passing what it has
         self,
@@ -951,6 +988,11 @@ class MessageStore:
         """A live topic's info and one queue's index (for the store's helper modules)."""
         self._check_open()
         return self._index(topic, queue_id)
+
+    @property
+    def replica(self) -> ReplicaView:
+        """Log replication's reads and appends (`replica_log.py`)."""
+        return ReplicaView(self)
 
     @property
     def offload(self) -> OffloadView:

@@ -241,15 +241,37 @@ class Metadata:
         return self.topic_by_id(self._insert_topic(info))
 
     @_writes
-    def create_topics(self, infos: list[TopicInfo]) -> list[TopicInfo]:
+    def create_topics(self, infos: list[TopicInfo], *, keep_ids: bool = False) -> list[TopicInfo]:
         """Several topics in one transaction (one fsync, not one per topic: creating
         100,000 topics is a few such calls). All or none: TopicAlreadyExists names the
-        first that exists."""
+        first that exists. `keep_ids`: under the ids given (a replica mirroring its
+        leader's topics), else new ones."""
         with self._tx():
-            ids = [self._insert_topic(info) for info in infos]
+            ids = [self._insert_topic(info, keep_id=keep_ids) for info in infos]
         return [self.topic_by_id(i) for i in ids]
 
-    def _insert_topic(self, info: TopicInfo) -> int:
+    def max_topic_id(self) -> int:
+        """The highest topic id ever given here, deleted topics included (0: none)."""
+        row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'topics'").fetchone()
+        return 0 if row is None else int(row[0])
+
+    @_writes
+    def note_topic_id(self, topic_id: int) -> None:
+        """Never give an id at or below `topic_id` (a replica's leader gave it: ids stay
+        unique across the group when this member leads)."""
+        with self._tx():
+            if (
+                self._db.execute(
+                    "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'topics'",
+                    (topic_id,),
+                ).rowcount
+                == 0
+            ):
+                self._db.execute(
+                    "INSERT INTO sqlite_sequence (name, seq) VALUES ('topics', ?)", (topic_id,)
+                )
+
+    def _insert_topic(self, info: TopicInfo, *, keep_id: bool = False) -> int:
         validate_topic_name(info.name)
         if not 1 <= info.queues <= limits.MAX_QUEUES_PER_TOPIC:
             raise ConfigError(
@@ -260,9 +282,11 @@ class Metadata:
         _check_retention("retention.bytes", info.retention_bytes)
         try:
             cur = self._db.execute(
-                "INSERT INTO topics (name, queues, message_type, cleanup_policy, retention_ms,"
-                " retention_bytes, config, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO topics (id, name, queues, message_type, cleanup_policy, "
+                "retention_ms, retention_bytes, config, created_ms) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
+                    info.id if keep_id else None,
                     info.name,
                     info.queues,
                     info.message_type.value,
@@ -458,6 +482,15 @@ class Metadata:
         """The newest producer id handed out (0: none yet)."""
         row = self._db.execute("SELECT value FROM counters WHERE name = 'producer_id'").fetchone()
         return 0 if row is None else int(row[0])
+
+    @_writes
+    def note_producer_id(self, producer_id: int) -> None:
+        """Never hand out an id at or below `producer_id` (a replica's leader issued it)."""
+        self._db.execute(
+            "INSERT INTO counters VALUES ('producer_id', ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = max(value, excluded.value)",
+            (producer_id,),
+        )
 
     @_writes
     def next_producer_id(self) -> int:
