@@ -245,3 +245,53 @@ def test_a_chunk_holds_whole_records_and_at_least_one(tmp_path: Path) -> None:
             leader.replica.read_chunk(-1, 1, limit=1)
     finally:
         leader.close()
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_a_diverged_suffix_is_cut_and_the_leaders_records_take_its_place(
+    tmp_path: Path, seed: int
+) -> None:
+    """A member that wrote records the group never committed (a deposed leader) cuts
+    them at the common point, copies the new leader's records, and ends equal to it,
+    also after a restart; the cut batches' producer sequences are forgotten."""
+    rng = random.Random(seed)
+    clock = ManualClock(T0)
+    leader, old = _open(tmp_path, "leader", clock), _open(tmp_path, "old", clock)
+    try:
+        leader.create_topic("t", 3)
+        pid = leader.allocate_producer_id()
+        seqs = [0, 0, 0]  # sequences count messages per queue
+        for i in range(20):
+            got = leader.append(
+                "t", i % 3, _batch(rng, keyed=True), producer=ProducerStamp(pid, 0, seqs[i % 3])
+            )
+            seqs[i % 3] += got.count
+        _catch_up(leader, old, rng)
+        common = old.end_position
+        # The old leader's suffix: the same producer's next batch, and more.
+        old.append("t", 0, _batch(rng, keyed=True), producer=ProducerStamp(pid, 0, seqs[0]))
+        for _ in range(rng.randint(5, 40)):  # sometimes past an index file or a segment
+            old.append("t", rng.randrange(3), _batch(rng, keyed=True))
+        old.checkpoint()
+        # The new leader's own records from the same point.
+        for _ in range(rng.randint(1, 30)):
+            leader.append("t", rng.randrange(3), _batch(rng, keyed=True))
+        with pytest.raises(LogDiverged):
+            old.replica.append_chunk(
+                leader.replica.read_chunk(common, 1 << 20, limit=leader.end_position)
+            )
+        old.replica.truncate(common)
+        assert old.end_position == common
+        _catch_up(leader, old, rng)
+        assert _log_bytes(old) == _log_bytes(leader)
+        seen = _everything(leader)
+        assert _everything(old) == seen
+        # The cut batch is unknown again: the producer's retry of it is new.
+        retry = old.append("t", 0, _batch(rng, keyed=True), producer=ProducerStamp(pid, 0, seqs[0]))
+        assert not retry.duplicate
+        old.close()
+        old = _open(tmp_path, "old", clock)
+        assert old.queue_bounds("t", 0)[1] == leader.queue_bounds("t", 0)[1] + retry.count
+    finally:
+        leader.close()
+        old.close()

@@ -284,5 +284,11 @@ class CommitLog:
             self._segments.sync()
         self._flushed = position
 
+    def truncate_from(self, position: int) -> None:
+        """Drop every record at or past `position` (a record boundary), durably."""
+        self._check_usable()
+        self._segments.truncate_from(position)
+        self._flushed = min(self._flushed, position)
+
     def close(self) -> None:
         self._segments.close()

@@ -450,6 +450,11 @@ class MessageStore:
             self._meta.note_producer_id(stamp.producer_id)
             self._last_producer_id = stamp.producer_id
 
+    @property
+    def producer_states(self) -> ProducerStates:
+        """The idempotence windows (for replication's truncation)."""
+        return self._producers
+
     def allocate_producer_id(self) -> int:
         producer_id = self._meta.next_producer_id()
         self._last_producer_id = max(self._last_producer_id, producer_id)

@@ -98,6 +98,15 @@ class ProducerStates:
             state.window.popleft()
         self._dirty.add(key)
 
+    def cut_from_position(self, position: int) -> None:
+        """Forget the batches whose records end past log `position` (the log was cut
+        there, or ends there after a crash): a retry of one is a new batch again."""
+        for key, state in self._states.items():
+            if state.window and state.window[-1].end_position > position:
+                while state.window and state.window[-1].end_position > position:
+                    state.window.pop()
+                self._dirty.add(key)
+
     def drop_topic(self, topic_id: int) -> None:
         for key in [k for k in self._states if k[0] == topic_id]:
             del self._states[key]

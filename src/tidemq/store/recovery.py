@@ -88,6 +88,9 @@ def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) 
             producers.record(
                 (h.topic_id, h.queue_id, h.producer_id), stamp, h.count, h.base_offset, valid_end
             )
+    # A snapshot saved before the log was cut (replication's truncation, interrupted)
+    # may remember batches past the end: they are not stored.
+    producers.cut_from_position(valid_end)
     if valid_end < log.end_position:
         log.truncate_to(valid_end)
     else:

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Final
 
 from tidemq.core.errors import CorruptRecordError, OffsetOutOfRange, TopicNotFound
 from tidemq.core.record import HEADER, RecordHeader, parse_header, verify_payload
+from tidemq.store.checkpoint import write_checkpoint
 from tidemq.store.compacted_queues import message_keys
+from tidemq.store.format.checkpoint import Checkpoint
 from tidemq.store.metadata import CleanupPolicy, TopicInfo
 from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp
 
@@ -197,6 +199,43 @@ class ReplicaView:
                 (*key, header.producer_id), stamp, header.count, header.base_offset,
                 rec.position + rec.size,
             )  # fmt: skip
+
+    def truncate(self, position: int) -> None:
+        """Drop every record at or past `position` (a record boundary): the suffix a
+        deposed leader, or a follower of one, wrote under an epoch the group has moved
+        past. Replication never cuts below what the group committed, so nothing
+        acknowledged (or compacted, or offloaded: both stop at the committed position)
+        goes.
+
+        Crash-safe in this order: a checkpoint at `position` is written, then the indexes
+        are cut, then the log: a crash before the log is cut recovers it whole (replaying
+        the suffix into the indexes again) and the truncation is simply done again; once
+        the log is cut, recovery finds it ending at the checkpoint
+        (tests/simulation/test_truncation_crash_sim.py crashes at every write)."""
+        store = self._store
+        log = store.log
+        if position == log.end_position:
+            return
+        if not log.start_position <= position < log.end_position:
+            raise LogDiverged(
+                f"cannot cut at log position {position}: the log spans "
+                f"[{log.start_position}, {log.end_position})"
+            )
+        store.checkpoint()  # pending index entries into their files: the cuts read them
+        # From here until the log is cut, recovery replays the suffix from `position`.
+        write_checkpoint(
+            store.fs, store.config.data_dir, Checkpoint(position, position, log.last_store_time_ms)
+        )
+        queues = store.queue_indexes()
+        for index in queues.values():
+            index.cut_from_position(position)
+        store.key_index.cut_from_position(position)
+        store.metadata.set_queue_index_ends({k: i.next_offset for k, i in queues.items()})
+        log.truncate_from(position)
+        store.producer_states.cut_from_position(position)
+        store.dirty_keys.clear()
+        store.mark_all_queues_dirty()
+        store.checkpoint()
 
     # ------------------------------------------------------------------ metadata
 

@@ -128,6 +128,25 @@ class SegmentedLog:
         self._active.truncate(position - start)
         self._active.sync()
 
+    def truncate_from(self, position: int) -> None:
+        """Cut the log at `position`, anywhere in it (a replica dropping a suffix its
+        leader has not got): later segments are deleted, the one holding `position`
+        becomes the active one, cut there and synced."""
+        if not self._starts[0] <= position <= self.end_position:
+            raise CorruptRecordError(
+                f"cannot cut the log at {position}: it spans [{self._starts[0]}, "
+                f"{self.end_position})"
+            )
+        while len(self._starts) > 1 and self._starts[-1] > position:
+            self._active.close()
+            self._fs.remove(self._path(self._starts.pop()))
+            # Newest first, each removal durable before the next: a crash leaves the log
+            # a prefix of itself, never with a hole where a middle segment was.
+            self._fs.sync_dir(self._dir)
+            handle = self._sealed.pop(self._starts[-1], None)
+            self._active = handle or self._fs.open(self._path(self._starts[-1]))
+        self.truncate(position)
+
     # ------------------------------------------------------------------ reading
 
     def _handle(self, start: int) -> FileHandle:
