@@ -32,14 +32,14 @@ from tidemq.protocol.acl_messages import (
     AclListRequest,
 )
 from tidemq.protocol.codes import RequestCode
+from tidemq.protocol.commands import REQUESTS
+from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
+from tidemq.protocol.query_messages import OriginMessageRequest, QueryMessagesRequest
 from tidemq.protocol.security_messages import (
     SecurityPullRequest,
     SecurityPushRequest,
     SecuritySnapshot,
 )
-from tidemq.protocol.commands import REQUESTS
-from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
-from tidemq.protocol.query_messages import OriginMessageRequest, QueryMessagesRequest
 from tidemq.protocol.static_messages import (
     StaticOpenRequest,
     StaticSealRequest,

@@ -325,6 +325,8 @@ class NameServerService:
             self.nameserver, cluster_key=self._cluster_key, clock=self._clock
         )
         self._handlers.before_request = self.check_pause
+        #: The users and ACL entries this name server holds (pushed by the brokers).
+        self.security = self._handlers.security
         self._auth_enabled = auth_enabled
         self._set_up_logins()
         self._server = TcpServer(
