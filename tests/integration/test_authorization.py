@@ -35,6 +35,11 @@ from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import REQUESTS
 from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
 from tidemq.protocol.query_messages import OriginMessageRequest, QueryMessagesRequest
+from tidemq.protocol.security_messages import (
+    SecurityPullRequest,
+    SecurityPushRequest,
+    SecuritySnapshot,
+)
 from tidemq.protocol.static_messages import (
     StaticOpenRequest,
     StaticSealRequest,
@@ -100,6 +105,8 @@ SAMPLES: dict[RequestCode, msgspec.Struct] = {
         broker_name="evil", address="127.0.0.1:1", topics=[]
     ),
     RequestCode.UNREGISTER_BROKER: c.UnregisterBrokerRequest(broker_name="evil"),
+    RequestCode.SECURITY_PUSH: SecurityPushRequest(broker_name="evil", snapshot=SecuritySnapshot()),
+    RequestCode.SECURITY_PULL: SecurityPullRequest(broker_name="evil"),
     RequestCode.CLUSTER_STATUS: c.ClusterStatusRequest(),
     RequestCode.STATUS: c.StatusRequest(),
     RequestCode.CANCEL_DELAYED: c.CancelDelayedRequest(message_id="0" * 32),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tidemq.broker.login_limit import LoginLimit
+from tidemq.net.login_limit import LoginLimit
 from tidemq.testing.clock import ManualClock
 
 

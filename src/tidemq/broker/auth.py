@@ -27,45 +27,38 @@ import asyncio
 import hmac
 import logging
 import os
+from collections.abc import Callable
 from typing import Any, Final
 
 from tidemq.broker.config import BrokerConfig
-from tidemq.broker.login_limit import LoginLimit
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.core.clock import Clock
 from tidemq.core.errors import (
-    AuthenticationFailed,
     AuthorizationFailed,
     ConfigError,
     InvalidRequest,
     Unsupported,
 )
+from tidemq.core.limits import MAX_USERS
 from tidemq.core.scram import (
     DEFAULT_ITERATIONS,
     MAX_USERNAME_BYTES,
-    MECHANISM,
     Credentials,
     ScramError,
-    ScramServer,
     make_credentials,
     new_salt,
 )
+from tidemq.net.login import AUTH_FAILURE_DELAY_S, LoginGate
 from tidemq.net.server import ServerConnection
-from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import (
     Empty,
-    SaslAuthenticateRequest,
-    SaslAuthenticateResponse,
-    SaslHandshakeRequest,
-    SaslHandshakeResponse,
     UserDeleteRequest,
     UserEntry,
     UserListResponse,
     UserUpsertRequest,
 )
-from tidemq.protocol.frame import Frame, RemoteProtocolError
-from tidemq.store.message_store import MessageStore
+from tidemq.protocol.frame import Frame
 
 __all__ = [
     "AUTH_CODES",
@@ -77,16 +70,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: A failed login is answered this late (design section 2, check 4): online password
-#: guessing gets one try per second per connection.
-AUTH_FAILURE_DELAY_S: Final = 1.0
 #: service_state key of the secret from which unknown users' fake credentials derive
 #: (kept, so that an unknown user's fake salt is as stable as a real one's).
 MOCK_SECRET_KEY: Final = "auth.mock_secret"
 _MOCK_SECRET_BYTES: Final = 32
-#: What a failed exchange says, whatever failed: a known user's wrong password and an
-#: unknown user look alike.
-_FAILED: Final = "authentication failed: unknown user or wrong password"
 
 _SASL_CODES: Final = frozenset({RequestCode.SASL_HANDSHAKE, RequestCode.SASL_AUTHENTICATE})
 #: The requests `Authenticator.after_login` serves.
@@ -113,7 +100,6 @@ class Authenticator:
     def __init__(self, cfg: BrokerConfig, gateway: StoreGateway, clock: Clock) -> None:
         self.enabled = cfg.auth_enabled
         self._gateway = gateway
-        self._login_limit = LoginLimit(clock)
         self._super = frozenset(f"User:{u}" for u in (*cfg.super_users, cfg.bootstrap_user) if u)
         store = gateway.store
         self._users: dict[str, Credentials] = {
@@ -127,6 +113,13 @@ class Authenticator:
                 secret = os.urandom(_MOCK_SECRET_BYTES)
                 store.metadata.save_service_state({MOCK_SECRET_KEY: secret})
             self._mock_secret = secret
+        self._gate = LoginGate(self._users.get, mock_secret=self._mock_secret, clock=clock)
+        self._login_limit = self._gate.limit
+        #: The users' and ACLs' next version counter, asked before each change (the
+        #: broker's SecuritySync, ADR 15); None: the change carries no counter.
+        self.next_counter: Callable[[], int | None] = lambda: None
+        #: Called after each change of the users, with the counter it carried.
+        self.on_change: Callable[[int | None], None] = lambda _: None
 
     @property
     def super_users(self) -> frozenset[str]:
@@ -162,63 +155,26 @@ class Authenticator:
         self._store(user, credentials)
         log.info("created the bootstrap user %s (a super user)", user)
 
-    def _store(self, name: str, c: Credentials) -> None:
+    def _store(self, name: str, c: Credentials, counter: int | None = None) -> None:
         self._gateway.store.metadata.upsert_user(
-            name, c.salt, c.iterations, c.stored_key, c.server_key
+            name, c.salt, c.iterations, c.stored_key, c.server_key, counter=counter
         )
         self._users[name] = c
+
+    def rows(self) -> list[tuple[str, Credentials]]:
+        """Every user and its credentials, by name."""
+        return sorted(self._users.items())
+
+    def replace_users(self, users: dict[str, Credentials]) -> None:
+        """Take another version of the users (written to the store by the caller)."""
+        self._users.clear()  # in place: the login gate looks users up through this dict
+        self._users.update(users)
 
     # ------------------------------------------------------------------ login
 
     async def before_login(self, frame: Frame, conn: ServerConnection) -> Any:
         """The answer to a request on a connection not yet authenticated."""
-        try:
-            code: RequestCode | None
-            code, header = decode_request(frame)
-        except RemoteProtocolError:
-            code, header = None, None
-        if code is RequestCode.SASL_HANDSHAKE:
-            assert isinstance(header, SaslHandshakeRequest)
-            wait_s = self._login_limit.refused_for_s(conn.host)
-            if wait_s is not None:
-                raise AuthenticationFailed(
-                    f"too many failed logins from {conn.host}: retry in {wait_s:.0f} s"
-                )
-            if header.mechanism != MECHANISM:
-                raise AuthenticationFailed(
-                    f"mechanism {header.mechanism!r} is not supported; this broker offers "
-                    f"{MECHANISM}"
-                )
-            return SaslHandshakeResponse(mechanisms=[MECHANISM])
-        if code is RequestCode.SASL_AUTHENTICATE:
-            assert isinstance(header, SaslAuthenticateRequest)
-            return await self._authenticate(header.message, conn)
-        name = code.name if code is not None else "an undecodable request"
-        raise AuthenticationFailed(
-            f"authenticate first: {name} refused before SASL authentication "
-            "(this broker requires a user name and password)"
-        )
-
-    async def _authenticate(self, message: bytes, conn: ServerConnection) -> Any:
-        exchange = conn.auth_exchange
-        try:
-            if exchange is None:
-                server = ScramServer(
-                    self._users.get, random_bytes=os.urandom, mock_secret=self._mock_secret
-                )
-                conn.auth_exchange = server
-                return SaslAuthenticateResponse(message=server.receive_client_first(message))
-            assert isinstance(exchange, ScramServer)
-            final = exchange.receive_client_final(message)
-        except ScramError as exc:
-            conn.auth_exchange = None
-            self._login_limit.failed(conn.host)
-            log.info("login from %s failed: %s", conn.peer, exc)
-            await asyncio.sleep(AUTH_FAILURE_DELAY_S)
-            reason = _FAILED if exc.server_error == "invalid-proof" else f"{_FAILED} ({exc})"
-            raise AuthenticationFailed(reason) from None
-        conn.authenticated(f"User:{exchange.username}")
-        return SaslAuthenticateResponse(message=final)
+        return await self._gate.before_login(frame, conn)
 
     async def check_password(self, user: str, password: str, host: str) -> bool:
         """A login that does not speak SCRAM (the HTTP listener's Basic authentication,
@@ -269,11 +225,15 @@ class Authenticator:
             assert isinstance(header, UserDeleteRequest)
             if header.name not in self._users:
                 raise InvalidRequest(f"no user {header.name!r}")
-            await self._gateway.call(lambda s: _delete(s, header.name))
+            counter = self.next_counter()
+            await self._gateway.call(lambda s: s.metadata.delete_user(header.name, counter=counter))
             del self._users[header.name]
+            self.on_change(counter)
             return Empty()
         assert isinstance(header, UserUpsertRequest)
         check_user_name(header.name)
+        if header.name not in self._users and len(self._users) >= MAX_USERS:
+            raise InvalidRequest(f"at most {MAX_USERS} users in a cluster")
         try:
             credentials = Credentials(
                 salt=header.salt,
@@ -283,9 +243,7 @@ class Authenticator:
             )
         except ScramError as exc:
             raise InvalidRequest(f"user {header.name!r}: {exc}") from None
-        await self._gateway.call(lambda _: self._store(header.name, credentials))
+        counter = self.next_counter()
+        await self._gateway.call(lambda _: self._store(header.name, credentials, counter))
+        self.on_change(counter)
         return Empty()
-
-
-def _delete(store: MessageStore, name: str) -> None:
-    store.metadata.delete_user(name)

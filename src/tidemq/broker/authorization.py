@@ -37,6 +37,7 @@ from tidemq.core.acl import (
 )
 from tidemq.core.clock import Clock
 from tidemq.core.errors import AuthorizationFailed, InvalidRequest
+from tidemq.core.limits import MAX_ACL_ENTRIES
 from tidemq.core.log_limit import RateLimitedLog
 from tidemq.protocol.acl_messages import (
     AclCreateRequest,
@@ -67,6 +68,8 @@ AUDIT_LOG_INTERVAL_MS: Final = 10_000
 MAX_ACLS_PER_REQUEST: Final = 1_000
 
 Names = Callable[[Any], Iterable[str]]
+#: An entry as the metadata stores it (`_row`).
+AclRow = tuple[str, str, str, str, str, str, str]
 
 #: The requests `Authorization` itself serves.
 ACL_CODES: Final = frozenset({RequestCode.ACL_CREATE, RequestCode.ACL_DELETE, RequestCode.ACL_LIST})
@@ -160,6 +163,10 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         RequestCode.GET_ROUTES: (),
         RequestCode.REGISTER_BROKER: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
         RequestCode.UNREGISTER_BROKER: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
+        # Name-server requests of brokers (ADR 15), signed with the cluster secret; a
+        # broker's own listener refuses them whoever sends them.
+        RequestCode.SECURITY_PUSH: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
+        RequestCode.SECURITY_PULL: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
         RequestCode.CLUSTER_STATUS: _CLUSTER_DESCRIBE,
         RequestCode.STATUS: _CLUSTER_DESCRIBE,
         # The id names the timer's record: the broker looks its topic up and checks WRITE
@@ -237,7 +244,7 @@ def _describe(msg: AclEntryMsg) -> str:
     )
 
 
-def _row(entry: AclEntry) -> tuple[str, str, str, str, str, str, str]:
+def _row(entry: AclEntry) -> AclRow:
     m = acl_message(entry)
     return (
         m.principal,
@@ -261,8 +268,8 @@ class Authorization:
         enabled: bool,
         super_users: Iterable[str],
         rows: Iterable[Sequence[str]],
-        save: Callable[[list[tuple[str, str, str, str, str, str, str]]], Any],
-        remove: Callable[[list[tuple[str, str, str, str, str, str, str]]], Any],
+        save: Callable[[list[AclRow], int | None], Any],
+        remove: Callable[[list[AclRow], int | None], Any],
         txn_groups: Callable[[Sequence[str]], list[str]],
         clock: Clock,
     ) -> None:
@@ -273,6 +280,17 @@ class Authorization:
         self._txn_groups = txn_groups
         self._audit = RateLimitedLog(log, clock, interval_ms=AUDIT_LOG_INTERVAL_MS)
         self._entries: set[AclEntry] = set()
+        self._load(rows)
+        self._authorizer = self._build()
+        #: Bumped at each change of the entries (see `route_token`).
+        self._version = 0
+        #: The users' and ACLs' next version counter, asked before each change (the
+        #: broker's SecuritySync, ADR 15); None: the change carries no counter.
+        self.next_counter: Callable[[], int | None] = lambda: None
+        #: Called after each change of the entries, with the counter it carried.
+        self.on_change: Callable[[int | None], None] = lambda _: None
+
+    def _load(self, rows: Iterable[Sequence[str]]) -> None:
         for row in rows:
             principal, resource_type, resource_name, pattern_type, operation, permission, host = row
             try:
@@ -291,9 +309,17 @@ class Authorization:
                 )
             except InvalidRequest as exc:  # written by an older version, or by hand
                 log.error("ignoring a stored ACL entry: %s", exc)
+
+    def rows(self) -> list[AclRow]:
+        """Every entry as stored, sorted."""
+        return sorted(_row(e) for e in self._entries)
+
+    def replace_entries(self, rows: Iterable[Sequence[str]]) -> None:
+        """Take another version of the entries (written to the store by the caller)."""
+        self._entries = set()
+        self._load(rows)
         self._authorizer = self._build()
-        #: Bumped at each change of the entries (see `route_token`).
-        self._version = 0
+        self._version += 1
 
     def _build(self) -> Authorizer:
         return Authorizer(self._entries, super_users=self._super)
@@ -396,21 +422,29 @@ class Authorization:
     def create(self, req: AclCreateRequest) -> AclsChangedResponse:
         entries = self._entries_of(req.entries)
         new = [e for e in dict.fromkeys(entries) if e not in self._entries]
+        if len(self._entries) + len(new) > MAX_ACL_ENTRIES:
+            raise InvalidRequest(
+                f"at most {MAX_ACL_ENTRIES} ACL entries in a cluster ({len(self._entries)} now)"
+            )
         if new:
-            self._save([_row(e) for e in new])
+            counter = self.next_counter()
+            self._save([_row(e) for e in new], counter)
             self._entries.update(new)
             self._authorizer = self._build()
             self._version += 1
+            self.on_change(counter)
         return AclsChangedResponse(changed=len(new))
 
     def delete(self, req: AclDeleteRequest) -> AclsChangedResponse:
         entries = self._entries_of(req.entries)
         gone = [e for e in dict.fromkeys(entries) if e in self._entries]
         if gone:
-            self._remove([_row(e) for e in gone])
+            counter = self.next_counter()
+            self._remove([_row(e) for e in gone], counter)
             self._entries.difference_update(gone)
             self._authorizer = self._build()
             self._version += 1
+            self.on_change(counter)
         return AclsChangedResponse(changed=len(gone))
 
     def listed(self, req: AclListRequest) -> AclListResponse:

@@ -51,6 +51,7 @@ from tidemq.broker.metrics import (
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import MAX_PRODUCER_OWNERS, ProducerOwners
 from tidemq.broker.schema_validation import SchemaCheck
+from tidemq.broker.security_sync import SecuritySync
 from tidemq.broker.static_service import StaticService
 from tidemq.broker.static_view import rebase_popped
 from tidemq.broker.store_gateway import StoreGateway
@@ -272,23 +273,7 @@ class Broker:
             pop_limit=self._pop_limit,
         )
         self._rebuild_services(store)
-        self._auth = Authenticator(cfg, self._gateway, self._clock)
-        self._auth.bootstrap(cfg.bootstrap_user, self._bootstrap_password)
-        self._producer_owners = ProducerOwners(
-            save=lambda pid, who: store.metadata.set_producer_owner(
-                pid, who, keep=MAX_PRODUCER_OWNERS
-            ),
-            load=store.metadata.producer_owner,
-        )
-        self._authz = Authorization(
-            enabled=cfg.authorization_enabled,
-            super_users=self._auth.super_users,
-            rows=store.metadata.acls(),
-            save=store.metadata.add_acls,
-            remove=store.metadata.delete_acls,
-            txn_groups=self._transactions.groups_of,
-            clock=self._clock,
-        )
+        self._start_security(store)
         await self._transactions.start()
         self._timers.start()
         self._server = TcpServer(
@@ -301,6 +286,13 @@ class Broker:
         )
         host, port = await self._server.start(cfg.host, cfg.port)
         self.address = cfg.advertised_address or f"{host}:{port}"
+        self._security = SecuritySync(
+            self._auth,
+            self._authz,
+            self._gateway,
+            address=self.address,
+            changed=self._security_changed,
+        )
         self._coordinator = GroupCoordinator(
             self._clock,
             session_timeout_ms_min=cfg.group_session_timeout_ms_min,
@@ -371,6 +363,7 @@ class Broker:
                 cluster_key=self._cluster_key,
                 journal=self._registrations.journal,
                 lookup=self._registrations.lookup,
+                security=self._security,
             )
             self._topics.on_change = self._topic_changed
             await self._registration.start()
@@ -388,6 +381,27 @@ class Broker:
         auth = " (SCRAM-SHA-256 authentication)" if cfg.auth_enabled else ""
         log.info("broker %s serving on %s%s%s", cfg.broker_name, self.address, tls, auth)
         return self.address
+
+    def _start_security(self, store: MessageStore) -> None:
+        """Logins, producer-id owners and ACLs, from the store."""
+        cfg = self.config
+        self._auth = Authenticator(cfg, self._gateway, self._clock)
+        self._auth.bootstrap(cfg.bootstrap_user, self._bootstrap_password)
+        self._producer_owners = ProducerOwners(
+            save=lambda pid, who: store.metadata.set_producer_owner(
+                pid, who, keep=MAX_PRODUCER_OWNERS
+            ),
+            load=store.metadata.producer_owner,
+        )
+        self._authz = Authorization(
+            enabled=cfg.authorization_enabled,
+            super_users=self._auth.super_users,
+            rows=store.metadata.acls(),
+            save=lambda rows, counter: store.metadata.add_acls(rows, counter=counter),
+            remove=lambda rows, counter: store.metadata.delete_acls(rows, counter=counter),
+            txn_groups=self._transactions.groups_of,
+            clock=self._clock,
+        )
 
     def _start_tier(self) -> TierService | None:
         """The tier service, when `tiered.url` is set (its modules need pyarrow and
@@ -683,9 +697,23 @@ class Broker:
 
     def _register_local(self) -> None:
         assert self.nameserver is not None
+        assert self._ns_handlers is not None
         self._registrations.register_local(
             self.nameserver, self.config.broker_name, self.address, created_ms=self._created_ms
         )
+        # The embedded name server serves this broker alone: its tables are the cluster's.
+        holder = self._ns_handlers.security
+        version = self._security.version()
+        holder.report(self.config.broker_name, version, 0)
+        if version > holder.held:
+            holder.offer(self._security.snapshot())
+
+    def _security_changed(self) -> None:
+        """Users or ACL entries changed here: tell the name servers now (ADR 15)."""
+        if self.nameserver is not None:
+            self._register_local()
+        else:
+            self._registration.changed()
 
     async def _sweep(self) -> None:
         interval = self.config.broker_heartbeat_interval_ms / 1000
@@ -891,7 +919,14 @@ class Broker:
 
 
 #: Name-server requests an embedded name server never takes from a connection.
-_SELF_REGISTERED = frozenset({RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER})
+_SELF_REGISTERED = frozenset(
+    {
+        RequestCode.REGISTER_BROKER,
+        RequestCode.UNREGISTER_BROKER,
+        RequestCode.SECURITY_PUSH,
+        RequestCode.SECURITY_PULL,
+    }
+)
 
 #: The limits the STATUS answer reports, by their config key (`broker.<key>`).
 _STATUS_LIMITS = (

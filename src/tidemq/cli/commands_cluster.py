@@ -40,8 +40,17 @@ def list_(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, output: OutputOpt = Output.T
         emit_json(brokers)
         return
     emit_table(
-        ["BROKER", "ADDRESS", "TOPICS", "LAST HEARTBEAT"],
-        ((b.name, b.address, b.topics, f"{b.last_heartbeat_ms_ago} ms ago") for b in brokers),
+        ["BROKER", "ADDRESS", "TOPICS", "LAST HEARTBEAT", "USERS+ACLS"],
+        (
+            (
+                b.name,
+                b.address,
+                b.topics,
+                f"{b.last_heartbeat_ms_ago} ms ago",
+                _security(to_builtins(b)),
+            )
+            for b in brokers
+        ),
     )
 
 
@@ -95,8 +104,19 @@ def status(
 
     def cells(row: dict[str, Any]) -> list[object]:
         s = row["status"]
+        security = _security(row)
         if s is None:
-            return [row["name"], row["address"], "unreachable", "", "", "", "", row["error"]]
+            return [
+                row["name"],
+                row["address"],
+                "unreachable",
+                "",
+                "",
+                "",
+                "",
+                security,
+                row["error"],
+            ]
         unflushed = s["log_end_position"] - s["log_flushed_position"]
         return [
             row["name"],
@@ -106,17 +126,35 @@ def status(
             s["topics"],
             _connections(s),
             f"{s['uptime_ms'] // 1000} s",
+            security,
             f"end {s['log_end_position']}, unflushed {unflushed}",
         ]
 
     emit_table(
-        ["BROKER", "ADDRESS", "VERSION", "FLUSH", "TOPICS", "CONNECTIONS", "UPTIME", "LOG"],
+        [
+            "BROKER",
+            "ADDRESS",
+            "VERSION",
+            "FLUSH",
+            "TOPICS",
+            "CONNECTIONS",
+            "UPTIME",
+            "USERS+ACLS",
+            "LOG",
+        ],
         (cells(r) for r in rows),
     )
     if limits:
         for r in rows:
             if r["status"] is not None:
                 _emit_limits(r["name"], r["status"])
+
+
+def _security(row: dict[str, Any]) -> str:
+    """ "3 (1a2b3c4d)": the users' and ACLs' version and the start of its digest; equal
+    on every broker once a change has reached them all (ADR 15)."""
+    digest = row.get("security_digest", "")
+    return f"{row.get('security_version', 0)} ({digest[:8]})" if digest else "-"
 
 
 def _connections(s: dict[str, Any]) -> str:

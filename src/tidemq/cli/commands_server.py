@@ -205,8 +205,9 @@ def namesrv(
 
     TLS: --set broker.tls_cert_file=FILE --set broker.tls_key_file=FILE (and
     broker.tls_ca_file to require client certificates). With TIDEMQ_CLUSTER_SECRET set,
-    only brokers that sign their registrations with the same secret may register; see
-    docs/guide/security.md.
+    only brokers that sign their registrations with the same secret may register; with
+    it and --set broker.auth_enabled=true, clients log in as the cluster's users, which
+    the name server learns from the brokers; see docs/guide/security.md.
     """
     _logging(log_level)
     cfg, _ = _load(
@@ -226,6 +227,7 @@ def namesrv(
             stale_topic_ms=cfg.stale_topic_ms,
             ssl_context=listener_ssl_context(cfg),
             cluster_secret=secret,
+            auth_enabled=cfg.auth_enabled,
         )
 
     serve(make)

@@ -1,17 +1,19 @@
 """ACL entries from the client's side (`Admin.create_acls`, `delete_acls`, `list_acls`):
-the public `Acl` value, checked when built, and the calls to every live broker (each keeps
-its own entries, as it keeps its own users: docs/guide/security.md)."""
+the public `Acl` value, checked when built, and the calls to the cluster's writer of users
+and ACL entries (`writer_call`, ADR 15), whence changes reach every broker."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
+import msgspec
+
 from tidemq.client.cluster import ClusterClient
 from tidemq.core import acl
+from tidemq.core.errors import NotCoordinator
 from tidemq.protocol.acl_messages import (
     AclCreateRequest,
     AclDeleteRequest,
@@ -22,7 +24,7 @@ from tidemq.protocol.acl_messages import (
     acl_message,
 )
 
-__all__ = ["Acl", "create_acls", "delete_acls", "list_acls"]
+__all__ = ["Acl", "create_acls", "delete_acls", "list_acls", "writer_call"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,35 +101,50 @@ def _entries(acls: Iterable[Acl]) -> list[AclEntryMsg]:
     return entries
 
 
-async def create_acls(cluster: ClusterClient, brokers: Sequence[str], acls: Iterable[Acl]) -> int:
-    """Add the entries on every broker; how many were new (on the broker that added the
-    most: a broker that missed an earlier call catches up)."""
+#: Attempts at a change of users or ACL entries while the writer moves (a failover): each
+#: NotCoordinator refreshes the routes and tries the broker they name.
+_WRITER_ATTEMPTS = 3
+
+T = TypeVar("T")
+
+
+async def writer_call(cluster: ClusterClient, request: msgspec.Struct, expected: type[T]) -> T:
+    """A request to the cluster's writer of users and ACL entries (the group
+    coordinator, ADR 15), which serialises every change and hands it to the other
+    brokers through the name servers."""
+    for attempt in range(1, _WRITER_ATTEMPTS + 1):
+        writer = await cluster.coordinator()
+        try:
+            return await cluster.call(writer, request, expected)
+        except NotCoordinator:
+            if attempt == _WRITER_ATTEMPTS:
+                raise
+            await cluster.refresh_routes(force=True)
+    raise AssertionError("unreachable")
+
+
+async def create_acls(cluster: ClusterClient, acls: Iterable[Acl]) -> int:
+    """Add the entries (on the writer, whence they reach every broker); how many were
+    new."""
     request = AclCreateRequest(entries=_entries(acls))
-    answers = await asyncio.gather(
-        *(cluster.call(b, request, AclsChangedResponse) for b in brokers)
-    )
-    return max(a.changed for a in answers)
+    return (await writer_call(cluster, request, AclsChangedResponse)).changed
 
 
-async def delete_acls(cluster: ClusterClient, brokers: Sequence[str], acls: Iterable[Acl]) -> int:
-    """Remove the entries on every broker; how many were there (the most on one broker)."""
+async def delete_acls(cluster: ClusterClient, acls: Iterable[Acl]) -> int:
+    """Remove the entries (on the writer); how many were there."""
     request = AclDeleteRequest(entries=_entries(acls))
-    answers = await asyncio.gather(
-        *(cluster.call(b, request, AclsChangedResponse) for b in brokers)
-    )
-    return max(a.changed for a in answers)
+    return (await writer_call(cluster, request, AclsChangedResponse)).changed
 
 
 async def list_acls(
     cluster: ClusterClient,
-    brokers: Sequence[str],
     *,
     principal: str | None = None,
     resource_type: str | None = None,
 ) -> list[Acl]:
-    """The entries of every live broker (their union, sorted), optionally only those of
-    one principal or resource type."""
+    """The cluster's entries (the writer's), sorted, optionally only those of one
+    principal or resource type."""
     request = AclListRequest(principal=principal or "", resource_type=resource_type or "")
-    answers = await asyncio.gather(*(cluster.call(b, request, AclListResponse) for b in brokers))
-    found = {_public(m) for answer in answers for m in answer.entries}
+    answer = await writer_call(cluster, request, AclListResponse)
+    found = {_public(m) for m in answer.entries}
     return sorted(found, key=lambda a: (a.principal, a.resource_type, a.resource_name, str(a)))

@@ -113,7 +113,6 @@ from tidemq.protocol.commands import (
     TxnStatusRequest,
     TxnStatusResponse,
     UserDeleteRequest,
-    UserEntry,
     UserListRequest,
     UserListResponse,
     UserUpsertRequest,
@@ -815,9 +814,11 @@ class AsyncAdmin:
     async def create_user(
         self, name: str, password: str, *, iterations: int = DEFAULT_ITERATIONS
     ) -> None:
-        """Create a user of SCRAM authentication on every live broker, or set a new
-        password for an existing one. Only the salted keys leave this process (use TLS
-        all the same); with `broker.auth_enabled`, only a super user may do this."""
+        """Create a user of SCRAM authentication, or set a new password for an existing
+        one, in the cluster: on its writer (the group coordinator), whence the change
+        reaches every broker and name server within a few heartbeats, those that are
+        down or join later included (ADR 15). Only the salted keys leave this process
+        (use TLS all the same); with `broker.auth_enabled`, only a super user may."""
         try:
             c = make_credentials(password, new_salt(os.urandom), iterations)
         except ScramError as exc:
@@ -829,52 +830,35 @@ class AsyncAdmin:
             stored_key=c.stored_key,
             server_key=c.server_key,
         )
-        brokers = await self._brokers()
-        await asyncio.gather(*(self._cluster.call(b, request, Empty) for b in brokers))
+        await acls_api.writer_call(self._cluster, request, Empty)
 
     async def delete_user(self, name: str) -> None:
-        """Delete a user on every live broker that has it (InvalidRequest if none has).
-        Connections it has open stay open."""
-        brokers = await self._brokers()
-        answers = await asyncio.gather(
-            *(self._cluster.call(b, UserDeleteRequest(name=name), Empty) for b in brokers),
-            return_exceptions=True,
-        )
-        failures = [a for a in answers if isinstance(a, BaseException)]
-        missing = [a for a in failures if isinstance(a, InvalidRequest)]
-        other = [a for a in failures if not isinstance(a, InvalidRequest)]
-        if other:
-            raise other[0]
-        if len(missing) == len(answers):
-            raise missing[0]
+        """Delete a user in the cluster (InvalidRequest if there is none of that name).
+        Connections it has open stay open; new logins are refused on every broker once
+        the change has reached it."""
+        await acls_api.writer_call(self._cluster, UserDeleteRequest(name=name), Empty)
 
     async def list_users(self) -> list[UserInfo]:
-        """The users of the live brokers, by name (names and iterations only)."""
-        brokers = await self._brokers()
-        answers = await asyncio.gather(
-            *(self._cluster.call(b, UserListRequest(), UserListResponse) for b in brokers)
-        )
-        seen: dict[str, UserEntry] = {}
-        for answer in answers:
-            for user in answer.users:
-                seen.setdefault(user.name, user)
-        return [user_info_from_wire(seen[n]) for n in sorted(seen)]
+        """The cluster's users (the writer's), by name (names and iterations only)."""
+        answer = await acls_api.writer_call(self._cluster, UserListRequest(), UserListResponse)
+        return [user_info_from_wire(u) for u in sorted(answer.users, key=lambda u: u.name)]
 
     async def create_acls(self, acls: Iterable[Acl]) -> int:
-        """Add ACL entries on every live broker; how many were new. With
-        `broker.authorization_enabled`, this needs ALTER on the cluster (a super user)."""
-        return await acls_api.create_acls(self._cluster, await self._brokers(), acls)
+        """Add ACL entries in the cluster (on its writer, as `create_user`); how many
+        were new. With `broker.authorization_enabled`, this needs ALTER on the cluster
+        (a super user)."""
+        return await acls_api.create_acls(self._cluster, acls)
 
     async def delete_acls(self, acls: Iterable[Acl]) -> int:
-        """Remove ACL entries (exactly these) on every live broker; how many were there."""
-        return await acls_api.delete_acls(self._cluster, await self._brokers(), acls)
+        """Remove ACL entries (exactly these) in the cluster; how many were there."""
+        return await acls_api.delete_acls(self._cluster, acls)
 
     async def list_acls(
         self, *, principal: str | None = None, resource_type: str | None = None
     ) -> list[Acl]:
-        """The ACL entries of the live brokers, optionally of one principal or type."""
+        """The cluster's ACL entries, optionally of one principal or type."""
         return await acls_api.list_acls(
-            self._cluster, await self._brokers(), principal=principal, resource_type=resource_type
+            self._cluster, principal=principal, resource_type=resource_type
         )
 
     async def get(self, topic: str, key: bytes) -> bytes | None:

@@ -63,6 +63,8 @@ def registration_fields(request: RegisterBrokerRequest) -> list[object]:
         fields.append(msgspec.to_builtins(request.static_topics))
     if request.epoch:  # a versioned registration or delta (cluster/topic_journal.py)
         fields += [request.epoch, request.version, request.base_version, request.removed]
+    if request.security_counter or request.security_digest:  # docs/adr/0015
+        fields += ["security", request.security_counter, request.security_digest]
     return fields
 
 

@@ -22,6 +22,7 @@ import ssl
 from collections.abc import Callable
 
 from tidemq.cluster.membership import registration_fields, sign
+from tidemq.cluster.security_link import SecurityTables, cluster_login, follow
 from tidemq.cluster.topic_journal import TopicJournal, TopicLookup
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import BrokerNotAvailable, TidemqError
@@ -62,10 +63,14 @@ class Registration:
         clock: Clock | None = None,
         journal: TopicJournal | None = None,
         lookup: TopicLookup | None = None,
+        security: SecurityTables | None = None,
     ) -> None:
         """`ssl_context`: TLS to the name servers (tidemq.net.tls.client_context), None
         for plaintext. `cluster_key`: sign the registrations with it (membership.py).
-        `journal` and `lookup` (one topic's registration now): beats carry changes only."""
+        `journal` and `lookup` (one topic's registration now): beats carry changes only.
+        `security`: the broker's users and ACL entries, whose version each registration
+        reports and which the answers make it push or pull (security_link.py, ADR 15)."""
+        self._security = security
         self._journal = journal
         self._lookup = lookup
         #: Name server -> the version of the topic list it acknowledged.
@@ -82,6 +87,7 @@ class Registration:
         self._interval_s = interval_ms / 1000
         #: Name servers whose last registration failed (logged once until they answer).
         self._failing: set[str] = set()
+        self._security_failing: set[str] = set()
         self._conns: dict[str, ClientConnection] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -103,6 +109,14 @@ class Registration:
             conn = await ClientConnection.open(
                 server, max_frame_bytes=_FRAME_BYTES_MAX, ssl_context=self._ssl_context
             )
+            if self._cluster_key is not None:
+                try:
+                    await cluster_login(
+                        conn, self._name, self._cluster_key, self._clock, _REQUEST_TIMEOUT_S
+                    )
+                except BaseException:
+                    conn.close()
+                    raise
             self._conns[server] = conn
         return conn
 
@@ -141,6 +155,8 @@ class Registration:
         )
 
     def _signed(self, request: RegisterBrokerRequest) -> RegisterBrokerRequest:
+        if self._security is not None:
+            request.security_counter, request.security_digest = self._security.version()
         if self._cluster_key is not None:
             request.signed_ms, request.signature = sign(
                 self._cluster_key,
@@ -176,6 +192,31 @@ class Registration:
                 self._failing.discard(server)
                 log.warning("registered with name server %s again", server)
             self._follow_interval(server, answer.heartbeat_interval_ms)
+            if self._security is not None:
+                await self._follow_security(server, conn, answer)
+
+    async def _follow_security(
+        self, server: str, conn: ClientConnection, answer: RegisterBrokerResponse
+    ) -> None:
+        """Push or pull users and ACL entries as the answer says; a failure is logged
+        once until it succeeds again, and retried at the next beat."""
+        assert self._security is not None
+        try:
+            await follow(
+                conn,
+                answer,
+                self._security,
+                broker_name=self._name,
+                key=self._cluster_key,
+                clock=self._clock,
+                timeout_s=_REQUEST_TIMEOUT_S,
+            )
+        except TidemqError as exc:
+            if server not in self._security_failing:
+                self._security_failing.add(server)
+                log.warning("users and ACL entries with name server %s: %s", server, exc)
+            return
+        self._security_failing.discard(server)
 
     def _follow_interval(self, server: str, interval_ms: int) -> None:
         if 0 < interval_ms < self._interval_s * 1000:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 from collections.abc import Callable
 from typing import Any
+
+import msgspec
 
 from tidemq.cluster.membership import CLUSTER_SECRET_ENV, check_secret, registration_fields, verify
 from tidemq.cluster.nameserver import (
@@ -17,10 +20,19 @@ from tidemq.cluster.nameserver import (
     DEFAULT_STALE_TOPIC_MS,
     NameServer,
 )
+from tidemq.cluster.security_holder import SecurityHolder
+from tidemq.cluster.security_link import (
+    LOGIN_KIND,
+    PULL_KIND,
+    PUSH_KIND,
+    login_fields,
+    push_fields,
+)
 from tidemq.core import limits
 from tidemq.core.clock import Clock, SystemClock
-from tidemq.core.errors import InvalidRequest
-from tidemq.net.server import ServerLimits, TcpServer
+from tidemq.core.errors import AuthenticationFailed, ConfigError, InvalidRequest, Unsupported
+from tidemq.net.login import LoginGate
+from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
 from tidemq.net.tls import is_loopback
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
@@ -35,6 +47,12 @@ from tidemq.protocol.commands import (
     UnregisterBrokerRequest,
 )
 from tidemq.protocol.frame import Frame
+from tidemq.protocol.security_messages import (
+    ClusterLogin,
+    SecurityPullRequest,
+    SecurityPushRequest,
+    SecurityPushResponse,
+)
 
 __all__ = ["NAMESERVER_CODES", "NameServerHandlers", "NameServerService"]
 
@@ -43,6 +61,7 @@ log = logging.getLogger(__name__)
 #: Name server frames are small: routes and registrations.
 _NAMESERVER_FRAME_BYTES = 16 << 20
 _SWEEP_INTERVAL_S = 1.0
+_MOCK_SECRET_BYTES = 32
 #: A gap this much longer than the sweep interval between two looks at the clock means
 #: this process was stopped (SIGSTOP, a VM pause), not that the brokers went silent.
 _PAUSE_SLACK_MS = 1_500
@@ -53,8 +72,22 @@ NAMESERVER_CODES = frozenset(
         RequestCode.REGISTER_BROKER,
         RequestCode.UNREGISTER_BROKER,
         RequestCode.CLUSTER_STATUS,
+        RequestCode.SECURITY_PUSH,
+        RequestCode.SECURITY_PULL,
     }
 )
+#: Brokers' requests (signed with the cluster secret when the name server has one).
+BROKER_CODES = frozenset(
+    {
+        RequestCode.REGISTER_BROKER,
+        RequestCode.UNREGISTER_BROKER,
+        RequestCode.SECURITY_PUSH,
+        RequestCode.SECURITY_PULL,
+    }
+)
+_SASL_CODES = frozenset({RequestCode.SASL_HANDSHAKE, RequestCode.SASL_AUTHENTICATE})
+#: Requests that carry the users' and ACLs' tables.
+_TABLE_CODES = frozenset({RequestCode.SECURITY_PUSH, RequestCode.SECURITY_PULL})
 #: Topics named in one route query.
 _ROUTE_TOPICS_MAX = limits.MAX_ROUTE_TOPICS
 
@@ -72,6 +105,12 @@ class NameServerHandlers:
         self.nameserver = nameserver
         self._cluster_key = cluster_key
         self._clock = clock or SystemClock()
+        #: The cluster's users and ACL entries as the brokers push them (ADR 15).
+        self.security = SecurityHolder()
+        #: The login of client connections (None: the name server asks for none; then
+        #: with a cluster key, `cluster_gate` takes brokers' logins all the same).
+        self.gate: LoginGate | None = None
+        self.cluster_gate: LoginGate | None = None
         #: Called before each request is handled (the standalone service's pause check).
         self.before_request: Callable[[], None] | None = None
 
@@ -79,63 +118,103 @@ class NameServerHandlers:
         ns = self.nameserver
         if code is RequestCode.GET_ROUTES:
             assert isinstance(header, GetRoutesRequest)
-            if header.topics is not None and len(header.topics) > _ROUTE_TOPICS_MAX:
-                raise InvalidRequest(f"at most {_ROUTE_TOPICS_MAX} topics per route query")
-            if header.topics is not None:
-                return GetRoutesResponse(
-                    routes=ns.routes(header.topics),
-                    brokers=ns.brokers(),
-                    coordinator=ns.coordinator(),
-                )
-            generation = ns.generation()
-            unchanged = header.known == generation
-            return GetRoutesResponse(
-                routes=[] if unchanged else ns.routes(),
-                brokers=ns.brokers(),
-                coordinator=ns.coordinator(),
-                generation=generation,
-                unchanged=unchanged,
-            )
+            return self._routes(header)
         if code is RequestCode.REGISTER_BROKER:
             assert isinstance(header, RegisterBrokerRequest)
             self._verify(code.name, registration_fields(header), header)
-            if header.base_version >= 0:
-                accepted = ns.update(
-                    header.broker_name,
-                    header.address,
-                    epoch=header.epoch,
-                    base_version=header.base_version,
-                    version=header.version,
-                    topics=header.topics,
-                    removed=header.removed,
-                )
-                interval, ttl = ns.timing()
-                return RegisterBrokerResponse(
-                    heartbeat_interval_ms=interval, broker_ttl_ms=ttl, accepted=accepted
-                )
-            interval, ttl = ns.register(
-                header.broker_name,
-                header.address,
-                list(header.topics),
-                created_ms=header.created_ms,
-                static_topics=header.static_topics,
-                epoch=header.epoch,
-                version=header.version,
-            )
-            return RegisterBrokerResponse(heartbeat_interval_ms=interval, broker_ttl_ms=ttl)
+            return self._security_answer(header, self._register(header))
         if code is RequestCode.UNREGISTER_BROKER:
             assert isinstance(header, UnregisterBrokerRequest)
             self._verify(code.name, [header.broker_name], header)
             ns.unregister(header.broker_name)
             return Empty()
+        if code is RequestCode.SECURITY_PUSH:
+            assert isinstance(header, SecurityPushRequest)
+            self._verify(PUSH_KIND, push_fields(header), header)
+            return SecurityPushResponse(accepted=self.security.offer(header.snapshot))
+        if code is RequestCode.SECURITY_PULL:
+            assert isinstance(header, SecurityPullRequest)
+            self._verify(PULL_KIND, login_fields(header.broker_name), header)
+            return self.security.snapshot
         assert isinstance(header, ClusterStatusRequest)
-        return ClusterStatusResponse(brokers=ns.status())
+        return self._status()
+
+    def _routes(self, header: GetRoutesRequest) -> GetRoutesResponse:
+        ns = self.nameserver
+        if header.topics is not None and len(header.topics) > _ROUTE_TOPICS_MAX:
+            raise InvalidRequest(f"at most {_ROUTE_TOPICS_MAX} topics per route query")
+        if header.topics is not None:
+            return GetRoutesResponse(
+                routes=ns.routes(header.topics),
+                brokers=ns.brokers(),
+                coordinator=ns.coordinator(),
+            )
+        generation = ns.generation()
+        unchanged = header.known == generation
+        return GetRoutesResponse(
+            routes=[] if unchanged else ns.routes(),
+            brokers=ns.brokers(),
+            coordinator=ns.coordinator(),
+            generation=generation,
+            unchanged=unchanged,
+        )
+
+    def _register(self, header: RegisterBrokerRequest) -> RegisterBrokerResponse:
+        ns = self.nameserver
+        if header.base_version >= 0:
+            accepted = ns.update(
+                header.broker_name,
+                header.address,
+                epoch=header.epoch,
+                base_version=header.base_version,
+                version=header.version,
+                topics=header.topics,
+                removed=header.removed,
+            )
+            interval, ttl = ns.timing()
+            return RegisterBrokerResponse(
+                heartbeat_interval_ms=interval, broker_ttl_ms=ttl, accepted=accepted
+            )
+        interval, ttl = ns.register(
+            header.broker_name,
+            header.address,
+            list(header.topics),
+            created_ms=header.created_ms,
+            static_topics=header.static_topics,
+            epoch=header.epoch,
+            version=header.version,
+        )
+        return RegisterBrokerResponse(heartbeat_interval_ms=interval, broker_ttl_ms=ttl)
+
+    def _security_answer(
+        self, header: RegisterBrokerRequest, answer: RegisterBrokerResponse
+    ) -> RegisterBrokerResponse:
+        """A registration answer with what the name server knows of users and ACLs."""
+        version = (header.security_counter, header.security_digest)
+        holder = self.security
+        now_ms = self._clock.monotonic_ms()
+        answer.security_push = holder.report(header.broker_name, version, now_ms)
+        answer.security_counter, answer.security_digest = holder.held
+        answer.security_writer = self.nameserver.coordinator()
+        return answer
+
+    def _status(self) -> ClusterStatusResponse:
+        brokers = self.nameserver.status()
+        for b in brokers:
+            b.security_counter, b.security_digest = self.security.reported(b.name)
+        counter, digest = self.security.held
+        return ClusterStatusResponse(
+            brokers=brokers, security_counter=counter, security_digest=digest
+        )
 
     def _verify(
         self,
         kind: str,
         fields: list[object],
-        header: RegisterBrokerRequest | UnregisterBrokerRequest,
+        header: RegisterBrokerRequest
+        | UnregisterBrokerRequest
+        | SecurityPushRequest
+        | SecurityPullRequest,
     ) -> None:
         if self._cluster_key is not None:
             verify(
@@ -147,13 +226,54 @@ class NameServerHandlers:
                 now_ms=self._clock.now_ms(),
             )
 
-    async def dispatch(self, frame: Frame, conn: object) -> tuple[Any, bytes]:
+    async def dispatch(self, frame: Frame, conn: ServerConnection) -> tuple[Any, bytes]:
+        if self.gate is not None and conn.principal is None:
+            # Logins on: before login only SASL_HANDSHAKE and SASL_AUTHENTICATE.
+            return await self.gate.before_login(frame, conn), b""
         code, header = decode_request(frame)
         if self.before_request is not None:
             self.before_request()
+        if code in _SASL_CODES:
+            return await self._sasl(frame, code, conn), b""
         if code not in NAMESERVER_CODES:
             raise InvalidRequest(f"{code.name} is a broker request; this is a name server")
+        if code in _TABLE_CODES and self._cluster_key is None and not is_loopback(conn.host):
+            # Unsigned, the tables (salted keys included) would go to anyone who asks.
+            raise AuthenticationFailed(
+                f"{code.name} refused: users and ACL entries are shared only with a cluster "
+                f"secret ({CLUSTER_SECRET_ENV}) or over loopback"
+            )
         return self.handle(code, header), b""
+
+    async def _sasl(self, frame: Frame, code: RequestCode, conn: ServerConnection) -> Any:
+        """SASL on a connection that needs no login: a broker's cluster login (taken when
+        the name server has a cluster key); a user's login is Unsupported, as on a broker
+        without logins."""
+        if conn.principal is not None:
+            raise InvalidRequest(f"{code.name}: this connection is authenticated already")
+        if self.cluster_gate is None:
+            raise Unsupported(
+                f"{code.name}: this name server does not authenticate (broker.auth_enabled "
+                "is off and it has no cluster secret)"
+            )
+        return await self.cluster_gate.before_login(frame, conn)
+
+    def check_cluster_login(self, message: bytes) -> str:
+        """A broker's `ClusterLogin`: its principal, or AuthenticationFailed."""
+        assert self._cluster_key is not None
+        try:
+            login = msgspec.msgpack.decode(message, type=ClusterLogin)
+        except msgspec.DecodeError:
+            raise AuthenticationFailed("bad cluster login message") from None
+        verify(
+            self._cluster_key,
+            LOGIN_KIND,
+            login_fields(login.broker_name),
+            signed_ms=login.signed_ms,
+            signature=login.signature,
+            now_ms=self._clock.now_ms(),
+        )
+        return f"Broker:{login.broker_name}"
 
 
 class NameServerService:
@@ -176,9 +296,17 @@ class NameServerService:
         clock: Clock | None = None,
         ssl_context: ssl.SSLContext | None = None,
         cluster_secret: str | None = None,
+        auth_enabled: bool = False,
     ) -> None:
         """`ssl_context`: the listener speaks TLS only (tidemq.net.tls.server_context).
-        `cluster_secret`: brokers must sign their registrations with it."""
+        `cluster_secret`: brokers must sign their registrations with it. `auth_enabled`:
+        clients log in with SCRAM-SHA-256 as users of the cluster, which the name server
+        learns from the brokers (ADR 15; needs `cluster_secret`)."""
+        if auth_enabled and cluster_secret is None:
+            raise ConfigError(
+                "a name server with broker.auth_enabled needs the cluster secret "
+                f"({CLUSTER_SECRET_ENV}): it learns the users from brokers that sign with it"
+            )
         self._host = host
         self._port = port
         self._clock = clock or SystemClock()
@@ -197,13 +325,42 @@ class NameServerService:
             self.nameserver, cluster_key=self._cluster_key, clock=self._clock
         )
         self._handlers.before_request = self.check_pause
+        #: The users and ACL entries this name server holds (pushed by the brokers).
+        self.security = self._handlers.security
+        self._auth_enabled = auth_enabled
+        self._set_up_logins()
         self._server = TcpServer(
             self._handlers.dispatch,
             ServerLimits(max_frame_bytes=_NAMESERVER_FRAME_BYTES),
             ssl_context=ssl_context,
+            auth_required=auth_enabled,
         )
         self._sweeper: asyncio.Task[None] | None = None
         self.address = ""
+
+    def _set_up_logins(self) -> None:
+        """Users' logins (with auth_enabled) and brokers' (with a cluster key)."""
+        handlers = self._handlers
+        cluster_login = None if self._cluster_key is None else handlers.check_cluster_login
+        # Unknown users' fake credentials derive from this; kept for the process only (a
+        # name server keeps nothing on disk).
+        mock_secret = os.urandom(_MOCK_SECRET_BYTES)
+        if self._auth_enabled:
+            handlers.gate = LoginGate(
+                handlers.security.credentials,
+                mock_secret=mock_secret,
+                clock=self._clock,
+                what="name server",
+                cluster_login=cluster_login,
+            )
+        elif cluster_login is not None:
+            handlers.cluster_gate = LoginGate(
+                lambda _: None,
+                mock_secret=mock_secret,
+                clock=self._clock,
+                what="name server",
+                cluster_login=cluster_login,
+            )
 
     async def start(self) -> str:
         host, port = await self._server.start(self._host, self._port)
@@ -211,7 +368,8 @@ class NameServerService:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         tls = " (TLS)" if self._server.ssl_context is not None else ""
         signed = ", registrations signed" if self._cluster_key is not None else ""
-        log.info("name server serving on %s%s%s", self.address, tls, signed)
+        auth = " (SCRAM-SHA-256 authentication)" if self._auth_enabled else ""
+        log.info("name server serving on %s%s%s%s", self.address, tls, signed, auth)
         if self._cluster_key is None and not is_loopback(host):
             log.warning(
                 "name server on %s without a cluster secret: anyone who reaches it may "

@@ -6,6 +6,7 @@ __all__ = [
     "AUTH_FAILURE_WINDOW_MS",
     "AUTH_MAX_FAILURES_PER_ADDRESS",
     "AUTH_MAX_TRACKED_ADDRESSES",
+    "MAX_ACL_ENTRIES",
     "MAX_BATCH_BYTES",
     "MAX_BATCH_MESSAGES",
     "MAX_GROUP_NAME_BYTES",
@@ -25,10 +26,12 @@ __all__ = [
     "MAX_QUEUE_ID",
     "MAX_RECEIVE_MESSAGES",
     "MAX_ROUTE_TOPICS",
+    "MAX_SECURITY_SNAPSHOT_BYTES",
     "MAX_TAG_BYTES",
     "MAX_TIMEOUT_MS",
     "MAX_TOPICS_PER_CREATE",
     "MAX_TOPIC_NAME_BYTES",
+    "MAX_USERS",
     "MIN_SEGMENT_BYTES",
     "NET_FRAME_READ_TIMEOUT_MS",
     "NET_IDLE_TIMEOUT_MS",
@@ -153,6 +156,17 @@ AUTH_FAILURE_WINDOW_MS = 60_000
 #: Addresses whose failures are remembered at once (a flood from many addresses forgets
 #: the oldest rather than growing without bound).
 AUTH_MAX_TRACKED_ADDRESSES = 10_000
+#: Users and ACL entries of a cluster (ADR 15): the whole table travels from the name
+#: servers to every broker that is behind, as one frame, and is replaced in one SQLite
+#: transaction. A user is about 120 bytes on the wire, an entry about 100: 10,000 users
+#: and 50,000 entries are about 6 MiB, under the snapshot's own limit below and far
+#: under the 16 MiB name-server frame. Changes past either count are refused.
+MAX_USERS = 10_000
+MAX_ACL_ENTRIES = 50_000
+#: The encoded snapshot (users + ACL entries) at most: checked by the writer before a
+#: change, by the name server before it keeps a pushed one, by a broker before it applies
+#: a pulled one.
+MAX_SECURITY_SNAPSHOT_BYTES = 8 << 20
 #: A connection whose write buffer is over its high-water mark and has not shrunk by a
 #: byte for this long is closed: its client does not read its answers.
 NET_WRITE_STALL_TIMEOUT_MS = 60_000

@@ -84,7 +84,13 @@ class RequestCode(IntEnum):
     TIER_STATUS = 120
     TIER_FILES = 121
     TIER_OFFLOAD = 122
+    # users and ACL entries shared by a cluster (docs/adr/0015): a broker gives the name
+    # servers its tables, and takes newer ones from them; with a cluster secret, a broker
+    # logs its name-server connections in with it (mechanism CLUSTER_MECHANISM)
+    SECURITY_PUSH = 140
+    SECURITY_PULL = 141
     # Planned ranges, so that work on several features at once does not collide:
     # 80-89 authorization (ACLs, issue 16); 90-99 static topics (issue 17);
     # 100-109 compact topics and key-value access (issue 18); 110-119 operations (issue 22);
-    # 120-129 tiered storage (issue 20).
+    # 120-129 tiered storage (issue 20); 140-149 cluster-wide users and ACLs (issue 16;
+    # 130-139 left to replication, issue 23).

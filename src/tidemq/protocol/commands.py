@@ -439,6 +439,9 @@ class RegisterBrokerRequest(_Msg):
     version: int = 0
     base_version: int = -1
     removed: list[str] = []
+    #: The version of the broker's users and ACL entries (protocol/security_messages.py).
+    security_counter: int = 0
+    security_digest: int = 0
 
 
 class RegisterBrokerResponse(_Msg):
@@ -447,6 +450,15 @@ class RegisterBrokerResponse(_Msg):
     #: False: a delta the name server could not apply (it does not hold the broker at its
     #: base version); the broker registers in full.
     accepted: bool = True
+    #: The newest users and ACL entries this name server holds (security_messages.py): a
+    #: broker with an older version pulls them (SECURITY_PULL).
+    security_counter: int = 0
+    security_digest: int = 0
+    #: The broker's version is newer than what this name server holds: push it.
+    security_push: bool = False
+    #: The address of the broker that changes users and ACL entries (the group
+    #: coordinator); a change sent to another broker is refused (NotCoordinator).
+    security_writer: str = ""
 
 
 class UnregisterBrokerRequest(_Msg):
@@ -488,10 +500,16 @@ class BrokerStatus(_Msg):
     address: str
     last_heartbeat_ms_ago: int
     topics: int
+    #: The version of its users and ACL entries, as it last reported it.
+    security_counter: int = 0
+    security_digest: int = 0
 
 
 class ClusterStatusResponse(_Msg):
     brokers: list[BrokerStatus]
+    #: The newest users and ACL entries the answering name server holds.
+    security_counter: int = 0
+    security_digest: int = 0
 
 
 class StatusRequest(_Msg):
@@ -888,11 +906,13 @@ REQUESTS: Final[dict[RequestCode, tuple[type[_Msg], type[_Msg]]]] = {
 from tidemq.protocol.acl_messages import ACL_REQUESTS  # noqa: E402
 from tidemq.protocol.kv_messages import KV_REQUESTS  # noqa: E402
 from tidemq.protocol.query_messages import QUERY_REQUESTS  # noqa: E402
+from tidemq.protocol.security_messages import SECURITY_REQUESTS  # noqa: E402
 from tidemq.protocol.static_messages import STATIC_REQUESTS  # noqa: E402
 from tidemq.protocol.tier_messages import TIER_REQUESTS  # noqa: E402
 
 REQUESTS.update(ACL_REQUESTS)  # type: ignore[arg-type]
 REQUESTS.update(KV_REQUESTS)  # type: ignore[arg-type]
 REQUESTS.update(QUERY_REQUESTS)  # type: ignore[arg-type]
+REQUESTS.update(SECURITY_REQUESTS)  # type: ignore[arg-type]
 REQUESTS.update(STATIC_REQUESTS)  # type: ignore[arg-type]
 REQUESTS.update(TIER_REQUESTS)  # type: ignore[arg-type]

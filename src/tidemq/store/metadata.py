@@ -26,6 +26,8 @@ Tables::
     users(name, salt, iterations, stored_key, server_key)          SCRAM credentials
     acls(principal, resource_type, resource_name, pattern_type,    ACL entries (core/acl.py),
          operation, permission, host)                              as their enum values
+    service_state['security.counter']                              users' and ACLs' version
+                                                                   counter (ADR 15)
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ _NAME = re.compile(limits.TOPIC_NAME_PATTERN)
 
 log = logging.getLogger(__name__)
 
+#: service_state key of the users' and ACL entries' version counter (8 bytes, big-endian).
+_SECURITY_COUNTER = "security.counter"
 #: SQLite's primary result code for "database or disk is full".
 _SQLITE_FULL = 13
 _P = ParamSpec("_P")
@@ -554,6 +558,9 @@ class Metadata:
         return None if row is None else str(row[0])
 
     # ------------------------------------------------------------------ users (SCRAM)
+    # Users and ACL entries are the cluster's (docs/adr/0015): each write may carry the
+    # new version counter, kept in `service_state` in the same transaction, and a newer
+    # version pulled from a name server replaces both tables at once.
 
     def users(self) -> list[tuple[str, bytes, int, bytes, bytes]]:
         """Every user's SCRAM credentials: (name, salt, iterations, stored key, server
@@ -565,17 +572,30 @@ class Metadata:
 
     @_writes
     def upsert_user(
-        self, name: str, salt: bytes, iterations: int, stored_key: bytes, server_key: bytes
+        self,
+        name: str,
+        salt: bytes,
+        iterations: int,
+        stored_key: bytes,
+        server_key: bytes,
+        *,
+        counter: int | None = None,
     ) -> None:
-        self._db.execute(
-            "INSERT OR REPLACE INTO users VALUES (?, ?, ?, ?, ?)",
-            (name, salt, iterations, stored_key, server_key),
-        )
+        """Create or replace a user; `counter`: the tables' new version counter."""
+        with self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO users VALUES (?, ?, ?, ?, ?)",
+                (name, salt, iterations, stored_key, server_key),
+            )
+            self._set_security_counter(counter)
 
     @_writes
-    def delete_user(self, name: str) -> bool:
+    def delete_user(self, name: str, *, counter: int | None = None) -> bool:
         """Remove a user; False if there was none of that name."""
-        return self._db.execute("DELETE FROM users WHERE name = ?", (name,)).rowcount > 0
+        with self._tx():
+            gone = self._db.execute("DELETE FROM users WHERE name = ?", (name,)).rowcount > 0
+            self._set_security_counter(counter if gone else None)
+            return gone
 
     # ------------------------------------------------------------------ ACL entries
 
@@ -589,15 +609,27 @@ class Metadata:
         return [tuple(str(v) for v in row) for row in rows]  # type: ignore[misc]
 
     @_writes
-    def add_acls(self, entries: Iterable[tuple[str, str, str, str, str, str, str]]) -> int:
+    def add_acls(
+        self,
+        entries: Iterable[tuple[str, str, str, str, str, str, str]],
+        *,
+        counter: int | None = None,
+    ) -> int:
         """Add entries (one transaction); the count that were not there already."""
         with self._tx():
             before = self._db.total_changes
             self._db.executemany("INSERT OR IGNORE INTO acls VALUES (?, ?, ?, ?, ?, ?, ?)", entries)
-            return self._db.total_changes - before
+            added = self._db.total_changes - before
+            self._set_security_counter(counter if added else None)
+            return added
 
     @_writes
-    def delete_acls(self, entries: Iterable[tuple[str, str, str, str, str, str, str]]) -> int:
+    def delete_acls(
+        self,
+        entries: Iterable[tuple[str, str, str, str, str, str, str]],
+        *,
+        counter: int | None = None,
+    ) -> int:
         """Remove entries (one transaction); the count that were there."""
         with self._tx():
             before = self._db.total_changes
@@ -607,7 +639,39 @@ class Metadata:
                 " permission = ? AND host = ?",
                 entries,
             )
-            return self._db.total_changes - before
+            removed = self._db.total_changes - before
+            self._set_security_counter(counter if removed else None)
+            return removed
+
+    def security_counter(self) -> int:
+        """The version counter of the users and ACL entries (0: never changed through the
+        cluster's writer, nor replaced by a pulled version)."""
+        value = self.service_state(_SECURITY_COUNTER)
+        return 0 if value is None else int.from_bytes(value, "big")
+
+    @_writes
+    def replace_security(
+        self,
+        users: Iterable[tuple[str, bytes, int, bytes, bytes]],
+        acls: Iterable[tuple[str, str, str, str, str, str, str]],
+        *,
+        counter: int,
+    ) -> None:
+        """Replace every user and ACL entry, and the version counter, in one transaction:
+        a crash leaves the old version or the new one, never a mix."""
+        with self._tx():
+            self._db.execute("DELETE FROM users")
+            self._db.execute("DELETE FROM acls")
+            self._db.executemany("INSERT INTO users VALUES (?, ?, ?, ?, ?)", users)
+            self._db.executemany("INSERT INTO acls VALUES (?, ?, ?, ?, ?, ?, ?)", acls)
+            self._set_security_counter(counter)
+
+    def _set_security_counter(self, counter: int | None) -> None:
+        if counter is not None:
+            self._db.execute(
+                "INSERT OR REPLACE INTO service_state VALUES (?, ?)",
+                (_SECURITY_COUNTER, counter.to_bytes(8, "big")),
+            )
 
     # ------------------------------------------------------------------ helpers
 

@@ -5,7 +5,7 @@ bounds what a guesser gains from opening many connections in parallel.
 
 Bounded: at most `max_addresses` addresses are remembered; past that the one whose last
 failure is oldest is forgotten. Time from the injected `Clock` (monotonic), so tests move
-a ManualClock instead of sleeping. Not thread-safe: owned by the broker's loop.
+a ManualClock instead of sleeping. Not thread-safe: owned by its server's loop.
 """
 
 from __future__ import annotations

@@ -1,0 +1,129 @@
+"""A broker's side of cluster-wide users and ACL entries on its name-server connections
+(ADR 15): log in with the cluster secret, then after each registration answer push the
+broker's tables (the name server asked) or pull the name server's (they are newer).
+
+The broker's tables are behind `SecurityTables` (the broker layer implements it), so this
+module needs neither the store nor the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import msgspec
+
+from tidemq.cluster.membership import sign
+from tidemq.core.clock import Clock
+from tidemq.core.errors import InvalidRequest, Unsupported
+from tidemq.net.client import ClientConnection
+from tidemq.protocol.commands import (
+    RegisterBrokerResponse,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
+from tidemq.protocol.security_messages import (
+    CLUSTER_MECHANISM,
+    ClusterLogin,
+    SecurityPullRequest,
+    SecurityPushRequest,
+    SecurityPushResponse,
+    SecuritySnapshot,
+)
+
+__all__ = ["SecurityTables", "cluster_login", "follow", "login_fields", "push_fields"]
+
+log = logging.getLogger(__name__)
+
+#: Kinds signed with the cluster secret (membership.sign), besides the registrations.
+LOGIN_KIND = "CLUSTER_LOGIN"
+PUSH_KIND = "SECURITY_PUSH"
+PULL_KIND = "SECURITY_PULL"
+
+
+class SecurityTables(Protocol):
+    """The broker's users and ACL entries, as the registration sees them."""
+
+    def version(self) -> tuple[int, int]:
+        """(counter, digest) of the tables now."""
+        ...
+
+    def snapshot(self) -> SecuritySnapshot:
+        """The tables now, whole."""
+        ...
+
+    def seen(self, newest: tuple[int, int], writer: str) -> None:
+        """A name server holds `newest`; `writer` changes the tables ("" unknown)."""
+        ...
+
+    async def apply(self, snapshot: SecuritySnapshot) -> bool:
+        """Replace the tables with a pulled snapshot if it is newer; whether it was."""
+        ...
+
+
+def login_fields(broker_name: str) -> list[object]:
+    return [broker_name]
+
+
+def push_fields(request: SecurityPushRequest) -> list[object]:
+    return [request.broker_name, request.snapshot.counter, request.snapshot.digest]
+
+
+async def cluster_login(
+    conn: ClientConnection, broker_name: str, key: bytes, clock: Clock, timeout_s: float
+) -> None:
+    """Log a new name-server connection in with the cluster secret; a name server that
+    does not take such logins (no secret of its own) answers Unsupported, and the
+    connection goes on without."""
+    try:
+        await conn.request(
+            SaslHandshakeRequest(mechanism=CLUSTER_MECHANISM),
+            SaslHandshakeResponse,
+            timeout_s=timeout_s,
+        )
+    except (Unsupported, InvalidRequest):
+        return  # a name server without logins, or one older than this
+    signed_ms, signature = sign(key, LOGIN_KIND, login_fields(broker_name), now_ms=clock.now_ms())
+    login = ClusterLogin(broker_name=broker_name, signed_ms=signed_ms, signature=signature)
+    await conn.request(
+        SaslAuthenticateRequest(message=msgspec.msgpack.encode(login)),
+        SaslAuthenticateResponse,
+        timeout_s=timeout_s,
+    )
+
+
+async def follow(
+    conn: ClientConnection,
+    answer: RegisterBrokerResponse,
+    tables: SecurityTables,
+    *,
+    broker_name: str,
+    key: bytes | None,
+    clock: Clock,
+    timeout_s: float,
+) -> None:
+    """After a registration answer: push or pull the tables as it says."""
+    newest = (answer.security_counter, answer.security_digest)
+    tables.seen(newest, answer.security_writer)
+    if answer.security_push:
+        push = SecurityPushRequest(broker_name=broker_name, snapshot=tables.snapshot())
+        if key is not None:
+            push.signed_ms, push.signature = sign(
+                key, PUSH_KIND, push_fields(push), now_ms=clock.now_ms()
+            )
+        await conn.request(push, SecurityPushResponse, timeout_s=timeout_s)
+    elif newest[0] >= 1 and newest > tables.version():
+        pull = SecurityPullRequest(broker_name=broker_name)
+        if key is not None:
+            pull.signed_ms, pull.signature = sign(
+                key, PULL_KIND, login_fields(broker_name), now_ms=clock.now_ms()
+            )
+        snapshot, _ = await conn.request(pull, SecuritySnapshot, timeout_s=timeout_s)
+        if await tables.apply(snapshot):
+            log.info(
+                "took users and ACL entries version %d from name server %s",
+                snapshot.counter,
+                conn.address,
+            )
