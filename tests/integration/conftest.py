@@ -92,7 +92,8 @@ def broker_config(data_dir: Path, **overrides: Any) -> BrokerConfig:
     `store_overrides` (a dict) goes to the StoreConfig; everything else to BrokerConfig."""
     store = StoreConfig(data_dir=data_dir, **overrides.pop("store_overrides", {}))
     overrides.setdefault("shutdown_timeout_ms", 5_000)
-    return BrokerConfig(port=0, store=store, **overrides)
+    overrides.setdefault("port", 0)
+    return BrokerConfig(store=store, **overrides)
 
 
 @dataclass

@@ -50,6 +50,7 @@ from tidemq.broker.metrics import (
 )
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import MAX_PRODUCER_OWNERS, ProducerOwners
+from tidemq.broker.replica_leader import ReplicaLeader
 from tidemq.broker.schema_validation import SchemaCheck
 from tidemq.broker.security_sync import SecuritySync
 from tidemq.broker.static_service import StaticService
@@ -163,12 +164,16 @@ class Broker:
         embedded_nameserver: bool = False,
         bootstrap_password: str | None = None,
         cluster_secret: str | None = None,
+        replica: ReplicaLeader | None = None,
     ) -> None:
         """`bootstrap_password`: the password of `config.bootstrap_user`, created when
         authentication is on and the broker has no user yet (the CLI reads it from
         TIDEMQ_BOOTSTRAP_PASSWORD). `cluster_secret`: sign the registrations with the
         name servers with it (TIDEMQ_CLUSTER_SECRET; tidemq.cluster.membership)."""
         self.config = config
+        #: This broker leads a replica group (`replica_node.py`): the leader's side takes
+        #: the gateway over as soon as the store is open.
+        self._replica = replica
         self._bootstrap_password = bootstrap_password
         self._cluster_key = None if cluster_secret is None else check_secret(cluster_secret)
         self._clock = clock or SystemClock()
@@ -244,6 +249,8 @@ class Broker:
         )
         self._polling = LongPolling(cfg.max_parked_fetches)
         self._gateway = StoreGateway(store, loop, self._polling.notify)
+        if self._replica is not None:
+            self._replica.attach(self._gateway)
         self._created_ms = _created_ms(store)
         self._topics = TopicTable(cfg, self._gateway)
         self._compaction = CompactionService(
@@ -278,7 +285,7 @@ class Broker:
         self._timers.start()
         self._server = TcpServer(
             self._dispatch,
-            _server_limits(cfg),
+            server_limits(cfg),
             # Network timeouts run on the real clock, not the broker's: a test that moves a
             # ManualClock by hours (timers, retention) must not close its idle connections.
             ssl_context=listener_tls,
@@ -949,7 +956,7 @@ _STATUS_LIMITS = (
 )
 
 
-def _server_limits(cfg: BrokerConfig) -> ServerLimits:
+def server_limits(cfg: BrokerConfig) -> ServerLimits:
     return ServerLimits(
         max_frame_bytes=cfg.max_frame_bytes,
         max_in_flight=cfg.max_in_flight_requests,

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.cluster.nameserver import DEFAULT_STALE_TOPIC_MS
 from tidemq.core.errors import ConfigError
 from tidemq.core.limits import (
@@ -159,6 +160,8 @@ class BrokerConfig:
     store: StoreConfig = field(default_factory=_default_store)
     #: Tiered storage (`[tiered]`): off unless its url is set.
     tiered: TieredConfig = field(default_factory=TieredConfig)
+    #: Membership of a replica group (`[replication]`): off unless its group is set.
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.broker_name):

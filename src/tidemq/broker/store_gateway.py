@@ -33,7 +33,7 @@ from typing import Final, TypeVar
 
 from tidemq.broker.metrics import GROUP_COMMIT_BUCKETS, Durations
 from tidemq.broker.sync_thread import SyncThread
-from tidemq.core.errors import DiskFull, StoreClosed, TidemqError
+from tidemq.core.errors import BrokerNotAvailable, DiskFull, StoreClosed, TidemqError
 from tidemq.store.config import FlushMode
 from tidemq.store.message_store import AppendResult, MessageStore
 from tidemq.store.producer_state import ProducerStamp
@@ -72,8 +72,17 @@ class StoreGateway:
         self._loop = loop
         self._on_data = on_data
         self._sync = store.config.flush_mode is FlushMode.SYNC
-        # (end position, future) of appends waiting for durability, in append order
-        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+        # (end position, future, monotonic time) of appends waiting for durability (in a
+        # replica group: for the group's commit), in append order
+        self._waiting: list[tuple[int, asyncio.Future[None], float]] = []
+        #: In a replica group's leader (`replica_leader.py`): given the flushed position,
+        #: the group's committed position; appends are answered, and reads see records,
+        #: only up to it. `check_writable` raises before an append the group cannot take
+        #: (too few in sync, no longer leader). None: no replication.
+        self.commit: Callable[[int], int] | None = None
+        self.check_writable: Callable[[], None] | None = None
+        #: Called after every append (a leader's parked REPLICA_FETCHes wake on it).
+        self.appended: Callable[[], None] | None = None
         # queues appended to since the last flush request, and (target, queues) of each
         # request, in order: a completed flush wakes the fetches of the queues it covers
         self._unflushed_queues: set[tuple[str, int]] = set()
@@ -116,17 +125,22 @@ class StoreGateway:
         """Append one batch; returns once it is durable per the flush mode."""
         if self._closed:
             raise StoreClosed("the broker is shutting down")
+        if self.check_writable is not None:
+            self.check_writable()
         result = self._store.append(
             topic, queue_id, payload, producer=producer, properties=properties, flags=flags
         )
+        if self.appended is not None and not result.duplicate:
+            self.appended()
         if not self._sync:
             if not result.duplicate:
                 self._on_data({(topic, queue_id)})
             return result
-        if result.end_position <= self._store.flushed_position:
-            return result  # a retried batch that is durable already
+        if result.end_position <= self._acknowledged:
+            return result  # a retried batch that is durable (and committed) already
         if (
-            not self._flushing
+            self.commit is None
+            and not self._flushing
             and not self._waiting
             and result.end_position - self._store.flushed_position <= _INLINE_SYNC_MAX_BYTES
             and time.perf_counter() - self._inline_synced_at >= _INLINE_SYNC_MIN_GAP_S
@@ -136,7 +150,7 @@ class StoreGateway:
             self._inline_synced_at = time.perf_counter()
             return result
         future: asyncio.Future[None] = self._loop.create_future()
-        self._waiting.append((result.end_position, future))
+        self._waiting.append((result.end_position, future, time.monotonic()))
         self._unflushed_queues.add((topic, queue_id))
         self._request_flush()
         await future
@@ -151,6 +165,8 @@ class StoreGateway:
         caller knows exactly which records exist."""
         if self._closed:
             raise StoreClosed("the broker is shutting down")
+        if self.check_writable is not None:
+            self.check_writable()
         results: list[AppendResult] = []
         error: TidemqError | None = None
         for topic, queue, payload, props, flags in items:
@@ -161,19 +177,52 @@ class StoreGateway:
             except TidemqError as exc:
                 error = exc
                 break
+        if results and self.appended is not None:
+            self.appended()
         touched = {(topic, queue) for topic, queue, *_ in items[: len(results)]}
         end = max((r.end_position for r in results), default=0)
         if not self._sync:
             self._on_data(touched)
             return results, error
-        if end <= self._store.flushed_position:
+        if end <= self._acknowledged:
             return results, error
         future: asyncio.Future[None] = self._loop.create_future()
-        self._waiting.append((end, future))
+        self._waiting.append((end, future, time.monotonic()))
         self._unflushed_queues.update(touched)
         self._request_flush()
         await future
         return results, error
+
+    @property
+    def _acknowledged(self) -> int:
+        """Appends ending at or before this may be answered: flushed, and committed."""
+        store = self._store
+        if store.commit_limit is None:
+            return store.flushed_position
+        return min(store.flushed_position, store.commit_limit)
+
+    # ------------------------------------------------------------------ replication
+
+    def commit_advanced(self) -> None:
+        """The replica group's committed position may have moved (a follower reported):
+        answer the appends it now covers and wake the fetches of their queues."""
+        self._complete(self._store.flushed_position)
+
+    def fail_waiting_since(self, before: float, error: TidemqError) -> None:
+        """Fail the appends waiting since before `before` (time.monotonic()) with `error`:
+        the group did not commit them in time. They stay in the log; a retry of an
+        idempotent producer's batch is answered from it once committed."""
+        keep = []
+        for item in self._waiting:
+            if item[2] < before and not item[1].done():
+                item[1].set_exception(error)
+            elif not item[1].done():
+                keep.append(item)
+        self._waiting = keep
+
+    def fail_all_waiting(self, error: TidemqError) -> None:
+        """Fail every append still waiting (this member stopped leading)."""
+        self._fail_waiting(error)
 
     # ------------------------------------------------------------------ flushing
 
@@ -244,9 +293,13 @@ class StoreGateway:
 
     def _complete(self, target: int) -> None:
         """Appends that end at or before `target` are durable: answer them, and wake the
-        fetches parked on the queues they touched."""
+        fetches parked on the queues they touched. In a replica group only up to the
+        group's committed position (`commit`), which readers are limited to as well."""
+        if self.commit is not None:
+            target = self.commit(target)
+            self._store.commit_limit = target
         done = 0
-        for end, future in self._waiting:
+        for end, future, _ in self._waiting:
             if end > target:
                 break
             if not future.done():
@@ -268,7 +321,7 @@ class StoreGateway:
             self._on_data(touched)
 
     def _fail_waiting(self, error: TidemqError) -> None:
-        for _, future in self._waiting:
+        for _, future, _ in self._waiting:
             if not future.done():
                 future.set_exception(error)
         self._waiting.clear()
@@ -317,5 +370,9 @@ class StoreGateway:
                     self._complete(self._store.flush())
                 except TidemqError as exc:
                     self._fail_waiting(exc)
+            # In a replica group some may still wait for the group: never left hanging.
+            self._fail_waiting(
+                BrokerNotAvailable("the broker stopped before the replica group committed this")
+            )
         finally:
             self._store.close()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tidemq.broker.config import BrokerConfig
+from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.core.errors import ConfigError
 from tidemq.http.config import HttpConfig
 from tidemq.store.config import StoreConfig
@@ -56,10 +57,11 @@ SECTIONS: Final[dict[str, type[Any]]] = {
     "store": StoreConfig,
     "http": HttpConfig,
     "tiered": TieredConfig,
+    "replication": ReplicationConfig,
 }
 
 #: Fields that are not settable keys (the nested store config is its own section).
-_NOT_KEYS: Final = {("broker", "store"), ("broker", "tiered")}
+_NOT_KEYS: Final = {("broker", "store"), ("broker", "tiered"), ("broker", "replication")}
 
 #: Kafka and RocketMQ spellings of keys, only where the meaning and unit are the same.
 #: (RocketMQ's fileReservedTime is in hours and its disk ratios are percentages: not aliased.)
@@ -372,7 +374,10 @@ def build_config(
         store_values.setdefault("data_dir", Path("data"))
         store = StoreConfig(**store_values)
         tiered = TieredConfig(**dict(merged.get("tiered", {})))
-        return BrokerConfig(**dict(merged.get("broker", {})), store=store, tiered=tiered)
+        replication = ReplicationConfig(**dict(merged.get("replication", {})))
+        return BrokerConfig(
+            **dict(merged.get("broker", {})), store=store, tiered=tiered, replication=replication
+        )
     except ConfigUsageError:
         raise
     except ConfigError as exc:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -90,6 +90,8 @@ class ElectionConfig:
     member: str
     #: Where this member serves (host:port), published while it leads.
     address: str
+    #: Where it serves its followers (REPLICA_FETCH), published with it ("": none).
+    replication_address: str = ""
     #: The leader's lease: how long a dead or cut-off leader keeps the group leaderless.
     #: etcd grants at least about 2 s whatever is asked.
     lease_ttl_s: int = 2
@@ -154,13 +156,19 @@ class Campaign:
     failure: list[Op]
 
     @classmethod
-    def after(
-        cls, keys: GroupKeys, epoch: KeyValue | None, member: str, address: str, lease_id: int
+    def after(  # noqa: PLR0917 - the record's fields, in its order
+        cls,
+        keys: GroupKeys,
+        epoch: KeyValue | None,
+        member: str,
+        address: str,
+        lease_id: int,
+        replication_address: str = "",
     ) -> Campaign:
         """The campaign for the epoch after `epoch` (the epoch key as read; None: absent):
         it wins only if there is no leader and the epoch key is still as read."""
         current = 0 if epoch is None else decode_epoch(keys.epoch, epoch.value)
-        record = LeaderRecord(current + 1, member, address)
+        record = LeaderRecord(current + 1, member, address, replication_address)
         unchanged = CreatedAt(keys.epoch, 0) if epoch is None else ValueIs(keys.epoch, epoch.value)
         return cls(
             record,
@@ -193,8 +201,13 @@ class Election:
         *,
         clock: Clock,
         faults: ElectionFaults | None = None,
+        eligible: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
+        """`eligible`: asked before each campaign; a member it says no to waits (a
+        replica outside the group's in-sync set must not lead: it may lack acknowledged
+        records)."""
         self._client = client
+        self._eligible = eligible
         self._config = config
         self._keys = GroupKeys(config.group, config.prefix)
         self._clock = clock
@@ -309,7 +322,8 @@ class Election:
             )
             return
         self._observe(None)
-        if self._faults is not None and self._faults.campaign_held():
+        held = self._faults is not None and self._faults.campaign_held()
+        if held or (self._eligible is not None and not await self._eligible()):
             await self._pause(self._config.retry_backoff_ms)
             return
         self._fire(Event.CAMPAIGN)
@@ -327,8 +341,9 @@ class Election:
         keeper = await self._new_lease()
         keys = self._keys
         found = await self._client.get(keys.epoch)
+        config = self._config
         campaign = Campaign.after(
-            keys, found, self._config.member, self._config.address, keeper.lease.id
+            keys, found, config.member, config.address, keeper.lease.id, config.replication_address
         )
         record = campaign.record
         result = await self._client.txn(campaign.compare, campaign.success, campaign.failure)
@@ -410,7 +425,8 @@ class Election:
         leader; `EtcdUnavailable` if etcd does not answer in time. A leader calls this
         before it acknowledges anything under `epoch`."""
         keys = self._keys
-        claimed = LeaderRecord(epoch, self._config.member, self._config.address)
+        config = self._config
+        claimed = LeaderRecord(epoch, config.member, config.address, config.replication_address)
         result = await self._client.txn(
             compare=[ValueIs(keys.leader, encode_leader(claimed))],
             success=[],

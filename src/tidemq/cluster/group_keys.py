@@ -51,13 +51,16 @@ class CorruptMetadata(TidemqError):
     """A value in etcd that is not what tidemq writes there; the message names the key."""
 
 
-class LeaderRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class LeaderRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """Who leads a group, under which epoch. Epochs start at 1."""
 
     epoch: int
     member: str
-    #: Where the leader serves (host:port), for followers and, later, name servers.
+    #: Where the leader serves clients (host:port).
     address: str
+    #: Where the leader serves its followers' REPLICA_FETCH (host:port; "" when the
+    #: member does not replicate a log, as in the election's own tests).
+    replication_address: str = ""
 
 
 class InSyncRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -30,6 +30,7 @@ __all__ = [
     "LeaderFenced",
     "MessageTypeMismatch",
     "NotCoordinator",
+    "NotEnoughReplicas",
     "NotLeader",
     "OffsetOutOfRange",
     "OutOfOrderSequence",
@@ -91,6 +92,7 @@ class ErrorCode(IntEnum):
     NOT_LEADER = 35
     LEADER_FENCED = 36
     ETCD_UNAVAILABLE = 37
+    NOT_ENOUGH_REPLICAS = 38
 
 
 class TidemqError(Exception):
@@ -327,6 +329,15 @@ class LeaderFenced(NotLeader):
     won a later epoch). It must not acknowledge anything more under that epoch. The
     message names etcd's current epoch and leader; retriable for a client, which retries
     at the new leader."""
+
+
+@_error(ErrorCode.NOT_ENOUGH_REPLICAS, retriable=True)
+class NotEnoughReplicas(TidemqError):
+    """The replica group has fewer members in sync than `min_insync_replicas`, or did
+    not commit the write in time (`ack_timeout_ms`). Refused before the append: nothing
+    was written. After it: the record is in the leader's log but not acknowledged; a
+    retry of an idempotent producer's batch is answered from it (Kafka's
+    NOT_ENOUGH_REPLICAS and NOT_ENOUGH_REPLICAS_AFTER_APPEND)."""
 
 
 @_error(ErrorCode.ETCD_UNAVAILABLE, retriable=True)

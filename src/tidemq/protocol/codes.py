@@ -84,6 +84,9 @@ class RequestCode(IntEnum):
     TIER_STATUS = 120
     TIER_FILES = 121
     TIER_OFFLOAD = 122
+    # replication within a broker group (docs/design/replication.md): a follower pulls
+    # the leader's commit log by position
+    REPLICA_FETCH = 130
     # users and ACL entries shared by a cluster (docs/adr/0015): a broker gives the name
     # servers its tables, and takes newer ones from them; with a cluster secret, a broker
     # logs its name-server connections in with it (mechanism CLUSTER_MECHANISM)

@@ -906,6 +906,7 @@ REQUESTS: Final[dict[RequestCode, tuple[type[_Msg], type[_Msg]]]] = {
 from tidemq.protocol.acl_messages import ACL_REQUESTS  # noqa: E402
 from tidemq.protocol.kv_messages import KV_REQUESTS  # noqa: E402
 from tidemq.protocol.query_messages import QUERY_REQUESTS  # noqa: E402
+from tidemq.protocol.replica_messages import REPLICA_REQUESTS  # noqa: E402
 from tidemq.protocol.security_messages import SECURITY_REQUESTS  # noqa: E402
 from tidemq.protocol.static_messages import STATIC_REQUESTS  # noqa: E402
 from tidemq.protocol.tier_messages import TIER_REQUESTS  # noqa: E402
@@ -913,6 +914,7 @@ from tidemq.protocol.tier_messages import TIER_REQUESTS  # noqa: E402
 REQUESTS.update(ACL_REQUESTS)  # type: ignore[arg-type]
 REQUESTS.update(KV_REQUESTS)  # type: ignore[arg-type]
 REQUESTS.update(QUERY_REQUESTS)  # type: ignore[arg-type]
+REQUESTS.update(REPLICA_REQUESTS)  # type: ignore[arg-type]
 REQUESTS.update(SECURITY_REQUESTS)  # type: ignore[arg-type]
 REQUESTS.update(STATIC_REQUESTS)  # type: ignore[arg-type]
 REQUESTS.update(TIER_REQUESTS)  # type: ignore[arg-type]

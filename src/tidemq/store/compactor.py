@@ -71,7 +71,7 @@ def _cleanable(store: MessageStore, info: TopicInfo, queue_id: int) -> npt.NDArr
     start = index.min_offset if compacted is None else max(compacted.end, index.min_offset)
     entries = index.entries_array_from(start, _DIRTY_ENTRIES_MAX)
     newest = store.clock.now_ms() - settings.min_lag_ms
-    ok = (entries["log_position"] + entries["size"] <= store.flushed_position) & (
+    ok = (entries["log_position"] + entries["size"] <= store.stable_position) & (
         entries["store_time_ms"] <= newest
     )
     stop = len(ok) if ok.all() else int(np.argmin(ok))

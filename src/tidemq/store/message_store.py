@@ -265,6 +265,12 @@ class MessageStore:
         #: retention keeps the segments from the smallest one on.
         self._log_pins: dict[str, int] = {}
         self._closed = False
+        #: In a replica group: the group's committed position, set by the broker's
+        #: replication (None: no replication, every flushed record is readable).
+        self.commit_limit: int | None = None
+        #: Counts changes to the topic table since the store opened (a replica group's
+        #: followers mirror the leader's table when it moves).
+        self.topics_version = 0
         self._watermark = DiskWatermark(fs, config, clock)
         #: Index entries appended since the last checkpoint (they are written at the next).
         self._unindexed_entries = 0
@@ -343,6 +349,7 @@ class MessageStore:
         infos = self._meta.create_topics(
             [replace(t, created_ms=t.created_ms or now) for t in templates], keep_ids=keep_ids
         )
+        self.topics_version += 1
         for info in infos:
             self._topics[info.name] = info
             self._note_key_indexing(info)
@@ -397,6 +404,7 @@ class MessageStore:
         """Store a live topic's changed info (its queues may only grow)."""
         info = self._topics[new.name]
         self._meta.update_topic(new)
+        self.topics_version += 1
         for q in range(info.queues, new.queues):
             self._queues[(info.id, q)] = self._new_index(new, q)
         self._topics[new.name] = new
@@ -407,6 +415,7 @@ class MessageStore:
         deletes their segments; they are never visible again (topic ids are not reused)."""
         info = self.topic(name)
         self._meta.mark_deleted(info.id, self._clock.now_ms())
+        self.topics_version += 1
         del self._topics[name]
         self._key_indexed.discard(info.id)
         self._producers.drop_topic(info.id)
@@ -719,10 +728,24 @@ class MessageStore:
     # ------------------------------------------------------------------ reading
 
     @property
+    def stable_position(self) -> int:
+        """Records before this can never be taken back: flushed, and in a replica group
+        committed. Compaction and offloading work only below it."""
+        flushed = self._log.flushed_position
+        return flushed if self.commit_limit is None else min(flushed, self.commit_limit)
+
+    @property
     def visible_position(self) -> int:
+        """Readers see records before this: flushed ones in sync mode, and in a replica
+        group only those the group committed (`commit_limit`), which no failover can
+        take back."""
         if self.config.flush_mode is FlushMode.SYNC:
-            return self._log.flushed_position
-        return self._log.end_position
+            visible = self._log.flushed_position
+        else:
+            visible = self._log.end_position
+        if self.commit_limit is not None:
+            return min(visible, self.commit_limit)
+        return visible
 
     def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min offset, next offset) of a queue: the readable range is [min, next) (a

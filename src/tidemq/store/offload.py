@@ -73,7 +73,7 @@ class OffloadView:
         from tidemq.store.message_store import StoredBatch  # noqa: PLC0415 - cycle
 
         _, index = self._store.index_of(topic, queue_id)
-        flushed = self._store.log.flushed_position
+        flushed = self._store.stable_position  # in a replica group: committed too
         out: list[StoredBatch] = []
         budget = max_bytes
         for e in index.iter_entries(offset, _MAX_ENTRIES):

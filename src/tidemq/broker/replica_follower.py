@@ -1,0 +1,189 @@
+"""The follower's side of a replica group: pull the leader's commit log by position,
+append it at the same positions, flush, and report back (docs/design/replication.md).
+
+One loop per follower, on the member's event loop, owning the member's store while the
+member follows (nothing else touches it then). Each round is one REPLICA_FETCH carrying
+this log's end and flushed position (the report the leader computes its committed
+position and in-sync set from), answered with the records past that end, or, when the
+two logs stopped agreeing, with the position to cut at (`ReplicaView.truncate`).
+
+Failures never stop the loop: a leader that cannot be reached, answers NotLeader, or
+is replaced in etcd is asked again (after `_RETRY_MS`) once the election names a leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from tidemq.broker.replication_config import ReplicationConfig
+from tidemq.cluster.election import ElectionFaults
+from tidemq.cluster.group_keys import LeaderRecord
+from tidemq.core.errors import TidemqError
+from tidemq.net.client import ClientConnection
+from tidemq.protocol.replica_messages import (
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+    ReplicaTopic,
+)
+from tidemq.store.epoch_file import EpochEntry, EpochHistory
+from tidemq.store.message_store import MessageStore
+from tidemq.store.metadata import CleanupPolicy, MessageType, TopicInfo
+from tidemq.store.replica_log import LogChunk, TopicsBehind
+
+__all__ = ["ReplicaFaults", "ReplicaFollower"]
+
+log = logging.getLogger(__name__)
+
+#: Pause after a failed round before the next.
+_RETRY_MS: Final = 200
+#: Room for a frame's header on top of the largest chunk.
+_FRAME_SLACK_BYTES: Final = 1 << 20
+#: A fetch answer may take the leader's wait plus this.
+_ANSWER_SLACK_S: Final = 10.0
+
+
+class ReplicaFaults(ElectionFaults, Protocol):
+    """Fault injection for tests (`tidemq.testing.replication` ships one): production
+    code passes none. `fetch_held` is asked before each fetch round and again when its
+    answer arrives (a follower cut off from its leader: an answer already on its way is
+    lost too)."""
+
+    def fetch_held(self) -> bool: ...
+
+
+def topic_info(t: ReplicaTopic) -> TopicInfo:
+    return TopicInfo(
+        id=t.id,
+        name=t.name,
+        queues=t.queues,
+        message_type=MessageType(t.message_type),
+        cleanup_policy=CleanupPolicy(t.cleanup_policy),
+        retention_ms=t.retention_ms,
+        retention_bytes=t.retention_bytes,
+        config=dict(t.config),
+        created_ms=t.created_ms,
+    )
+
+
+class ReplicaFollower:
+    def __init__(
+        self,
+        config: ReplicationConfig,
+        *,
+        member: str,
+        store: MessageStore,
+        history: EpochHistory,
+        leader: Callable[[], LeaderRecord | None],
+        faults: ReplicaFaults | None = None,
+    ) -> None:
+        self._config = config
+        self._faults = faults
+        self._member = member
+        self._store = store
+        self._history = history
+        self._leader = leader
+        #: The leader's committed position as last heard (a promoted member starts there).
+        self.committed = 0
+        #: Rounds answered, and truncations done (for tests and status).
+        self.rounds = 0
+        self.truncations = 0
+        self._topics_version = -1
+
+    async def run(self) -> None:
+        """Follow whichever member etcd names leader, until cancelled."""
+        while True:
+            leader = self._leader()
+            if leader is None or leader.member == self._member or not leader.replication_address:
+                await asyncio.sleep(_RETRY_MS / 1000)
+                continue
+            try:
+                await self._follow(leader)
+            except TidemqError as exc:
+                log.info(
+                    "group %s member %s: following %s: %s",
+                    self._config.group,
+                    self._member,
+                    leader.member,
+                    exc,
+                )
+            await asyncio.sleep(_RETRY_MS / 1000)
+
+    async def _follow(self, leader: LeaderRecord) -> None:
+        conn = await ClientConnection.open(
+            leader.replication_address,
+            max_frame_bytes=self._config.fetch_max_bytes + _FRAME_SLACK_BYTES,
+            connect_timeout_s=2.0,
+        )
+        self._topics_version = -1  # a new leader's versions are its own
+        try:
+            while self._leader() == leader:
+                if self._faults is not None and self._faults.fetch_held():
+                    await asyncio.sleep(_RETRY_MS / 1000)
+                    continue
+                await self._round(conn, leader)
+        finally:
+            conn.close()
+
+    async def _round(self, conn: ClientConnection, leader: LeaderRecord) -> None:
+        store, history = self._store, self._history
+        latest = history.latest
+        request = ReplicaFetchRequest(
+            group=self._config.group,
+            member=self._member,
+            epoch=leader.epoch,
+            position=store.end_position,
+            durable=store.flushed_position,
+            last_epoch=-1 if latest is None else latest.epoch,
+            max_bytes=self._config.fetch_max_bytes,
+            max_wait_ms=self._config.fetch_wait_ms,
+            topics_version=self._topics_version,
+        )
+        answer, body = await conn.request(
+            request,
+            ReplicaFetchResponse,
+            timeout_s=self._config.fetch_wait_ms / 1000 + _ANSWER_SLACK_S,
+        )
+        if self._faults is not None and self._faults.fetch_held():
+            return  # cut off while the answer travelled: it never arrives
+        self.rounds += 1
+        if answer.diverged_at >= 0:
+            log.warning(
+                "group %s member %s: log differs from leader %s's from %d on (end %d): cut",
+                self._config.group,
+                self._member,
+                leader.member,
+                answer.diverged_at,
+                store.end_position,
+            )
+            store.replica.truncate(answer.diverged_at)
+            history.truncate_to(answer.diverged_at)
+            self.truncations += 1
+            return
+        if answer.topics is not None:
+            store.replica.mirror_topics([topic_info(t) for t in answer.topics], answer.max_topic_id)
+            store.metadata.note_producer_id(answer.last_producer_id)
+            self._topics_version = answer.topics_version
+        if body:
+            try:
+                store.replica.append_chunk(LogChunk(answer.position, body, answer.records))
+            except TopicsBehind:
+                self._topics_version = -1  # the next answer carries the table
+                return
+            # The fdatasync off the loop: the member's other tasks (the election's
+            # keep-alives) must not wait for the disk.
+            await asyncio.to_thread(store.flush)
+        entries = [
+            EpochEntry(e.epoch, e.start_position)
+            for e in answer.epochs
+            if e.start_position <= store.end_position
+        ]
+        if entries != history.entries:
+            history.replace(entries)
+        self.committed = max(self.committed, min(answer.committed, store.end_position))
+        if store.checkpoint_due():
+            with contextlib.suppress(TidemqError):
+                store.checkpoint()

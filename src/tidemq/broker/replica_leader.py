@@ -1,0 +1,335 @@
+"""The leader's side of a replica group: serve followers' REPLICA_FETCH, track how far
+each is, keep the in-sync set in etcd, and hold every acknowledgement until the group has
+committed it (docs/design/replication.md).
+
+* **Committed position.** The smallest durable position among the in-sync members, the
+  leader's own flushed position included; it only grows. The store gateway answers an
+  append only once the committed position covers it (`acks=all`), and readers see only
+  records before it (`MessageStore.commit_limit`), so no consumer reads a record that a
+  failover could take back. With fewer than `min_insync_replicas` members in sync the
+  committed position stands still and new appends are refused (`NotEnoughReplicas`).
+* **In-sync set.** A follower whose fetches have not reached the leader's log end for
+  `replica_lag_max_ms` leaves it; one that reaches the end joins again. Both go through
+  etcd first (one transaction compared on this leader's epoch, `cluster/in_sync.py`) and
+  take effect here only once written: the election takes the next leader from the set in
+  etcd, so the set there must never claim a member that lacks committed records.
+* **Fencing.** Nothing is acknowledged while `is_leader()` (the election's local lease
+  check) says no; a deposed leader's waiting appends fail (`LeaderFenced`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from tidemq.broker.replication_config import ReplicationConfig
+from tidemq.core.clock import Clock
+from tidemq.core.errors import (
+    EtcdUnavailable,
+    InvalidRequest,
+    LeaderFenced,
+    NotEnoughReplicas,
+    NotLeader,
+    TidemqError,
+)
+from tidemq.protocol.replica_messages import (
+    EpochStart,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+    ReplicaTopic,
+)
+from tidemq.store.epoch_file import EpochHistory
+
+if TYPE_CHECKING:
+    from tidemq.broker.store_gateway import StoreGateway
+    from tidemq.cluster.group_keys import LeaderRecord
+
+__all__ = ["ReplicaLeader"]
+
+log = logging.getLogger(__name__)
+
+#: How often the leader looks at its followers' lag and at waiting appends.
+_CHECK_INTERVAL_MS: Final = 100
+
+
+@dataclass(slots=True)
+class _Follower:
+    position: int = 0
+    durable: int = 0
+    #: The leader's log end when it last answered this follower.
+    answered_end: int = 0
+    #: Monotonic ms of the last fetch that reached the end of the previous answer: under
+    #: a steady load the end moves on while the answer travels, so "reached the end as
+    #: it was when last answered" is the test (Kafka's last-caught-up time).
+    caught_up_ms: float = 0.0
+
+
+class ReplicaLeader:
+    """One term of leadership (one epoch): made when the member wins, dropped when it
+    stops leading."""
+
+    def __init__(
+        self,
+        config: ReplicationConfig,
+        *,
+        record: LeaderRecord,
+        history: EpochHistory,
+        in_sync: tuple[str, ...],
+        committed: int,
+        write_in_sync: Callable[[list[str]], Awaitable[None]],
+        is_leader: Callable[[], bool],
+        clock: Clock,
+    ) -> None:
+        self._config = config
+        self._record = record
+        self._history = history
+        self._in_sync = set(in_sync) | {record.member}
+        self._committed = committed
+        self._write_in_sync = write_in_sync
+        self._is_leader = is_leader
+        self._clock = clock
+        self._followers: dict[str, _Follower] = {}
+        self._gateway: StoreGateway | None = None
+        self._appended = asyncio.Event()
+        self._started_ms = clock.monotonic_ms()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def epoch(self) -> int:
+        return self._record.epoch
+
+    @property
+    def in_sync(self) -> tuple[str, ...]:
+        return tuple(sorted(self._in_sync))
+
+    @property
+    def committed(self) -> int:
+        return self._committed
+
+    def follower_positions(self) -> dict[str, tuple[int, int]]:
+        """(position, durable) of every follower that fetched this term."""
+        return {m: (f.position, f.durable) for m, f in self._followers.items()}
+
+    # ------------------------------------------------------------------ wiring
+
+    def attach(self, gateway: StoreGateway) -> None:
+        """Take over the gateway of the broker this member now runs (called as soon as
+        its store is open, before any service appends): record where this epoch begins,
+        and hold acknowledgements and reads to the committed position."""
+        store = gateway.store
+        self._history.begin(self._record.epoch, store.end_position)
+        self._committed = min(self._committed, store.end_position)
+        store.commit_limit = self._committed
+        gateway.commit = self._commit
+        gateway.check_writable = self._check_writable
+        gateway.appended = self._wake
+        self._gateway = gateway
+        self._task = asyncio.get_running_loop().create_task(self._maintain())
+
+    async def close(self, error: TidemqError | None = None) -> None:
+        """End the term: stop maintaining, fail the appends still waiting."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        gateway = self._gateway
+        if gateway is not None:
+            gateway.fail_all_waiting(error or self._fenced("it stopped leading"))
+            gateway.commit = None
+            gateway.check_writable = self._refuse
+            gateway.appended = None
+        self._wake()
+
+    def _refuse(self) -> None:
+        raise self._fenced("it stopped leading")
+
+    def _wake(self) -> None:
+        self._appended.set()
+        self._appended = asyncio.Event()
+
+    def _fenced(self, why: str) -> LeaderFenced:
+        return LeaderFenced(
+            f"group {self._config.group}: member {self._record.member} no longer leads "
+            f"epoch {self._record.epoch} ({why}); retry at the group's new leader",
+            group=self._config.group,
+            current_epoch=self._record.epoch,
+        )
+
+    # ------------------------------------------------------------------ acknowledging
+
+    def _check_writable(self) -> None:
+        if not self._is_leader():
+            raise self._fenced("its lease is lost")
+        if len(self._in_sync) < self._config.min_insync_replicas:
+            raise NotEnoughReplicas(
+                f"group {self._config.group}: {len(self._in_sync)} member(s) in sync "
+                f"({', '.join(sorted(self._in_sync))}), min_insync_replicas is "
+                f"{self._config.min_insync_replicas}; nothing was written"
+            )
+
+    def _commit(self, flushed: int) -> int:
+        """The committed position, given the leader's flushed one (StoreGateway.commit)."""
+        if not self._is_leader() or len(self._in_sync) < self._config.min_insync_replicas:
+            return self._committed
+        low = flushed
+        for member in self._in_sync:
+            if member != self._record.member:
+                follower = self._followers.get(member)
+                low = min(low, follower.durable if follower is not None else 0)
+        self._committed = max(self._committed, low)
+        return self._committed
+
+    # ------------------------------------------------------------------ serving
+
+    async def fetch(self, req: ReplicaFetchRequest) -> tuple[ReplicaFetchResponse, bytes]:
+        gateway = self._gateway
+        if gateway is None:
+            raise NotLeader(f"group {self._config.group}: the leader is starting; retry")
+        self._check_request(req)
+        store = gateway.store
+        diverged = self._divergence(req, store.end_position)
+        if diverged is not None:
+            return ReplicaFetchResponse(
+                epoch=self.epoch, position=req.position, diverged_at=diverged
+            ), b""
+        follower = self._followers.setdefault(req.member, _Follower())
+        follower.position, follower.durable = req.position, min(req.durable, req.position)
+        if req.position >= follower.answered_end:
+            follower.caught_up_ms = self._clock.monotonic_ms()
+        if req.position >= store.end_position and req.max_wait_ms > 0:
+            gateway.commit_advanced()
+            waited = self._appended.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    waited, min(req.max_wait_ms, self._config.fetch_wait_ms) / 1000
+                )
+        gateway.commit_advanced()
+        chunk = store.replica.read_chunk(
+            req.position,
+            min(req.max_bytes, self._config.fetch_max_bytes),
+            limit=store.end_position,
+        )
+        follower.answered_end = store.end_position
+        answer = ReplicaFetchResponse(
+            epoch=self.epoch,
+            position=chunk.position,
+            records=chunk.records,
+            leader_end=store.end_position,
+            log_start=store.log.start_position,
+            committed=self._committed,
+            epochs=[EpochStart(e.epoch, e.start_position) for e in self._history.entries],
+            topics_version=store.topics_version,
+        )
+        if req.topics_version != store.topics_version:
+            answer.topics = [
+                ReplicaTopic(
+                    t.id,
+                    t.name,
+                    t.queues,
+                    t.message_type.value,
+                    t.cleanup_policy.value,
+                    t.retention_ms,
+                    t.retention_bytes,
+                    dict(t.config),
+                    t.created_ms,
+                )
+                for t in store.topics()
+            ]
+            answer.max_topic_id = store.metadata.max_topic_id()
+            answer.last_producer_id = store.metadata.last_producer_id()
+        return answer, chunk.data
+
+    def _check_request(self, req: ReplicaFetchRequest) -> None:
+        if req.group != self._config.group:
+            raise InvalidRequest(
+                f"REPLICA_FETCH for group {req.group!r} reached a member of {self._config.group!r}"
+            )
+        if req.member == self._record.member:
+            raise InvalidRequest(f"member {req.member!r} is this group's leader")
+        if not self._is_leader():
+            raise self._fenced("its lease is lost")
+        if req.epoch != self.epoch:
+            raise NotLeader(
+                f"group {self._config.group}: the follower asked under epoch {req.epoch}, "
+                f"this leader holds epoch {self.epoch}; read the leader from etcd again",
+                group=self._config.group,
+                current_epoch=self.epoch,
+            )
+
+    def _divergence(self, req: ReplicaFetchRequest, end: int) -> int | None:
+        """Where the follower's log stops agreeing with this one (None: it agrees up to
+        its end). Both agree up to the end, here, of the newest epoch they share."""
+        if req.last_epoch < 0:
+            if req.position == 0:
+                return None
+            raise InvalidRequest(
+                f"member {req.member!r} has {req.position} bytes of log but no epoch "
+                "history: data from outside the group cannot be replicated over; empty its "
+                "data directory to join"
+            )
+        _, agreed_end = self._history.end_of(req.last_epoch, end)
+        if agreed_end < req.position:
+            return agreed_end
+        return None
+
+    # ------------------------------------------------------------------ maintenance
+
+    async def _maintain(self) -> None:
+        while True:
+            await asyncio.sleep(_CHECK_INTERVAL_MS / 1000)
+            try:
+                await self._check_once()
+            except (EtcdUnavailable, LeaderFenced) as exc:
+                log.warning("group %s: in-sync set not updated: %s", self._config.group, exc)
+            except Exception:
+                log.exception("group %s: replication maintenance failed", self._config.group)
+
+    async def _check_once(self) -> None:
+        gateway = self._gateway
+        assert gateway is not None
+        if not self._is_leader():
+            gateway.fail_all_waiting(self._fenced("its lease is lost"))
+            return
+        now = self._clock.monotonic_ms()
+        lag_max = self._config.replica_lag_max_ms
+        lagging = {
+            m for m in self._in_sync - {self._record.member} if now - self._caught_up(m) > lag_max
+        }
+        joining = {
+            m
+            for m, f in self._followers.items()
+            if m not in self._in_sync
+            and now - f.caught_up_ms <= lag_max / 2
+            and f.durable >= self._committed
+        }
+        if lagging or joining:
+            members = (self._in_sync - lagging) | joining
+            await self._write_in_sync(sorted(members))
+            log.info(
+                "group %s epoch %d: in-sync set %s (left: %s, joined: %s)",
+                self._config.group,
+                self.epoch,
+                sorted(members),
+                sorted(lagging),
+                sorted(joining),
+            )
+            self._in_sync = members
+            gateway.commit_advanced()
+        gateway.fail_waiting_since(
+            time.monotonic() - self._config.ack_timeout_ms / 1000,
+            NotEnoughReplicas(
+                f"group {self._config.group}: not committed within ack_timeout_ms "
+                f"({self._config.ack_timeout_ms}); in sync: {sorted(self._in_sync)}"
+            ),
+        )
+
+    def _caught_up(self, member: str) -> float:
+        follower = self._followers.get(member)
+        # A member not heard from this term counts from the term's start.
+        return follower.caught_up_ms if follower is not None else self._started_ms

@@ -1,0 +1,292 @@
+"""A broker as a member of a replica group (`tidemq broker --group NAME --etcd URL`,
+docs/design/replication.md).
+
+The member always runs its election (etcd) and its replication listener (REPLICA_FETCH,
+on `replication.port`, published in etcd with the leader record). In between elections
+it has one of two roles, one after the other, never both:
+
+* **Follower.** It opens its store itself and copies the leader's log
+  (`replica_follower.py`). It serves no client: clients reach the group through the
+  name servers, where only the leader registers.
+* **Leader.** Once elected it closes that store and runs a whole `Broker` on the same
+  data directory, under the group's name (so message ids and routes do not change with
+  the leader), with the leader's side of replication (`replica_leader.py`) holding every
+  acknowledgement to the group's committed position. When it stops leading (lease lost,
+  deposed) the broker stops, its waiting appends fail, and the member follows again,
+  cutting whatever the new leader does not have.
+
+A member outside the group's in-sync set does not campaign (unless
+`replication.unclean_election`): it may lack acknowledged records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+from dataclasses import replace
+from typing import Any, Final
+
+from tidemq.broker.broker import Broker, server_limits
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.replica_follower import ReplicaFaults, ReplicaFollower
+from tidemq.broker.replica_leader import ReplicaLeader
+from tidemq.cluster.election import Election, ElectionConfig
+from tidemq.cluster.election_state import State
+from tidemq.cluster.etcd_client import EtcdClient
+from tidemq.cluster.group_keys import LeaderRecord
+from tidemq.cluster.in_sync import read_in_sync, write_in_sync
+from tidemq.core.clock import Clock, SystemClock
+from tidemq.core.errors import ConfigError, EtcdUnavailable, InvalidRequest, NotLeader, TidemqError
+from tidemq.net.server import ServerConnection, TcpServer
+from tidemq.protocol.codec import decode_request
+from tidemq.protocol.codes import RequestCode
+from tidemq.protocol.frame import Frame
+from tidemq.store.epoch_file import EpochHistory
+from tidemq.store.files import OsFileSystem
+from tidemq.store.message_store import MessageStore
+
+__all__ = ["ReplicaNode"]
+
+log = logging.getLogger(__name__)
+
+#: How long a role waits on the election between two looks (it wakes on every change).
+_ROLE_WAIT_S: Final = 3600.0
+#: Pause before trying to lead again after a start as leader failed.
+_LEAD_RETRY_S: Final = 1.0
+
+
+class ReplicaNode:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        clock: Clock | None = None,
+        cluster_secret: str | None = None,
+        faults: ReplicaFaults | None = None,
+    ) -> None:
+        """`faults`: fault injection for tests (`tidemq.testing.replication`)."""
+        rep = config.replication
+        if not rep.enabled:
+            raise ConfigError("a replica group member needs replication.group")
+        if config.port == 0 and config.advertised_address is None:
+            raise ConfigError(
+                "a replica group member needs a fixed broker.port (or advertised_address): "
+                "it is published in etcd before the member serves"
+            )
+        if config.store.flush_mode.value != "sync":
+            raise ConfigError("replication needs store.flush_mode = sync (not built for async)")
+        self.config = config
+        self.member = config.broker_name
+        self.address = config.advertised_address or f"{config.host}:{config.port}"
+        self._clock = clock or SystemClock()
+        self._secret = cluster_secret
+        self._faults = faults
+        self.replication_address = ""
+        self.broker: Broker | None = None
+        self.follower: ReplicaFollower | None = None
+        self.leader: ReplicaLeader | None = None
+        self._store: MessageStore | None = None
+        self._follow_task: asyncio.Task[None] | None = None
+        self._roles_task: asyncio.Task[None] | None = None
+        self._lock_fd: int | None = None
+        self._etcd = EtcdClient(list(rep.etcd))
+        self._server = TcpServer(self._dispatch, server_limits(config))
+        data_dir = config.store.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._history = EpochHistory(OsFileSystem(), data_dir)
+        self.election: Election | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        cfg = self.config
+        host, port = await self._server.start(cfg.host, cfg.replication.port)
+        self.replication_address = f"{host}:{port}"
+        await self._etcd.connect()
+        self.election = Election(
+            self._etcd,
+            ElectionConfig(
+                group=cfg.replication.group,
+                member=self.member,
+                address=self.address,
+                replication_address=self.replication_address,
+                lease_ttl_s=cfg.replication.lease_ttl_s,
+                prefix=cfg.replication.etcd_prefix,
+            ),
+            clock=self._clock,
+            faults=self._faults,
+            eligible=self._eligible,
+        )
+        await self._follow()
+        self.election.start()
+        self._roles_task = asyncio.get_running_loop().create_task(self._roles())
+        log.info(
+            "member %s of group %s: replication on %s",
+            self.member,
+            cfg.replication.group,
+            self.replication_address,
+        )
+
+    async def stop(self) -> None:
+        """Leave the group: a leader resigns (so another member takes over at once) and
+        stops its broker; a follower closes its store."""
+        if self._roles_task is not None:
+            self._roles_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._roles_task
+        if self.election is not None:
+            await self.election.resign()
+        await self._stop_leading()
+        await self._stop_following()
+        await self._server.stop_accepting()
+        await self._server.drain(1.0)
+        await self._etcd.close()
+
+    # ------------------------------------------------------------------ roles
+
+    async def _roles(self) -> None:
+        election = self.election
+        assert election is not None
+        while True:
+            status = await election.wait_for(
+                lambda s: s.state in (State.LEADER, State.STOPPED), timeout_s=_ROLE_WAIT_S
+            )
+            if status.state is State.STOPPED:
+                return
+            try:
+                await self._lead(election)
+            except (TidemqError, OSError) as exc:
+                log.warning("member %s could not lead: %s", self.member, exc)
+                await asyncio.sleep(_LEAD_RETRY_S)
+            finally:
+                await self._stop_leading()
+                await self._follow()
+
+    async def _lead(self, election: Election) -> None:
+        record = election.leader_record
+        committed = self.follower.committed if self.follower is not None else 0
+        await self._stop_following()
+        keys = election.keys
+        found = await read_in_sync(self._etcd, keys)
+        members = set(found.members if found is not None else ()) | {self.member}
+        await write_in_sync(self._etcd, keys, record, members)
+
+        async def write(chosen: list[str]) -> None:
+            await write_in_sync(self._etcd, keys, record, chosen)
+
+        self.leader = ReplicaLeader(
+            self.config.replication,
+            record=record,
+            history=self._history,
+            in_sync=tuple(sorted(members)),
+            committed=committed,
+            write_in_sync=write,
+            is_leader=election.is_leader,
+            clock=self._clock,
+        )
+        broker = Broker(
+            replace(self.config, broker_name=self.config.replication.group),
+            clock=self._clock,
+            cluster_secret=self._secret,
+            replica=self.leader,
+        )
+        await broker.start()
+        self.broker = broker
+        log.info(
+            "member %s leads group %s under epoch %d, serving on %s",
+            self.member,
+            self.config.replication.group,
+            record.epoch,
+            broker.address,
+        )
+        await election.wait_for(lambda s: s.state is not State.LEADER, timeout_s=_ROLE_WAIT_S)
+
+    async def _stop_leading(self) -> None:
+        leader, self.leader = self.leader, None
+        if leader is not None:
+            await leader.close()
+        broker, self.broker = self.broker, None
+        if broker is not None:
+            await broker.stop()
+
+    async def _follow(self) -> None:
+        if self._follow_task is not None:
+            return
+        self._lock()
+        try:
+            store = await asyncio.to_thread(MessageStore.open, self.config.store, clock=self._clock)
+        except BaseException:
+            self._unlock()
+            raise
+        self._store = store
+        self.follower = ReplicaFollower(
+            self.config.replication,
+            member=self.member,
+            store=store,
+            history=self._history,
+            leader=self._leader_record,
+            faults=self._faults,
+        )
+        self._follow_task = asyncio.get_running_loop().create_task(self.follower.run())
+
+    async def _stop_following(self) -> None:
+        task, self._follow_task = self._follow_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+        self._unlock()
+
+    def _leader_record(self) -> LeaderRecord | None:
+        election = self.election
+        return None if election is None else election.status.leader
+
+    async def _eligible(self) -> bool:
+        """In the group's in-sync set (or no set yet: a new group), or unclean election."""
+        if self.config.replication.unclean_election:
+            return True
+        election = self.election
+        assert election is not None
+        try:
+            found = await read_in_sync(self._etcd, election.keys)
+        except EtcdUnavailable:
+            return False
+        return found is None or self.member in found.members
+
+    # ------------------------------------------------------------------ serving followers
+
+    async def _dispatch(self, frame: Frame, conn: ServerConnection) -> tuple[Any, bytes]:
+        code, header = decode_request(frame)
+        if code is not RequestCode.REPLICA_FETCH:
+            raise InvalidRequest(f"the replication listener serves REPLICA_FETCH, not {code.name}")
+        leader = self.leader
+        if leader is None:
+            raise NotLeader(
+                f"member {self.member} of group {self.config.replication.group} does not lead",
+                group=self.config.replication.group,
+            )
+        return await leader.fetch(header)
+
+    # ------------------------------------------------------------------ the data directory
+
+    def _lock(self) -> None:
+        """One process per data directory (as `Broker` does while it runs)."""
+        data_dir = self.config.store.data_dir
+        fd = os.open(data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ConfigError(f"data directory {data_dir} is in use by another process") from None
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)

@@ -1,0 +1,98 @@
+"""Replication requests (codes 130-139, docs/design/replication.md). Appended to
+`commands.REQUESTS`; fields only ever added at the end.
+
+REPLICA_FETCH: a follower asks its group's leader for the records of the leader's commit
+log from `position` on. The answer's body is those records, whole, back to back, exactly
+as they are in the leader's log (`store/replica_log.py`); the follower appends them at
+the same positions. The request doubles as the follower's report: `position` (its log's
+end) and `durable` (its flushed position) tell the leader how far it is, which is what
+the leader's committed position and its in-sync set are computed from.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from tidemq.protocol.codes import RequestCode
+
+__all__ = [
+    "REPLICA_REQUESTS",
+    "EpochStart",
+    "ReplicaFetchRequest",
+    "ReplicaFetchResponse",
+    "ReplicaTopic",
+]
+
+
+class _Msg(msgspec.Struct, kw_only=True, omit_defaults=True):
+    pass
+
+
+class ReplicaFetchRequest(_Msg):
+    group: str
+    #: The follower's member id (its broker name).
+    member: str
+    #: The leader epoch the follower follows (from etcd); another epoch is refused.
+    epoch: int
+    #: The follower's log end: the first byte it wants.
+    position: int
+    #: The follower's flushed position: everything before it survives a power loss there.
+    durable: int
+    #: The newest epoch in the follower's epoch history (-1: none), so the leader can say
+    #: where the two logs stop agreeing.
+    last_epoch: int = -1
+    max_bytes: int = 1 << 20
+    #: How long the leader may hold the request while it has nothing new.
+    max_wait_ms: int = 0
+    #: The leader's topics version the follower has mirrored (-1: none): when the
+    #: leader's differs, the answer carries its whole topic table.
+    topics_version: int = -1
+
+
+class EpochStart(_Msg, array_like=True):
+    epoch: int
+    start_position: int
+
+
+class ReplicaTopic(_Msg, array_like=True):
+    """A topic as the leader's store has it (`store.metadata.TopicInfo`)."""
+
+    id: int
+    name: str
+    queues: int
+    message_type: str
+    cleanup_policy: str
+    retention_ms: int | None
+    retention_bytes: int | None
+    config: dict[str, str]
+    created_ms: int
+
+
+class ReplicaFetchResponse(_Msg):
+    epoch: int
+    #: Where the body's records start (the request's position), and how many there are.
+    position: int
+    records: int = 0
+    #: The leader's log end and start when it answered.
+    leader_end: int = 0
+    log_start: int = 0
+    #: The group's committed position: the records before it are on every in-sync member.
+    committed: int = 0
+    #: >= 0: the follower's log and the leader's differ from this position on; the
+    #: follower cuts its log there and asks again. The body is then empty.
+    diverged_at: int = -1
+    #: The leader's epoch history (small: one entry per election).
+    epochs: list[EpochStart] = msgspec.field(default_factory=list)
+    #: The leader's topics version, and (when the request's differs) its whole topic
+    #: table, the highest topic id it ever gave and the last producer id it issued.
+    topics_version: int = 0
+    topics: list[ReplicaTopic] | None = None
+    max_topic_id: int = 0
+    last_producer_id: int = 0
+
+
+REPLICA_REQUESTS: Final = {
+    RequestCode.REPLICA_FETCH: (ReplicaFetchRequest, ReplicaFetchResponse),
+}

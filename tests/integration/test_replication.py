@@ -1,0 +1,261 @@
+"""A replica group of three members on a real etcd: the leader serves the group's
+clients, followers copy its log, an append is acknowledged only once two members hold
+it, and when the leader leaves another member takes over with every acknowledged
+message (docs/design/replication.md).
+
+Members run in this process on one event loop (real sockets on 127.0.0.1, real files);
+killed processes and network partitions are the Jepsen-style check's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from tests.integration.conftest import (
+    CLUSTER_HEARTBEAT_MS,
+    CLUSTER_TTL_MS,
+    broker_config,
+    wait_until,
+)
+from tests.support.etcd_server import EtcdCluster, etcd_single
+
+from tidemq.broker.replica_node import ReplicaNode
+from tidemq.broker.replication_config import ReplicationConfig
+from tidemq.client.admin import AsyncAdmin
+from tidemq.client.producer import AsyncProducer
+from tidemq.cluster.service import NameServerService
+from tidemq.core.errors import RequestTimeout
+from tidemq.store.message_store import MessageStore
+from tidemq.testing.replication import ReplicaFaultSwitch
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import Loop
+
+__all__ = ["etcd_single"]  # a fixture, used by name below
+
+GROUP = "g1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Group:
+    def __init__(self, root: Path, etcd: list[str], bootstrap: str) -> None:
+        self.root, self.etcd, self.bootstrap = root, etcd, bootstrap
+        self.nodes: dict[str, ReplicaNode] = {}
+
+    def config(
+        self, name: str, faults: ReplicaFaultSwitch | None = None, **replication: object
+    ) -> ReplicaNode:
+        settings: dict[str, object] = {
+            "group": GROUP,
+            "etcd": tuple(self.etcd),
+            "min_insync_replicas": 2,
+            "replica_lag_max_ms": 1_500,
+            "fetch_wait_ms": 200,
+            "ack_timeout_ms": 5_000,
+        } | replication
+        cfg = broker_config(
+            self.root / name,
+            broker_name=name,
+            port=_free_port(),
+            name_servers=(self.bootstrap,),
+            broker_heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS,
+            broker_ttl_ms=CLUSTER_TTL_MS,
+            replication=ReplicationConfig(**settings),  # type: ignore[arg-type]
+        )
+        return ReplicaNode(cfg, faults=faults)
+
+    async def start(
+        self, name: str, faults: ReplicaFaultSwitch | None = None, **replication: object
+    ) -> ReplicaNode:
+        node = self.config(name, faults, **replication)
+        await node.start()
+        self.nodes[name] = node
+        return node
+
+    def leader(self) -> ReplicaNode | None:
+        leading = [n for n in self.nodes.values() if n.broker is not None]
+        assert len(leading) <= 1, "two members run the group's broker at once"
+        return leading[0] if leading else None
+
+    async def wait_leader(self, *, not_: ReplicaNode | None = None) -> ReplicaNode:
+        await wait_until(
+            lambda: (n := self.leader()) is not None and n is not not_, what="a leader"
+        )
+        node = self.leader()
+        assert node is not None
+        return node
+
+
+@asynccontextmanager
+async def group(root: Path, etcd: EtcdCluster) -> AsyncIterator[Group]:
+    ns = NameServerService(
+        port=0, broker_ttl_ms=CLUSTER_TTL_MS, heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS
+    )
+    g = Group(root, etcd.endpoints, await ns.start())
+    try:
+        yield g
+    finally:
+        for node in g.nodes.values():
+            await node.stop()
+        await ns.stop()
+
+
+async def _send(producer: AsyncProducer, values: list[bytes]) -> list[tuple[int, int]]:
+    receipts = await asyncio.gather(
+        *(producer.send("t", v, queue=i % 2) for i, v in enumerate(values))
+    )
+    return [(r.queue, r.offset) for r in receipts]
+
+
+def _stored(data_dir: Path) -> dict[int, list[bytes]]:
+    """Every message of topic t's queues in a (stopped) member's store, in order."""
+    from tidemq.core.batch import decode_messages  # noqa: PLC0415
+
+    store = MessageStore.open(broker_config(data_dir).store)
+    try:
+        out: dict[int, list[bytes]] = {}
+        for q in range(2):
+            lo, hi = store.queue_bounds("t", q)
+            values, offset = [], lo
+            while offset < hi:
+                got = store.read("t", q, offset, max_bytes=1 << 20)
+                for b in got.batches:
+                    payload = b.record[64 + int.from_bytes(b.record[54:56], "little") :]
+                    values += [m.value or b"" for m in decode_messages(payload)]
+                offset = got.next_offset
+            out[q] = values
+        return out
+    finally:
+        store.close()
+
+
+def test_a_group_commits_on_two_members_and_a_new_leader_has_every_acknowledged_message(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    async def run() -> None:
+        async with group(tmp_path, etcd_single) as g:
+            for name in ("m0", "m1", "m2"):
+                await g.start(name)
+            first = await g.wait_leader()
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await wait_until(lambda: first.broker is not None, what="the leader's broker")
+                await admin.create_topic("t", 2)
+            producer = AsyncProducer(g.bootstrap)
+            try:
+                sent = [b"m%d" % i for i in range(200)]
+                await _send(producer, sent)
+                # Acknowledged: the leader's committed position covers it, and at least one
+                # follower has it durably.
+                leader = first.leader
+                assert leader is not None
+                positions = leader.follower_positions()
+                assert max(durable for _, durable in positions.values()) >= leader.committed
+                assert leader.committed > 0
+                await first.stop()  # resigns: another in-sync member takes over
+                second = await g.wait_leader(not_=first)
+                more = [b"n%d" % i for i in range(50)]
+                await _send(producer, more)
+            finally:
+                await producer.close()
+            stored = second.config.store.data_dir
+            await second.stop()
+            got = _stored(stored)
+            everything = sorted(got[0] + got[1])
+            assert everything == sorted([*sent, *more])
+            assert got[0] == [v for i, v in enumerate(sent) if i % 2 == 0] + [
+                v for i, v in enumerate(more) if i % 2 == 0
+            ]
+
+    loop.run(run(), timeout_s=120)
+
+
+def test_without_enough_members_in_sync_writes_are_refused(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    async def run() -> None:
+        async with group(tmp_path, etcd_single) as g:
+            await g.start("m0")
+            only = await g.wait_leader()
+            assert only.broker is not None
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.create_topic("t", 2)  # metadata: no log write to replicate
+            producer = AsyncProducer(g.bootstrap, delivery_timeout_ms=1_500)
+            try:
+                with pytest.raises(RequestTimeout, match="min_insync_replicas is 2"):
+                    await producer.send("t", b"v")
+            finally:
+                await producer.close()
+
+    loop.run(run(), timeout_s=60)
+
+
+def test_a_deposed_leader_cuts_what_the_group_never_committed(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    """The leader appends a batch its followers never fetch, then loses its lease: another
+    member leads, the producer's retry is stored there once, and the old leader, now a
+    follower, cuts the batch from its log and ends with the new leader's log."""
+
+    async def run() -> None:
+        faults = {n: ReplicaFaultSwitch() for n in ("m0", "m1", "m2")}
+        async with group(tmp_path, etcd_single) as g:
+            for name, switch in faults.items():
+                # Followers cut off from the leader for longer than the lease: they must
+                # stay in the in-sync set meanwhile to be electable.
+                await g.start(name, switch, replica_lag_max_ms=15_000)
+            old = await g.wait_leader()
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.create_topic("t", 2)
+            producer = AsyncProducer(g.bootstrap)
+            try:
+                sent = [b"a%d" % i for i in range(20)]
+                await _send(producer, sent)
+                followers = [n for n in g.nodes.values() if n is not old]
+                for f in followers:
+                    faults[f.member].hold_fetches()
+                assert old.broker is not None
+                store = old.broker._gateway.store
+                end = store.end_position
+                late = asyncio.ensure_future(producer.send("t", b"late", queue=0))
+                await wait_until(lambda: store.end_position > end, what="the late append")
+                faults[old.member].hold_campaigns()
+                faults[old.member].pause_keepalive()  # its lease lapses: deposed
+                await wait_until(lambda: old.broker is None, what="the old leader to step down")
+                for f in followers:
+                    faults[f.member].release_fetches()
+                new = await g.wait_leader(not_=old)
+                receipt = await late  # retried at the new leader
+                assert receipt.queue == 0
+                await wait_until(
+                    lambda: old.follower is not None and old.follower.truncations >= 1,
+                    what="the old leader's cut",
+                )
+                await _send(producer, [b"b%d" % i for i in range(10)])
+                leader = new.leader
+                assert leader is not None
+                await wait_until(
+                    lambda: old.member in leader.in_sync, what="the old leader back in sync"
+                )
+            finally:
+                await producer.close()
+            await new.stop()
+            await old.stop()
+            on_new, on_old = _stored(new.config.store.data_dir), _stored(old.config.store.data_dir)
+            assert on_old == on_new
+            assert on_new[0].count(b"late") == 1
+            assert sorted(on_new[0] + on_new[1]) == sorted(
+                [*sent, b"late", *(b"b%d" % i for i in range(10))]
+            )
+
+    loop.run(run(), timeout_s=120)
