@@ -914,6 +914,11 @@ class Broker:
             return await self._data.fetch(header, budget=conn.budget)
         if code is RequestCode.CHECK_TXN:
             raise InvalidRequest("CHECK_TXN goes from the broker to a client, not the other way")
+        if code is RequestCode.REPLICA_FETCH:
+            raise InvalidRequest(
+                "REPLICA_FETCH goes to a replica group member's replication listener "
+                "(replication.port), not to its client listener"
+            )
         if code is RequestCode.ORIGIN_MESSAGE:
             answer, body = await self._origins.find(header)
             if answer.found:

@@ -91,6 +91,8 @@ class ReplicaFollower:
         #: Rounds answered, and truncations done (for tests and status).
         self.rounds = 0
         self.truncations = 0
+        #: The member this one last followed ("" before any).
+        self.last_leader = ""
         self._topics_version = -1
 
     async def run(self) -> None:
@@ -100,6 +102,7 @@ class ReplicaFollower:
             if leader is None or leader.member == self._member or not leader.replication_address:
                 await asyncio.sleep(_RETRY_MS / 1000)
                 continue
+            self.last_leader = leader.member
             try:
                 await self._follow(leader)
             except TidemqError as exc:

@@ -101,7 +101,8 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> None:
+    async def start(self) -> str:
+        """Join the group; returns the address clients dial while this member leads."""
         cfg = self.config
         host, port = await self._server.start(cfg.host, cfg.replication.port)
         self.replication_address = f"{host}:{port}"
@@ -129,6 +130,7 @@ class ReplicaNode:
             cfg.replication.group,
             self.replication_address,
         )
+        return self.address
 
     async def stop(self) -> None:
         """Leave the group: a leader resigns (so another member takes over at once) and
@@ -167,11 +169,17 @@ class ReplicaNode:
 
     async def _lead(self, election: Election) -> None:
         record = election.leader_record
-        committed = self.follower.committed if self.follower is not None else 0
+        follower = self.follower
+        committed = follower.committed if follower is not None else 0
         await self._stop_following()
         keys = election.keys
         found = await read_in_sync(self._etcd, keys)
         members = set(found.members if found is not None else ()) | {self.member}
+        # The leader before lost its lease (dead, paused or cut off): it holds nothing of
+        # this epoch, and left in the set it would hold every acknowledgement until the
+        # lag limit. It rejoins once it has caught up, as any member does.
+        if follower is not None and follower.last_leader not in ("", self.member):
+            members.discard(follower.last_leader)
         await write_in_sync(self._etcd, keys, record, members)
 
         async def write(chosen: list[str]) -> None:

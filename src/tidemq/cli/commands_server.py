@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,6 +11,7 @@ import typer
 
 from tidemq.broker.broker import Broker, listener_ssl_context
 from tidemq.broker.config import BrokerConfig
+from tidemq.broker.replica_node import ReplicaNode
 from tidemq.cli.common import CliUsageError, command
 from tidemq.cli.config import load_configs
 from tidemq.cli.node import Node
@@ -19,6 +21,8 @@ from tidemq.cluster.service import NameServerService
 from tidemq.core.errors import ConfigError
 from tidemq.http.config import HttpConfig
 from tidemq.store.config import FlushMode
+
+log = logging.getLogger(__name__)
 
 __all__ = ["register"]
 
@@ -261,13 +265,30 @@ def broker(
     data_dir: DataDir = None,
     host: Host = None,
     http_port: HttpPort = None,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group",
+            help="Join this replica group (with --etcd): its elected leader serves the "
+            "group's queues under the group's name; the others copy its log.",
+        ),
+    ] = None,
+    etcd: Annotated[
+        str | None,
+        typer.Option(
+            "--etcd",
+            metavar="URL,...",
+            help="etcd endpoints of the replica group's controller.",
+        ),
+    ] = None,
     config: ConfigFile = None,
     sets: Sets = None,
     flush: Flush = None,
     log_level: LogLevel = "info",
 ) -> None:
     """Run a broker that registers with separate name servers (and serves the schema
-    registry's REST API on --http-port, 8085).
+    registry's REST API on --http-port, 8085). With --group and --etcd it is a member
+    of a replica group (docs/guide/replication.md).
 
     TLS: --set broker.tls_cert_file=FILE --set broker.tls_key_file=FILE (and
     broker.tls_ca_file to require client certificates). Passwords: --set
@@ -289,6 +310,7 @@ def broker(
             },
             "store": {"data_dir": data_dir, "flush_mode": flush},
             "http": {"port": http_port},
+            "replication": {"group": group, "etcd": etcd},
         },
     )
     if not cfg.name_servers:
@@ -297,6 +319,14 @@ def broker(
             "(or run `tidemq server` for a broker with its own name server)"
         )
     password, secret = _bootstrap_password(), _cluster_secret()
+    if cfg.replication.enabled:
+        if http.enabled:
+            log.warning(
+                "a replica group member serves no HTTP listener yet (metrics, console, "
+                "registry): not built; http.port=-1 silences this"
+            )
+        serve(lambda: ReplicaNode(cfg, cluster_secret=secret))
+        return
     login = _registry_login(cfg, http)
     serve(
         lambda: Node(

@@ -79,7 +79,7 @@ class ClientConfig:
     #: Retries of a retriable failure, and the backoff between them.
     retries: int = 8
     retry_backoff_ms: int = 100
-    retry_backoff_max_ms: int = 2_000
+    retry_backoff_max_ms: int = 1_000  # Kafka's retry.backoff.max.ms
     #: TLS to the name servers and brokers: None for plaintext, or a context, most simply
     #: `tidemq.client_tls(ca_file=...)` (with `cert_file`/`key_file` for a listener that
     #: asks for client certificates). The same context serves every connection.

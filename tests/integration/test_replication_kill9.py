@@ -1,0 +1,180 @@
+"""kill -9 of a replica group's leader, in cycles, with real processes: a name server,
+three `tidemq broker --group g1 --etcd ...` members and a real etcd. Each cycle sends
+messages, kills the member that leads (found in etcd), sends on until the group
+acknowledges again under a new leader (the failover time), and starts the killed
+member again on its data directory. At the end every acknowledged message is in the
+group's topic exactly once, in per-queue send order.
+
+`make test` runs 3 cycles; `make soak` (TIDEMQ_SOAK=1) runs 30. Each cycle prints its
+failover time; the last line the median and the worst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.support.etcd_server import EtcdCluster, etcd_single
+from tests.support.server_process import START_TIMEOUT_S, ServerProcess
+
+import tidemq
+from tidemq.cluster.etcd_client import EtcdClient
+from tidemq.cluster.group_keys import GroupKeys, decode_leader
+
+__all__ = ["etcd_single"]  # a fixture, used by name below
+
+GROUP = "g1"
+MEMBERS = ("m0", "m1", "m2")
+#: Messages sent before each kill and after each failover.
+PER_PHASE = 40
+#: The longest a failover may take here (lease 2 s, plus a loaded machine's slack).
+FAILOVER_LIMIT_S = 30.0
+FAST = ["--set", "broker.broker_heartbeat_interval_ms=200", "--set", "broker.broker_ttl_ms=1500"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(args: list[str], log: Path) -> ServerProcess:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidemq.cli.main", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    server = ServerProcess(proc, log)
+    server.wait_serving(START_TIMEOUT_S)
+    return server
+
+
+class Members:
+    def __init__(self, root: Path, etcd: list[str], namesrv: str) -> None:
+        self.root, self.etcd, self.namesrv = root, etcd, namesrv
+        self.ports = {m: _free_port() for m in MEMBERS}
+        self.procs: dict[str, ServerProcess] = {}
+
+    def start(self, member: str) -> None:
+        args = ["broker", "--data-dir", str(self.root / member), "--port", str(self.ports[member])]
+        args += ["--broker-name", member, "--namesrv", self.namesrv, "--group", GROUP]
+        args += ["--etcd", ",".join(self.etcd), "--http-port", "-1", "--log-level", "info"]
+        args += [*FAST, "--set", "replication.replica_lag_max_ms=3000"]
+        self.procs[member] = _start(args, self.root / f"{member}.log")
+
+    def kill(self, member: str) -> None:
+        proc = self.procs.pop(member)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.proc.wait(timeout=10)
+        proc.stop()  # reaps, closes the pipe
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+        self.procs.clear()
+
+
+def _leader(etcd: list[str]) -> str:
+    async def read() -> str:
+        client = EtcdClient(etcd)
+        await client.connect()
+        try:
+            keys = GroupKeys(GROUP)
+            found = await client.get(keys.leader)
+            return "" if found is None else decode_leader(keys.leader, found.value).member
+        finally:
+            await client.close()
+
+    return asyncio.run(read())
+
+
+def _wait_leader(etcd: list[str], *, other_than: str = "") -> str:
+    deadline = time.monotonic() + FAILOVER_LIMIT_S
+    while time.monotonic() < deadline:
+        member = _leader(etcd)
+        if member and member != other_than:
+            return member
+        time.sleep(0.05)  # polls etcd, bounded by the deadline: no result depends on it
+    raise AssertionError(f"no leader other than {other_than!r} within {FAILOVER_LIMIT_S} s")
+
+
+def _read_all(bootstrap: str) -> dict[int, list[bytes]]:
+    got: dict[int, list[bytes]] = {0: [], 1: []}
+    with tidemq.StreamConsumer(bootstrap) as consumer:
+        consumer.assign([("t", 0), ("t", 1)])
+        consumer.seek_to_beginning()
+        idle = 0
+        while idle < 3:
+            batch = consumer.poll(timeout_ms=500)
+            idle = 0 if batch else idle + 1
+            for m in batch:
+                got[m.queue].append(m.value or b"")
+    return got
+
+
+@pytest.fixture
+def namesrv(tmp_path: Path) -> Iterator[str]:
+    proc = _start(["namesrv", "--port", "0", "--log-level", "warning", *FAST], tmp_path / "ns.log")
+    try:
+        yield proc.address
+    finally:
+        proc.stop()
+
+
+def test_every_acknowledged_message_survives_kill_9_of_the_leader(
+    tmp_path: Path, etcd_single: EtcdCluster, namesrv: str, soak: bool
+) -> None:
+    etcd = etcd_single.endpoints
+    members = Members(tmp_path, etcd, namesrv)
+    cycles = 30 if soak else 3
+    acked: dict[int, list[bytes]] = {0: [], 1: []}
+    failovers: list[float] = []
+    try:
+        for m in MEMBERS:
+            members.start(m)
+        leader = _wait_leader(etcd)
+        with tidemq.Admin(namesrv) as admin:
+            admin.create_topic("t", 2)
+        with tidemq.Producer(namesrv) as producer:
+
+            def send(n: int, tag: str) -> None:
+                for i in range(n):
+                    value = f"{tag}-{i}".encode()
+                    receipt = producer.send("t", value, queue=i % 2)
+                    acked[receipt.queue].append(value)
+
+            send(PER_PHASE, "warm")
+            for cycle in range(cycles):
+                send(PER_PHASE, f"c{cycle}-before")
+                members.kill(leader)
+                killed_at = time.monotonic()
+                send(1, f"c{cycle}-first")  # retried until a new leader takes it
+                failovers.append(time.monotonic() - killed_at)
+                print(
+                    f"cycle {cycle}: killed {leader} at {time.time() - failovers[-1]:.3f}, failover {failovers[-1]:.2f} s"
+                )
+                new = _wait_leader(etcd, other_than=leader)
+                members.start(leader)  # back on its data directory, as a follower
+                leader = new
+                send(PER_PHASE, f"c{cycle}-after")
+        got = _read_all(namesrv)
+    finally:
+        members.stop_all()
+    for q in (0, 1):
+        assert len(set(got[q])) == len(got[q]), f"queue {q} holds a message twice"
+        assert got[q] == acked[q], f"queue {q}: stored {len(got[q])}, acknowledged {len(acked[q])}"
+    print(
+        f"failover over {cycles} kill -9: median {statistics.median(failovers):.2f} s, "
+        f"max {max(failovers):.2f} s"
+    )
+    assert max(failovers) < FAILOVER_LIMIT_S
