@@ -27,6 +27,7 @@ from tests.support.etcd_server import EtcdCluster, etcd_single
 from tests.support.server_process import START_TIMEOUT_S, ServerProcess
 
 import tidemq
+from tidemq.client.cluster import ClientConfig
 from tidemq.cluster.etcd_client import EtcdClient
 from tidemq.cluster.group_keys import GroupKeys, decode_leader
 
@@ -176,3 +177,45 @@ def test_every_acknowledged_message_survives_kill_9_of_the_leader(
         f"max {max(failovers):.2f} s"
     )
     assert max(failovers) < FAILOVER_LIMIT_S
+
+
+def test_a_paused_leader_acknowledges_nothing_after_its_lease(
+    tmp_path: Path, etcd_single: EtcdCluster, namesrv: str
+) -> None:
+    """SIGSTOP of the leader until another member leads, then SIGCONT: the old leader
+    answers nothing it stored alone (its lease deadline passed while it was stopped),
+    steps down, cuts what the group did not commit, and every acknowledged message is
+    there once, in order."""
+    etcd = etcd_single.endpoints
+    members = Members(tmp_path, etcd, namesrv)
+    acked: dict[int, list[bytes]] = {0: [], 1: []}
+    quick = ClientConfig(request_timeout_ms=3_000)
+    try:
+        for m in MEMBERS:
+            members.start(m)
+        leader = _wait_leader(etcd)
+        with tidemq.Admin(namesrv) as admin:
+            admin.create_topic("t", 2)
+        with tidemq.Producer(namesrv, client_config=quick) as producer:
+
+            def send(n: int, tag: str) -> None:
+                for i in range(n):
+                    value = f"{tag}-{i}".encode()
+                    receipt = producer.send("t", value, queue=i % 2)
+                    acked[receipt.queue].append(value)
+
+            send(PER_PHASE, "before")
+            paused = members.procs[leader]
+            os.kill(paused.pid, signal.SIGSTOP)
+            try:
+                new = _wait_leader(etcd, other_than=leader)
+                send(PER_PHASE, "during")  # at the new leader
+            finally:
+                os.kill(paused.pid, signal.SIGCONT)
+            send(PER_PHASE, "after")
+            assert _leader(etcd) == new
+        got = _read_all(namesrv)
+    finally:
+        members.stop_all()
+    for q in (0, 1):
+        assert got[q] == acked[q], f"queue {q}: stored {len(got[q])}, acknowledged {len(acked[q])}"
