@@ -73,6 +73,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) benchmarks/bench_checkpoint.py
 	$(PY) benchmarks/bench_broker.py
 	$(PY) benchmarks/bench_scale.py
+	$(PY) benchmarks/bench_replication.py
 	$(PY) benchmarks/bench_special.py
 	$(PY) benchmarks/bench_pop.py
 	$(PY) benchmarks/bench_spark.py

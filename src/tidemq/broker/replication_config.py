@@ -21,7 +21,7 @@ class ReplicationConfig:
     #: The replica group this broker is a member of ("" = replication off). The group's
     #: leader serves clients under this name.
     group: str = ""
-    #: etcd endpoints (host:port or http://host:port), the group's controller.
+    #: etcd endpoints (http://HOST:PORT), the group's controller.
     etcd: tuple[str, ...] = ()
     #: The replication listener's port (followers fetch there; published in etcd with
     #: the leader record); 0: any free port.
