@@ -36,8 +36,7 @@ from typing import Any
 
 import bench_scale
 import peers
-
-import tidemq.aio as aio
+from tidemq import aio
 
 RESULTS = Path(__file__).resolve().parent / "results" / "replication.json"
 SERVING = re.compile(r"serving on (?P<address>\S+)")
