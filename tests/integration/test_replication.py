@@ -30,7 +30,9 @@ from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.client.admin import AsyncAdmin
 from tidemq.client.producer import AsyncProducer
 from tidemq.cluster.service import NameServerService
-from tidemq.core.errors import RequestTimeout
+from tidemq.core.errors import AuthenticationFailed, RequestTimeout
+from tidemq.net.client import ClientConnection
+from tidemq.protocol.replica_messages import ReplicaFetchRequest, ReplicaFetchResponse
 from tidemq.store.message_store import MessageStore
 from tidemq.testing.replication import ReplicaFaultSwitch
 
@@ -49,8 +51,11 @@ def _free_port() -> int:
 
 
 class Group:
-    def __init__(self, root: Path, etcd: list[str], bootstrap: str) -> None:
+    def __init__(
+        self, root: Path, etcd: list[str], bootstrap: str, secret: str | None = None
+    ) -> None:
         self.root, self.etcd, self.bootstrap = root, etcd, bootstrap
+        self.secret = secret
         self.nodes: dict[str, ReplicaNode] = {}
 
     def config(
@@ -73,7 +78,7 @@ class Group:
             broker_ttl_ms=CLUSTER_TTL_MS,
             replication=ReplicationConfig(**settings),  # type: ignore[arg-type]
         )
-        return ReplicaNode(cfg, faults=faults)
+        return ReplicaNode(cfg, faults=faults, cluster_secret=self.secret)
 
     async def start(
         self, name: str, faults: ReplicaFaultSwitch | None = None, **replication: object
@@ -98,11 +103,14 @@ class Group:
 
 
 @asynccontextmanager
-async def group(root: Path, etcd: EtcdCluster) -> AsyncIterator[Group]:
+async def group(root: Path, etcd: EtcdCluster, secret: str | None = None) -> AsyncIterator[Group]:
     ns = NameServerService(
-        port=0, broker_ttl_ms=CLUSTER_TTL_MS, heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS
+        port=0,
+        broker_ttl_ms=CLUSTER_TTL_MS,
+        heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS,
+        cluster_secret=secret,
     )
-    g = Group(root, etcd.endpoints, await ns.start())
+    g = Group(root, etcd.endpoints, await ns.start(), secret)
     try:
         yield g
     finally:
@@ -259,3 +267,35 @@ def test_a_deposed_leader_cuts_what_the_group_never_committed(
             )
 
     loop.run(run(), timeout_s=120)
+
+
+def test_with_a_cluster_secret_only_members_read_the_replication_listener(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    """Followers log in with the cluster secret and replicate; a connection without the
+    login is refused before it can fetch a byte of the log."""
+    secret = "s3cret-" * 6
+
+    async def run() -> None:
+        async with group(tmp_path, etcd_single, secret) as g:
+            for name in ("m0", "m1"):
+                await g.start(name)
+            leader = await g.wait_leader()
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.create_topic("t", 2)
+            producer = AsyncProducer(g.bootstrap)
+            try:
+                await _send(producer, [b"v%d" % i for i in range(20)])  # needs the follower
+            finally:
+                await producer.close()
+            conn = await ClientConnection.open(leader.replication_address, max_frame_bytes=1 << 20)
+            try:
+                fetch = ReplicaFetchRequest(
+                    group=GROUP, member="intruder", epoch=1, position=0, durable=0
+                )
+                with pytest.raises(AuthenticationFailed, match="authenticate first"):
+                    await conn.request(fetch, ReplicaFetchResponse, timeout_s=10)
+            finally:
+                conn.close()
+
+    loop.run(run(), timeout_s=60)

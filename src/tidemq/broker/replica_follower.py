@@ -22,6 +22,8 @@ from typing import Final, Protocol
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.cluster.election import ElectionFaults
 from tidemq.cluster.group_keys import LeaderRecord
+from tidemq.cluster.security_link import cluster_login
+from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import TidemqError
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import (
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 _RETRY_MS: Final = 200
 #: Room for a frame's header on top of the largest chunk.
 _FRAME_SLACK_BYTES: Final = 1 << 20
+#: The longest the login to the leader's replication listener may take.
+_LOGIN_TIMEOUT_S: Final = 10.0
 #: A fetch answer may take the leader's wait plus this.
 _ANSWER_SLACK_S: Final = 10.0
 
@@ -79,9 +83,15 @@ class ReplicaFollower:
         history: EpochHistory,
         leader: Callable[[], LeaderRecord | None],
         faults: ReplicaFaults | None = None,
+        cluster_key: bytes | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        """`cluster_key`: log in to the leader's replication listener with the cluster
+        secret."""
         self._config = config
         self._faults = faults
+        self._key = cluster_key
+        self._clock = clock or SystemClock()
         self._member = member
         self._store = store
         self._history = history
@@ -123,6 +133,8 @@ class ReplicaFollower:
         )
         self._topics_version = -1  # a new leader's versions are its own
         try:
+            if self._key is not None:
+                await cluster_login(conn, self._member, self._key, self._clock, _LOGIN_TIMEOUT_S)
             while self._leader() == leader:
                 if self._faults is not None and self._faults.fetch_held():
                     await asyncio.sleep(_RETRY_MS / 1000)

@@ -38,9 +38,13 @@ from tidemq.cluster.election_state import State
 from tidemq.cluster.etcd_client import EtcdClient
 from tidemq.cluster.group_keys import LeaderRecord
 from tidemq.cluster.in_sync import read_in_sync, write_in_sync
+from tidemq.cluster.membership import check_secret
+from tidemq.cluster.security_link import check_cluster_login
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import ConfigError, EtcdUnavailable, InvalidRequest, NotLeader, TidemqError
+from tidemq.net.login import LoginGate
 from tidemq.net.server import ServerConnection, TcpServer
+from tidemq.net.tls import is_loopback
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.frame import Frame
@@ -83,6 +87,9 @@ class ReplicaNode:
         self.address = config.advertised_address or f"{config.host}:{config.port}"
         self._clock = clock or SystemClock()
         self._secret = cluster_secret
+        #: With a cluster secret, followers log in to the replication listener with it
+        #: (the log holds every message: nobody else may read it).
+        self._key = None if cluster_secret is None else check_secret(cluster_secret)
         self._faults = faults
         self.replication_address = ""
         self.broker: Broker | None = None
@@ -93,7 +100,10 @@ class ReplicaNode:
         self._roles_task: asyncio.Task[None] | None = None
         self._lock_fd: int | None = None
         self._etcd = EtcdClient(list(rep.etcd))
-        self._server = TcpServer(self._dispatch, server_limits(config))
+        self._server = TcpServer(
+            self._dispatch, server_limits(config), auth_required=self._key is not None
+        )
+        self._gate = None if self._key is None else self._login_gate(self._key)
         data_dir = config.store.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         self._history = EpochHistory(OsFileSystem(), data_dir)
@@ -106,6 +116,12 @@ class ReplicaNode:
         cfg = self.config
         host, port = await self._server.start(cfg.host, cfg.replication.port)
         self.replication_address = f"{host}:{port}"
+        if self._key is None and not is_loopback(cfg.host):
+            log.warning(
+                "the replication listener on %s takes any connection (no cluster secret): "
+                "anyone who reaches it can read every message; set TIDEMQ_CLUSTER_SECRET",
+                self.replication_address,
+            )
         await self._etcd.connect()
         self.election = Election(
             self._etcd,
@@ -237,6 +253,8 @@ class ReplicaNode:
             history=self._history,
             leader=self._leader_record,
             faults=self._faults,
+            cluster_key=self._key,
+            clock=self._clock,
         )
         self._follow_task = asyncio.get_running_loop().create_task(self.follower.run())
 
@@ -269,7 +287,19 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ serving followers
 
+    def _login_gate(self, key: bytes) -> LoginGate:
+        clock = self._clock
+        return LoginGate(
+            lambda _: None,  # no users: members only
+            mock_secret=os.urandom(32),
+            clock=clock,
+            what="replication listener",
+            cluster_login=lambda message: check_cluster_login(key, message, clock),
+        )
+
     async def _dispatch(self, frame: Frame, conn: ServerConnection) -> tuple[Any, bytes]:
+        if self._gate is not None and conn.principal is None:
+            return await self._gate.before_login(frame, conn), b""
         code, header = decode_request(frame)
         if code is not RequestCode.REPLICA_FETCH:
             raise InvalidRequest(f"the replication listener serves REPLICA_FETCH, not {code.name}")

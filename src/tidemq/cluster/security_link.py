@@ -13,9 +13,9 @@ from typing import Protocol
 
 import msgspec
 
-from tidemq.cluster.membership import sign
+from tidemq.cluster.membership import sign, verify
 from tidemq.core.clock import Clock
-from tidemq.core.errors import InvalidRequest, Unsupported
+from tidemq.core.errors import AuthenticationFailed, InvalidRequest, Unsupported
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.commands import (
     RegisterBrokerResponse,
@@ -33,7 +33,14 @@ from tidemq.protocol.security_messages import (
     SecuritySnapshot,
 )
 
-__all__ = ["SecurityTables", "cluster_login", "follow", "login_fields", "push_fields"]
+__all__ = [
+    "SecurityTables",
+    "check_cluster_login",
+    "cluster_login",
+    "follow",
+    "login_fields",
+    "push_fields",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +99,24 @@ async def cluster_login(
         SaslAuthenticateResponse,
         timeout_s=timeout_s,
     )
+
+
+def check_cluster_login(key: bytes, message: bytes, clock: Clock) -> str:
+    """A broker's `ClusterLogin` (signed with the cluster secret `key`): its principal
+    `Broker:<name>`, or AuthenticationFailed (a bad message, signature or time)."""
+    try:
+        login = msgspec.msgpack.decode(message, type=ClusterLogin)
+    except msgspec.DecodeError:
+        raise AuthenticationFailed("bad cluster login message") from None
+    verify(
+        key,
+        LOGIN_KIND,
+        login_fields(login.broker_name),
+        signed_ms=login.signed_ms,
+        signature=login.signature,
+        now_ms=clock.now_ms(),
+    )
+    return f"Broker:{login.broker_name}"
 
 
 async def follow(

@@ -11,8 +11,6 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from tidemq.cluster.membership import CLUSTER_SECRET_ENV, check_secret, registration_fields, verify
 from tidemq.cluster.nameserver import (
     DEFAULT_BROKER_TTL_MS,
@@ -22,9 +20,9 @@ from tidemq.cluster.nameserver import (
 )
 from tidemq.cluster.security_holder import SecurityHolder
 from tidemq.cluster.security_link import (
-    LOGIN_KIND,
     PULL_KIND,
     PUSH_KIND,
+    check_cluster_login,
     login_fields,
     push_fields,
 )
@@ -48,7 +46,6 @@ from tidemq.protocol.commands import (
 )
 from tidemq.protocol.frame import Frame
 from tidemq.protocol.security_messages import (
-    ClusterLogin,
     SecurityPullRequest,
     SecurityPushRequest,
     SecurityPushResponse,
@@ -261,19 +258,7 @@ class NameServerHandlers:
     def check_cluster_login(self, message: bytes) -> str:
         """A broker's `ClusterLogin`: its principal, or AuthenticationFailed."""
         assert self._cluster_key is not None
-        try:
-            login = msgspec.msgpack.decode(message, type=ClusterLogin)
-        except msgspec.DecodeError:
-            raise AuthenticationFailed("bad cluster login message") from None
-        verify(
-            self._cluster_key,
-            LOGIN_KIND,
-            login_fields(login.broker_name),
-            signed_ms=login.signed_ms,
-            signature=login.signature,
-            now_ms=self._clock.now_ms(),
-        )
-        return f"Broker:{login.broker_name}"
+        return check_cluster_login(self._cluster_key, message, self._clock)
 
 
 class NameServerService:
