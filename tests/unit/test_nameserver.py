@@ -532,3 +532,17 @@ def test_generations_of_two_runs_differ(clock: ManualClock) -> None:
         ns.register("b1", "h:1", [_reg("t", 1)])
     assert _answer(a) == _answer(b)
     assert a.generation() != b.generation()
+
+
+def test_a_replica_groups_name_stays_with_its_newest_leader(ns: NameServer) -> None:
+    """A deposed leader that has not noticed yet (it was paused) beats under its old
+    epoch: refused, so the group's routes keep pointing at the new leader."""
+    ns.register("g1", "127.0.0.1:1001", [_reg("t", 2, [0, 1])], leader_epoch=1)
+    ns.register("g1", "127.0.0.1:1002", [_reg("t", 2, [0, 1])], epoch="e", leader_epoch=2)
+    with pytest.raises(InvalidRequest, match="replica epoch 1 refused.*epoch 2"):
+        ns.register("g1", "127.0.0.1:1001", [_reg("t", 2, [0, 1])], leader_epoch=1)
+    with pytest.raises(InvalidRequest, match="replica epoch 1 refused"):
+        ns.update("g1", "127.0.0.1:1002", epoch="e", base_version=0, version=1, leader_epoch=1)
+    assert ns.brokers() == {"g1": "127.0.0.1:1002"}
+    ns.register("g1", "127.0.0.1:1003", [_reg("t", 2, [0, 1])], leader_epoch=3)
+    assert ns.brokers() == {"g1": "127.0.0.1:1003"}

@@ -370,6 +370,7 @@ class Broker:
                 cluster_key=self._cluster_key,
                 journal=self._registrations.journal,
                 lookup=self._registrations.lookup,
+                leader_epoch=0 if self._replica is None else self._replica.epoch,
                 security=self._security,
             )
             self._topics.on_change = self._topic_changed

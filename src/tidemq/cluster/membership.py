@@ -65,6 +65,8 @@ def registration_fields(request: RegisterBrokerRequest) -> list[object]:
         fields += [request.epoch, request.version, request.base_version, request.removed]
     if request.security_counter or request.security_digest:  # docs/adr/0015
         fields += ["security", request.security_counter, request.security_digest]
+    if request.leader_epoch:  # a replica group's leader
+        fields += ["leader_epoch", request.leader_epoch]
     return fields
 
 

@@ -151,6 +151,8 @@ class _Broker:
     #: a delta applies only on top of exactly this.
     epoch: str = ""
     version: int = 0
+    #: A replica group's leader: the newest epoch it registered under (0: not a group).
+    leader_epoch: int = 0
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -235,6 +237,7 @@ class NameServer:
         static_topics: Iterable[StaticTopicReg] = (),
         epoch: str = "",
         version: int = 0,
+        leader_epoch: int = 0,
     ) -> tuple[int, int]:
         """Register or heartbeat: replace the broker's topic list, refresh its TTL and
         return (heartbeat_interval_ms, broker_ttl_ms). `created_ms`: when the broker's data
@@ -259,6 +262,8 @@ class NameServer:
             # Back after lapsing: as if expire() had run, its claims start anew.
             self._remove(broker_name)
             broker = None
+        if broker is not None:
+            _check_leader_epoch(broker, leader_epoch)
         new = broker is None
         if broker is None:
             if len(self._brokers) >= self._max_brokers:
@@ -284,6 +289,7 @@ class NameServer:
         self._replace_topics(broker, registered)
         broker.static = static
         broker.epoch, broker.version = epoch, version
+        broker.leader_epoch = max(broker.leader_epoch, leader_epoch)
         for topic in registered:
             self._stale.pop(topic, None)
         return self._interval, self._ttl
@@ -298,6 +304,7 @@ class NameServer:
         version: int,
         topics: Iterable[TopicRegistration] = (),
         removed: Iterable[str] = (),
+        leader_epoch: int = 0,
     ) -> bool:
         """A heartbeat with the topics changed since `base_version` of the broker's run
         `epoch` (topic_journal.py): upserted and removed topics applied, the TTL
@@ -315,6 +322,7 @@ class NameServer:
             or broker.address != address
         ):
             return False
+        _check_leader_epoch(broker, leader_epoch)
         upserts = _check_topics(list(topics))
         gone = list(dict.fromkeys(removed))
         if len(gone) > MAX_TOPICS_PER_BROKER:
@@ -658,3 +666,13 @@ def _check_static(
         registered[reg.topic] = _TopicReg(reg.queues, checked[reg.topic].message_type, ())
         static[reg.topic] = list(reg.chains)
     return static
+
+
+def _check_leader_epoch(broker: _Broker, leader_epoch: int) -> None:
+    """A replica group's name is held by its newest leader: a registration under an older
+    epoch (a deposed leader that has not noticed yet) is refused."""
+    if leader_epoch < broker.leader_epoch:
+        raise InvalidRequest(
+            f"broker {broker.name}: registration under replica epoch {leader_epoch} "
+            f"refused; the group's leader registered under epoch {broker.leader_epoch}"
+        )

@@ -64,6 +64,7 @@ class Registration:
         journal: TopicJournal | None = None,
         lookup: TopicLookup | None = None,
         security: SecurityTables | None = None,
+        leader_epoch: int = 0,
     ) -> None:
         """`ssl_context`: TLS to the name servers (tidemq.net.tls.client_context), None
         for plaintext. `cluster_key`: sign the registrations with it (membership.py).
@@ -71,6 +72,8 @@ class Registration:
         `security`: the broker's users and ACL entries, whose version each registration
         reports and which the answers make it push or pull (security_link.py, ADR 15)."""
         self._security = security
+        #: A replica group leader's epoch, on every registration (0: not a group).
+        self._leader_epoch = leader_epoch
         self._journal = journal
         self._lookup = lookup
         #: Name server -> the version of the topic list it acknowledged.
@@ -155,6 +158,7 @@ class Registration:
         )
 
     def _signed(self, request: RegisterBrokerRequest) -> RegisterBrokerRequest:
+        request.leader_epoch = self._leader_epoch
         if self._security is not None:
             request.security_counter, request.security_digest = self._security.version()
         if self._cluster_key is not None:

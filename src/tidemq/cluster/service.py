@@ -167,6 +167,7 @@ class NameServerHandlers:
                 version=header.version,
                 topics=header.topics,
                 removed=header.removed,
+                leader_epoch=header.leader_epoch,
             )
             interval, ttl = ns.timing()
             return RegisterBrokerResponse(
@@ -180,6 +181,7 @@ class NameServerHandlers:
             static_topics=header.static_topics,
             epoch=header.epoch,
             version=header.version,
+            leader_epoch=header.leader_epoch,
         )
         return RegisterBrokerResponse(heartbeat_interval_ms=interval, broker_ttl_ms=ttl)
 

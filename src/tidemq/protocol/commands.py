@@ -442,6 +442,11 @@ class RegisterBrokerRequest(_Msg):
     #: The version of the broker's users and ACL entries (protocol/security_messages.py).
     security_counter: int = 0
     security_digest: int = 0
+    #: A replica group's leader (docs/design/replication.md): the epoch it leads under
+    #: (0: not a group). A name server refuses a registration under an older epoch than
+    #: one it holds for the name: a deposed leader that has not noticed yet cannot take
+    #: the group's routes back.
+    leader_epoch: int = 0
 
 
 class RegisterBrokerResponse(_Msg):
