@@ -539,7 +539,7 @@ def test_a_replica_groups_name_stays_with_its_newest_leader(ns: NameServer) -> N
     epoch: refused, so the group's routes keep pointing at the new leader."""
     ns.register("g1", "127.0.0.1:1001", [_reg("t", 2, [0, 1])], leader_epoch=1)
     ns.register("g1", "127.0.0.1:1002", [_reg("t", 2, [0, 1])], epoch="e", leader_epoch=2)
-    with pytest.raises(InvalidRequest, match="replica epoch 1 refused.*epoch 2"):
+    with pytest.raises(InvalidRequest, match=r"replica epoch 1 refused.*epoch 2"):
         ns.register("g1", "127.0.0.1:1001", [_reg("t", 2, [0, 1])], leader_epoch=1)
     with pytest.raises(InvalidRequest, match="replica epoch 1 refused"):
         ns.update("g1", "127.0.0.1:1002", epoch="e", base_version=0, version=1, leader_epoch=1)
