@@ -25,8 +25,10 @@ from tests.integration.conftest import (
 )
 from tests.support.etcd_server import EtcdCluster, etcd_single
 
+from tidemq import aio
 from tidemq.broker.replica_node import ReplicaNode
 from tidemq.broker.replication_config import ReplicationConfig
+from tidemq.broker.system_topics import TIMER_TOPIC
 from tidemq.client.admin import AsyncAdmin
 from tidemq.client.producer import AsyncProducer
 from tidemq.cluster.service import NameServerService
@@ -56,6 +58,8 @@ class Group:
     ) -> None:
         self.root, self.etcd, self.bootstrap = root, etcd, bootstrap
         self.secret = secret
+        #: More BrokerConfig settings for every member started from now on.
+        self.broker: dict[str, object] = {}
         self.nodes: dict[str, ReplicaNode] = {}
 
     def config(
@@ -77,6 +81,7 @@ class Group:
             broker_heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS,
             broker_ttl_ms=CLUSTER_TTL_MS,
             replication=ReplicationConfig(**settings),  # type: ignore[arg-type]
+            **self.broker,
         )
         return ReplicaNode(cfg, faults=faults, cluster_secret=self.secret)
 
@@ -299,3 +304,59 @@ def test_with_a_cluster_secret_only_members_read_the_replication_listener(
                 conn.close()
 
     loop.run(run(), timeout_s=60)
+
+
+def test_a_new_leader_resumes_the_services_from_the_state_its_leader_saved(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    """The leader's saved service state reaches the followers with the trims of the
+    internal queues: a delayed message scheduled on one leader is delivered once by the
+    next, and the followers trim the timer queue as the leader does."""
+
+    async def run() -> None:
+        async with group(tmp_path, etcd_single) as g:
+            g.broker = {"service_checkpoint_interval_ms": 100, "timer_precision_ms": 50}
+            for name in ("m0", "m1", "m2"):
+                await g.start(name)
+            first = await g.wait_leader()
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.create_topic("t", 1)
+            producer = AsyncProducer(g.bootstrap)
+            try:
+                await producer.send("t", b"now", queue=0)
+                await producer.send("t", b"later", queue=0, delay=2.0)
+                followers = [n for n in g.nodes.values() if n is not first]
+                applied = [f.follower.state_applied if f.follower else 0 for f in followers]
+                await wait_until(
+                    lambda: all(
+                        f.follower is not None and f.follower.state_applied > a + 1
+                        for f, a in zip(followers, applied, strict=True)
+                    ),
+                    what="the followers to hold a state saved after the schedule",
+                )
+                await first.stop()
+                second = await g.wait_leader(not_=first)
+                consumer = aio.StreamConsumer(g.bootstrap)
+                consumer.assign([("t", 0)])
+                consumer.seek("t", 0, 0)
+                values: list[bytes] = []
+                try:
+                    async with asyncio.timeout(30):
+                        while b"later" not in values:
+                            values += [m.value or b"" for m in await consumer.poll(200)]
+                finally:
+                    await consumer.close()
+                assert values == [b"now", b"later"]
+                # The timer queue's first offsets are done: trimmed on the followers too.
+                third = next(n for n in g.nodes.values() if n not in (first, second))
+                await wait_until(
+                    lambda: (
+                        third.follower is not None
+                        and third.follower.store.queue_bounds(TIMER_TOPIC, 0)[0] > 0
+                    ),
+                    what="the timer queue trimmed on a follower",
+                )
+            finally:
+                await producer.close()
+
+    loop.run(run(), timeout_s=90)

@@ -586,18 +586,28 @@ class Broker:
         )
         store.trim_queue(POP_TOPIC, 0, pop_offset)
         # Each service's scan position is at or before `position` (moves in flight).
-        store.pin_log(
-            "services",
-            min(
-                TimerService.scan_position(timer_state),
-                TransactionService.scan_position(txn_state),
-                pop_position,
-            ),
+        scan = min(
+            TimerService.scan_position(timer_state),
+            TransactionService.scan_position(txn_state),
+            pop_position,
         )
+        store.pin_log("services", scan)
         half_low, op_low = self._transactions.low_watermarks
-        store.trim_queue(TIMER_TOPIC, 0, self._timers.low_watermark)
-        store.trim_queue(HALF_TOPIC, 0, half_low)
-        store.trim_queue(OP_TOPIC, 0, op_low)
+        trims = [
+            (TIMER_TOPIC, 0, self._timers.low_watermark),
+            (HALF_TOPIC, 0, half_low),
+            (OP_TOPIC, 0, op_low),
+            (POP_TOPIC, 0, pop_offset),
+        ]
+        for topic, queue, offset in trims[:3]:
+            store.trim_queue(topic, queue, offset)
+        if self._replica is not None:  # a replica group's followers keep the same
+            self._replica.services_saved(
+                {"timer": timer_state, "transactions": txn_state, "pop": pop_state},
+                position=position,
+                scan_position=scan,
+                trims=trims,
+            )
 
     async def _save_services_periodically(self) -> None:
         while True:

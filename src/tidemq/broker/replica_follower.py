@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
@@ -29,6 +30,7 @@ from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import (
     ReplicaFetchRequest,
     ReplicaFetchResponse,
+    ReplicaServiceState,
     ReplicaTopic,
 )
 from tidemq.store.epoch_file import EpochEntry, EpochHistory
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 _RETRY_MS: Final = 200
 #: Room for a frame's header on top of the largest chunk.
 _FRAME_SLACK_BYTES: Final = 1 << 20
+#: How often a follower applies retention to its own log (as a broker does).
+_RETENTION_INTERVAL_S: Final = 60.0
 #: The longest the login to the leader's replication listener may take.
 _LOGIN_TIMEOUT_S: Final = 10.0
 #: A fetch answer may take the leader's wait plus this.
@@ -57,6 +61,17 @@ class ReplicaFaults(ElectionFaults, Protocol):
     lost too)."""
 
     def fetch_held(self) -> bool: ...
+
+
+def apply_service_state(store: MessageStore, state: ReplicaServiceState) -> None:
+    """Keep the leader's saved service state as this member's own (a promoted member's
+    broker resumes its services from it), trim the internal queues as the leader did,
+    and keep the log from where the services would rescan it."""
+    store.metadata.save_service_state(state.states)
+    for topic, queue, offset in state.trims:
+        with contextlib.suppress(TidemqError):  # a topic not mirrored yet: next time
+            store.trim_queue(topic, queue, offset)
+    store.pin_log("services", state.scan_position)
 
 
 def topic_info(t: ReplicaTopic) -> TopicInfo:
@@ -104,6 +119,16 @@ class ReplicaFollower:
         #: The member this one last followed ("" before any).
         self.last_leader = ""
         self._topics_version = -1
+        self._state_version = -1
+        #: The leader's service state received and not applied yet (its position is
+        #: past this log's end or the committed position), and the version applied.
+        self._pending_state: ReplicaServiceState | None = None
+        self.state_applied = 0
+        self._retention_due = time.monotonic() + _RETENTION_INTERVAL_S
+
+    @property
+    def store(self) -> MessageStore:
+        return self._store
 
     async def run(self) -> None:
         """Follow whichever member etcd names leader, until cancelled."""
@@ -131,7 +156,7 @@ class ReplicaFollower:
             max_frame_bytes=self._config.fetch_max_bytes + _FRAME_SLACK_BYTES,
             connect_timeout_s=2.0,
         )
-        self._topics_version = -1  # a new leader's versions are its own
+        self._topics_version = self._state_version = -1  # a new leader's are its own
         try:
             if self._key is not None:
                 await cluster_login(conn, self._member, self._key, self._clock, _LOGIN_TIMEOUT_S)
@@ -156,6 +181,7 @@ class ReplicaFollower:
             max_bytes=self._config.fetch_max_bytes,
             max_wait_ms=self._config.fetch_wait_ms,
             topics_version=self._topics_version,
+            state_version=self._state_version,
         )
         answer, body = await conn.request(
             request,
@@ -199,6 +225,28 @@ class ReplicaFollower:
         if entries != history.entries:
             history.replace(entries)
         self.committed = max(self.committed, min(answer.committed, store.end_position))
+        if answer.state is not None:
+            self._pending_state = answer.state
+            self._state_version = answer.state.version
+        self._apply_state()
         if store.checkpoint_due():
             with contextlib.suppress(TidemqError):
                 store.checkpoint()
+        if time.monotonic() >= self._retention_due:
+            self._retention_due = time.monotonic() + _RETENTION_INTERVAL_S
+            # Topics' own limits, and the internal queues' trims mirrored from the
+            # leader (a follower without them would keep every segment).
+            with contextlib.suppress(TidemqError):
+                store.enforce_retention()
+
+    def _apply_state(self) -> None:
+        """Apply the pending service state once it holds for this log: the log reaches
+        its position, and so does the committed position (records past it could still
+        be cut, and the state might count them)."""
+        state = self._pending_state
+        if state is None:
+            return
+        if state.position <= min(self._store.end_position, self.committed):
+            apply_service_state(self._store, state)
+            self.state_applied = state.version
+            self._pending_state = None

@@ -41,6 +41,7 @@ from tidemq.protocol.replica_messages import (
     EpochStart,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
+    ReplicaServiceState,
     ReplicaTopic,
 )
 from tidemq.store.epoch_file import EpochHistory
@@ -98,6 +99,8 @@ class ReplicaLeader:
         self._appended = asyncio.Event()
         self._started_ms = clock.monotonic_ms()
         self._task: asyncio.Task[None] | None = None
+        #: The broker's latest saved service state, for followers (None: none yet).
+        self._state: ReplicaServiceState | None = None
 
     @property
     def epoch(self) -> int:
@@ -145,6 +148,25 @@ class ReplicaLeader:
             gateway.check_writable = self._refuse
             gateway.appended = None
         self._wake()
+
+    def services_saved(
+        self,
+        states: dict[str, bytes],
+        *,
+        position: int,
+        scan_position: int,
+        trims: list[tuple[str, int, int]],
+    ) -> None:
+        """The broker saved its services' state (`Broker._save_services`): followers get
+        it with their next fetch."""
+        version = 1 if self._state is None else self._state.version + 1
+        self._state = ReplicaServiceState(
+            version=version,
+            position=position,
+            scan_position=scan_position,
+            states=dict(states),
+            trims=list(trims),
+        )
 
     def _refuse(self) -> None:
         raise self._fenced("it stopped leading")
@@ -226,6 +248,8 @@ class ReplicaLeader:
             epochs=[EpochStart(e.epoch, e.start_position) for e in self._history.entries],
             topics_version=store.topics_version,
         )
+        if self._state is not None and req.state_version != self._state.version:
+            answer.state = self._state
         if req.topics_version != store.topics_version:
             answer.topics = [
                 ReplicaTopic(

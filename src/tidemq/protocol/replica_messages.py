@@ -22,6 +22,7 @@ __all__ = [
     "EpochStart",
     "ReplicaFetchRequest",
     "ReplicaFetchResponse",
+    "ReplicaServiceState",
     "ReplicaTopic",
 ]
 
@@ -49,6 +50,8 @@ class ReplicaFetchRequest(_Msg):
     #: The leader's topics version the follower has mirrored (-1: none): when the
     #: leader's differs, the answer carries its whole topic table.
     topics_version: int = -1
+    #: The version of the leader's saved service state the follower holds (-1: none).
+    state_version: int = -1
 
 
 class EpochStart(_Msg, array_like=True):
@@ -68,6 +71,22 @@ class ReplicaTopic(_Msg, array_like=True):
     retention_bytes: int | None
     config: dict[str, str]
     created_ms: int
+
+
+class ReplicaServiceState(_Msg):
+    """What the leader's broker saved of its services (timers, transactions, pop), with
+    the trims of their internal queues it made then: a follower that becomes leader
+    resumes the services from it instead of from its whole log."""
+
+    version: int
+    #: The leader's flushed position when it saved: the state holds for the log up to
+    #: here (a follower applies it once its log and the committed position reach it).
+    position: int
+    #: Where the services rescan the log from on a start (kept from retention).
+    scan_position: int
+    states: dict[str, bytes]
+    #: [topic, queue, min offset] of the internal queues trimmed.
+    trims: list[tuple[str, int, int]] = msgspec.field(default_factory=list)
 
 
 class ReplicaFetchResponse(_Msg):
@@ -91,6 +110,8 @@ class ReplicaFetchResponse(_Msg):
     topics: list[ReplicaTopic] | None = None
     max_topic_id: int = 0
     last_producer_id: int = 0
+    #: The leader's newest saved service state, when the request's version differs.
+    state: ReplicaServiceState | None = None
 
 
 REPLICA_REQUESTS: Final = {
