@@ -175,6 +175,13 @@ def test_a_group_commits_on_two_members_and_a_new_leader_has_every_acknowledged_
                 positions = leader.follower_positions()
                 assert max(durable for _, durable in positions.values()) >= leader.committed
                 assert leader.committed > 0
+                async with AsyncAdmin(g.bootstrap) as admin:
+                    status = (await admin.broker_status(first.address)).replication
+                assert status is not None
+                assert (status.group, status.member, status.epoch) == (GROUP, first.member, 1)
+                assert status.in_sync == ("m0", "m1", "m2")
+                assert status.committed == leader.committed
+                assert {f.member for f in status.followers} == {"m0", "m1", "m2"} - {first.member}
                 await first.stop()  # resigns: another in-sync member takes over
                 second = await g.wait_leader(not_=first)
                 more = [b"n%d" % i for i in range(50)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import statistics
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.integration.test_cli import ok
 from tests.support.etcd_server import EtcdCluster, etcd_single
 from tests.support.server_process import START_TIMEOUT_S, ServerProcess
 
@@ -167,6 +169,8 @@ def test_every_acknowledged_message_survives_kill_9_of_the_leader(
                 leader = new
                 send(PER_PHASE, f"c{cycle}-after")
         got = _read_all(namesrv)
+        shown = ok("cluster", "status", "--bootstrap", namesrv).stdout
+        assert re.search(rf"{leader} epoch \d+, committed \d+, in sync", shown), shown
     finally:
         members.stop_all()
     for q in (0, 1):

@@ -837,6 +837,7 @@ class Broker:
             bytes_out=sum(t.bytes_out for t in traffic),
             disk_total_bytes=total,
             disk_free_bytes=free,
+            replication=None if self._replica is None else self._replica.status(),
         )
 
     async def _pop_nack(self, req: PopNackRequest) -> Empty:

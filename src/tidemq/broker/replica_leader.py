@@ -37,6 +37,7 @@ from tidemq.core.errors import (
     NotLeader,
     TidemqError,
 )
+from tidemq.protocol.commands import ReplicaFollowerStatus, ReplicationStatus
 from tidemq.protocol.replica_messages import (
     EpochStart,
     ReplicaFetchRequest,
@@ -113,6 +114,29 @@ class ReplicaLeader:
     @property
     def committed(self) -> int:
         return self._committed
+
+    def status(self) -> ReplicationStatus:
+        gateway = self._gateway
+        end = gateway.store.end_position if gateway is not None else 0
+        members = set(self._followers) | (self._in_sync - {self._record.member})
+        return ReplicationStatus(
+            group=self._config.group,
+            member=self._record.member,
+            epoch=self.epoch,
+            committed=self._committed,
+            log_end=end,
+            min_insync_replicas=self._config.min_insync_replicas,
+            in_sync=sorted(self._in_sync),
+            followers=[
+                ReplicaFollowerStatus(
+                    member=m,
+                    position=f.position if (f := self._followers.get(m)) else 0,
+                    durable=f.durable if f else 0,
+                    in_sync=m in self._in_sync,
+                )
+                for m in sorted(members)
+            ],
+        )
 
     def follower_positions(self) -> dict[str, tuple[int, int]]:
         """(position, durable) of every follower that fetched this term."""

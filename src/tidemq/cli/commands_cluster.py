@@ -116,6 +116,7 @@ def status(
                 "",
                 security,
                 row["error"],
+                "",
             ]
         unflushed = s["log_end_position"] - s["log_flushed_position"]
         return [
@@ -128,6 +129,7 @@ def status(
             f"{s['uptime_ms'] // 1000} s",
             security,
             f"end {s['log_end_position']}, unflushed {unflushed}",
+            _replication(s),
         ]
 
     emit_table(
@@ -141,6 +143,7 @@ def status(
             "UPTIME",
             "USERS+ACLS",
             "LOG",
+            "REPLICATION",
         ],
         (cells(r) for r in rows),
     )
@@ -148,6 +151,25 @@ def status(
         for r in rows:
             if r["status"] is not None:
                 _emit_limits(r["name"], r["status"])
+
+
+def _replication(s: dict[str, Any]) -> str:
+    """A replica group leader's "m0 epoch 3, committed 1200, in sync m0,m1 (2 needed);
+    m2 behind 4096 B": the leader, the group's committed position, the in-sync set and
+    how far each follower is from the leader's log end ("-": not a group)."""
+    r = s.get("replication")
+    if not r:
+        return "-"
+    text = (
+        f"{r['member']} epoch {r['epoch']}, committed {r['committed']}, in sync "
+        f"{','.join(r['in_sync'])} ({r['min_insync_replicas']} needed)"
+    )
+    behind = [
+        f"{f['member']} behind {r['log_end'] - f['position']} B"
+        for f in r.get("followers", [])
+        if f["position"] < r["log_end"] or not f["in_sync"]
+    ]
+    return "; ".join([text, *behind])
 
 
 def _security(row: dict[str, Any]) -> str:

@@ -35,6 +35,8 @@ __all__ = [
     "PopStatus",
     "QueueInfo",
     "QueueLag",
+    "ReplicaFollower",
+    "Replication",
     "ResumeResult",
     "SuspendedMessage",
     "TierFile",
@@ -255,6 +257,33 @@ def broker_info_from_wire(msg: wire.BrokerStatus) -> BrokerInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaFollower:
+    """A replica group follower as its leader sees it."""
+
+    member: str
+    #: Its log end and flushed position at its last fetch (0: not heard from this term).
+    position: int
+    durable: int
+    in_sync: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replication:
+    """A replica group leader's report (docs/guide/replication.md)."""
+
+    group: str
+    #: The member leading, under which epoch.
+    member: str
+    epoch: int
+    #: The group's committed position (readers see up to here) and the leader's log end.
+    committed: int
+    log_end: int
+    min_insync_replicas: int
+    in_sync: tuple[str, ...]
+    followers: tuple[ReplicaFollower, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BrokerStatus:
     """One broker's own report: version, flush mode, log positions, connections."""
 
@@ -286,6 +315,8 @@ class BrokerStatus:
     #: The file system of the broker's data directory: its size and free bytes.
     disk_total_bytes: int = 0
     disk_free_bytes: int = 0
+    #: A replica group's leader: the group's state (None: not a group).
+    replication: Replication | None = None
 
 
 def broker_status_from_wire(msg: wire.StatusResponse) -> BrokerStatus:
@@ -306,6 +337,25 @@ def broker_status_from_wire(msg: wire.StatusResponse) -> BrokerStatus:
         bytes_out=msg.bytes_out,
         disk_total_bytes=msg.disk_total_bytes,
         disk_free_bytes=msg.disk_free_bytes,
+        replication=None if msg.replication is None else _replication(msg.replication),
+    )
+
+
+def _replication(r: wire.ReplicationStatus) -> Replication:
+    return Replication(
+        group=r.group,
+        member=r.member,
+        epoch=r.epoch,
+        committed=r.committed,
+        log_end=r.log_end,
+        min_insync_replicas=r.min_insync_replicas,
+        in_sync=tuple(r.in_sync),
+        followers=tuple(
+            ReplicaFollower(
+                member=f.member, position=f.position, durable=f.durable, in_sync=f.in_sync
+            )
+            for f in r.followers
+        ),
     )
 
 

@@ -521,6 +521,29 @@ class StatusRequest(_Msg):
     pass
 
 
+class ReplicaFollowerStatus(_Msg):
+    member: str
+    #: The follower's log end and flushed position at its last fetch this term.
+    position: int
+    durable: int
+    in_sync: bool
+
+
+class ReplicationStatus(_Msg):
+    """A replica group leader's view (docs/design/replication.md)."""
+
+    group: str
+    #: The member leading, and its epoch.
+    member: str
+    epoch: int
+    #: The group's committed position, and the leader's log end.
+    committed: int
+    log_end: int
+    min_insync_replicas: int
+    in_sync: list[str]
+    followers: list[ReplicaFollowerStatus] = []
+
+
 class StatusResponse(_Msg):
     broker_name: str
     version: str
@@ -543,6 +566,8 @@ class StatusResponse(_Msg):
     #: The file system of the data directory: its size and free bytes.
     disk_total_bytes: int = 0
     disk_free_bytes: int = 0
+    #: A replica group's leader: the group's state (None: not a group).
+    replication: ReplicationStatus | None = None
 
 
 #: code -> (request header type, response header type)
