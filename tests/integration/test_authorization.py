@@ -35,7 +35,7 @@ from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import REQUESTS
 from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
 from tidemq.protocol.query_messages import OriginMessageRequest, QueryMessagesRequest
-from tidemq.protocol.replica_messages import ReplicaFetchRequest
+from tidemq.protocol.replica_messages import ElectLeaderRequest, ReplicaFetchRequest
 from tidemq.protocol.security_messages import (
     SecurityPullRequest,
     SecurityPushRequest,
@@ -108,6 +108,7 @@ SAMPLES: dict[RequestCode, msgspec.Struct] = {
     RequestCode.UNREGISTER_BROKER: c.UnregisterBrokerRequest(broker_name="evil"),
     RequestCode.SECURITY_PUSH: SecurityPushRequest(broker_name="evil", snapshot=SecuritySnapshot()),
     RequestCode.SECURITY_PULL: SecurityPullRequest(broker_name="evil"),
+    RequestCode.ELECT_LEADER: ElectLeaderRequest(group="g", member="m1"),
     RequestCode.REPLICA_FETCH: ReplicaFetchRequest(
         group="g", member="evil", epoch=1, position=0, durable=0
     ),

@@ -32,7 +32,7 @@ from tidemq.broker.system_topics import TIMER_TOPIC
 from tidemq.client.admin import AsyncAdmin
 from tidemq.client.producer import AsyncProducer
 from tidemq.cluster.service import NameServerService
-from tidemq.core.errors import AuthenticationFailed, RequestTimeout
+from tidemq.core.errors import AuthenticationFailed, InvalidRequest, RequestTimeout
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import ReplicaFetchRequest, ReplicaFetchResponse
 from tidemq.store.message_store import MessageStore
@@ -367,3 +367,58 @@ def test_a_new_leader_resumes_the_services_from_the_state_its_leader_saved(
                 await producer.close()
 
     loop.run(run(), timeout_s=90)
+
+
+def test_leadership_moves_by_hand_to_an_in_sync_member_losing_nothing(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    """`elect_leader` while a producer keeps sending: the chosen member leads under the
+    next epoch, the producer's sends all end acknowledged, and every one is stored once."""
+
+    async def run() -> None:
+        async with group(tmp_path, etcd_single) as g:
+            for name in ("m0", "m1", "m2"):
+                await g.start(name)
+            first = await g.wait_leader()
+            target = next(n for n in g.nodes.values() if n is not first)
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.create_topic("t", 2)
+                with pytest.raises(InvalidRequest, match="already leads"):
+                    await admin.elect_leader(GROUP, first.member)
+                with pytest.raises(InvalidRequest, match="is not in sync"):
+                    await admin.elect_leader(GROUP, "m9")
+            producer = AsyncProducer(g.bootstrap)
+            sent: list[bytes] = []
+            stop = asyncio.Event()
+
+            async def keep_sending() -> None:
+                while not stop.is_set() or len(sent) < 50:
+                    value = b"v%d" % len(sent)
+                    await producer.send("t", value, queue=len(sent) % 2)
+                    sent.append(value)
+
+            sending = asyncio.ensure_future(keep_sending())
+            try:
+                await wait_until(lambda: len(sent) >= 20, what="sends before the handover")
+                async with AsyncAdmin(g.bootstrap) as admin:
+                    done = await admin.elect_leader(GROUP, target.member)
+                assert (done.previous, done.member) == (first.member, target.member)
+                assert done.address == target.address
+                assert 0 <= done.paused_ms <= done.took_ms
+                await wait_until(lambda: g.leader() is target, what="the target to lead")
+                count = len(sent)
+                await wait_until(lambda: len(sent) >= count + 20, what="sends after it")
+                stop.set()
+                await sending
+            finally:
+                stop.set()
+                await producer.close()
+            status = target.leader
+            assert status is not None
+            assert status.epoch == 2
+            await target.stop()
+            got = _stored(target.config.store.data_dir)
+            assert sorted(got[0] + got[1]) == sorted(sent)
+            assert got[0] == [v for i, v in enumerate(sent) if i % 2 == 0]
+
+    loop.run(run(), timeout_s=120)

@@ -96,6 +96,7 @@ from tidemq.protocol.commands import (
     StatusResponse,
 )
 from tidemq.protocol.frame import Frame
+from tidemq.protocol.replica_messages import ElectLeaderRequest, ElectLeaderResponse
 from tidemq.protocol.tier_messages import (
     TierFilesRequest,
     TierFilesResponse,
@@ -816,7 +817,20 @@ class Broker:
             RequestCode.TIER_STATUS: plain(self._tier_status),
             RequestCode.TIER_FILES: plain(self._tier_files),
             RequestCode.TIER_OFFLOAD: plain(self._tier_offload),
+            RequestCode.ELECT_LEADER: plain(self._elect_leader),
+            RequestCode.REPLICA_FETCH: plain(self._replica_fetch),
         }
+
+    async def _elect_leader(self, req: ElectLeaderRequest) -> ElectLeaderResponse:
+        if self._replica is None:
+            raise InvalidRequest("ELECT_LEADER goes to a replica group's leader")
+        return await self._replica.elect(req)
+
+    async def _replica_fetch(self, _: object) -> None:
+        raise InvalidRequest(
+            "REPLICA_FETCH goes to a replica group member's replication listener "
+            "(replication.port), not to its client listener"
+        )
 
     async def _status(self) -> StatusResponse:
         """The admin handler's status, with the connection limits and their usage."""
@@ -926,11 +940,6 @@ class Broker:
             return await self._data.fetch(header, budget=conn.budget)
         if code is RequestCode.CHECK_TXN:
             raise InvalidRequest("CHECK_TXN goes from the broker to a client, not the other way")
-        if code is RequestCode.REPLICA_FETCH:
-            raise InvalidRequest(
-                "REPLICA_FETCH goes to a replica group member's replication listener "
-                "(replication.port), not to its client listener"
-            )
         if code is RequestCode.ORIGIN_MESSAGE:
             answer, body = await self._origins.find(header)
             if answer.found:

@@ -35,10 +35,13 @@ from tidemq.core.errors import (
     LeaderFenced,
     NotEnoughReplicas,
     NotLeader,
+    RequestTimeout,
     TidemqError,
 )
 from tidemq.protocol.commands import ReplicaFollowerStatus, ReplicationStatus
 from tidemq.protocol.replica_messages import (
+    ElectLeaderRequest,
+    ElectLeaderResponse,
     EpochStart,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
@@ -86,7 +89,10 @@ class ReplicaLeader:
         write_in_sync: Callable[[list[str]], Awaitable[None]],
         is_leader: Callable[[], bool],
         clock: Clock,
+        hand_over: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
+        """`hand_over(member)`: make `member` the next leader and step down (the node's
+        part of `tidemq cluster elect`)."""
         self._config = config
         self._record = record
         self._history = history
@@ -102,6 +108,11 @@ class ReplicaLeader:
         self._task: asyncio.Task[None] | None = None
         #: The broker's latest saved service state, for followers (None: none yet).
         self._state: ReplicaServiceState | None = None
+        self._hand_over = hand_over
+        #: The member leadership is being handed to (new writes are refused meanwhile).
+        self._handing_over = ""
+        #: Set at every follower report: a handover waits on it.
+        self._reported = asyncio.Event()
 
     @property
     def epoch(self) -> int:
@@ -212,6 +223,13 @@ class ReplicaLeader:
     def _check_writable(self) -> None:
         if not self._is_leader():
             raise self._fenced("its lease is lost")
+        if self._handing_over:
+            raise NotLeader(
+                f"group {self._config.group}: leadership is moving to {self._handing_over}; "
+                "retry at the group's new leader",
+                group=self._config.group,
+                current_epoch=self.epoch,
+            )
         if len(self._in_sync) < self._config.min_insync_replicas:
             raise NotEnoughReplicas(
                 f"group {self._config.group}: {len(self._in_sync)} member(s) in sync "
@@ -246,6 +264,8 @@ class ReplicaLeader:
             ), b""
         follower = self._followers.setdefault(req.member, _Follower())
         follower.position, follower.durable = req.position, min(req.durable, req.position)
+        self._reported.set()
+        self._reported = asyncio.Event()
         if req.position >= follower.answered_end:
             follower.caught_up_ms = self._clock.monotonic_ms()
         if req.position >= store.end_position and req.max_wait_ms > 0:
@@ -292,6 +312,45 @@ class ReplicaLeader:
             answer.max_topic_id = store.metadata.max_topic_id()
             answer.last_producer_id = store.metadata.last_producer_id()
         return answer, chunk.data
+
+    async def elect(self, req: ElectLeaderRequest) -> ElectLeaderResponse:
+        """Hand leadership to `req.member` (an in-sync follower) without losing anything
+        acknowledged: refuse new writes, wait until the member holds this whole log
+        durably (so every waiting append is committed and answered), then name it the
+        next leader and step down."""
+        member = req.member
+        if req.group != self._config.group:
+            raise InvalidRequest(f"group {req.group!r}: this broker leads {self._config.group!r}")
+        if member == self._record.member:
+            raise InvalidRequest(f"{member} already leads group {self._config.group}")
+        if member not in self._in_sync:
+            raise InvalidRequest(
+                f"{member} is not in sync (in sync: {', '.join(sorted(self._in_sync))}): only "
+                "an in-sync member can lead without losing acknowledged messages"
+            )
+        if self._handing_over or self._hand_over is None or self._gateway is None:
+            raise InvalidRequest(f"group {self._config.group}: a handover is under way")
+        store = self._gateway.store
+        self._handing_over = member
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(req.timeout_ms / 1000):
+                while (f := self._followers.get(member)) is None or f.durable < store.end_position:
+                    await self._reported.wait()
+            paused_ms = (time.monotonic() - started) * 1000
+            await self._hand_over(member)
+        except TimeoutError:
+            self._handing_over = ""
+            raise RequestTimeout(
+                f"{member} did not reach the leader's log end in {req.timeout_ms} ms; "
+                f"leadership stays with {self._record.member}"
+            ) from None
+        except BaseException:
+            self._handing_over = ""
+            raise
+        return ElectLeaderResponse(
+            previous=self._record.member, epoch=self.epoch, paused_ms=paused_ms
+        )
 
     def _check_request(self, req: ReplicaFetchRequest) -> None:
         if req.group != self._config.group:

@@ -35,8 +35,8 @@ from tidemq.broker.replica_follower import ReplicaFaults, ReplicaFollower
 from tidemq.broker.replica_leader import ReplicaLeader
 from tidemq.cluster.election import Election, ElectionConfig
 from tidemq.cluster.election_state import State
-from tidemq.cluster.etcd_client import EtcdClient
-from tidemq.cluster.group_keys import LeaderRecord
+from tidemq.cluster.etcd_client import Delete, EtcdClient, Put, ValueIs
+from tidemq.cluster.group_keys import GroupKeys, LeaderRecord
 from tidemq.cluster.in_sync import read_in_sync, write_in_sync
 from tidemq.cluster.membership import check_secret
 from tidemq.cluster.security_link import check_cluster_login
@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 _ROLE_WAIT_S: Final = 3600.0
 #: Pause before trying to lead again after a start as leader failed.
 _LEAD_RETRY_S: Final = 1.0
+#: How long a handover's preferred member has to take over before any member may.
+HANDOVER_TTL_S: Final = 10
 
 
 class ReplicaNode:
@@ -197,6 +199,7 @@ class ReplicaNode:
         if follower is not None and follower.last_leader not in ("", self.member):
             members.discard(follower.last_leader)
         await write_in_sync(self._etcd, keys, record, members)
+        await self._clear_preferred(keys)
 
         async def write(chosen: list[str]) -> None:
             await write_in_sync(self._etcd, keys, record, chosen)
@@ -210,6 +213,7 @@ class ReplicaNode:
             write_in_sync=write,
             is_leader=election.is_leader,
             clock=self._clock,
+            hand_over=self._hand_over,
         )
         broker = Broker(
             replace(self.config, broker_name=self.config.replication.group),
@@ -269,6 +273,26 @@ class ReplicaNode:
             store.close()
         self._unlock()
 
+    async def _hand_over(self, member: str) -> None:
+        """Name `member` the next leader (a key on a short lease: no other member
+        campaigns while it lasts) and step down."""
+        election = self.election
+        assert election is not None
+        lease = await self._etcd.grant_lease(HANDOVER_TTL_S)
+        await self._etcd.txn(
+            compare=[], success=[Put(election.keys.preferred, member.encode(), lease.id)]
+        )
+        log.info("member %s hands group %s over to %s", self.member, election.keys.group, member)
+        await election.step_down()
+
+    async def _clear_preferred(self, keys: GroupKeys) -> None:
+        """A handover to this member is done: let every member campaign again."""
+        with contextlib.suppress(EtcdUnavailable):
+            await self._etcd.txn(
+                compare=[ValueIs(keys.preferred, self.member.encode())],
+                success=[Delete(keys.preferred)],
+            )
+
     def _leader_record(self) -> LeaderRecord | None:
         election = self.election
         return None if election is None else election.status.leader
@@ -280,6 +304,9 @@ class ReplicaNode:
         election = self.election
         assert election is not None
         try:
+            preferred = await self._etcd.get(election.keys.preferred)
+            if preferred is not None and preferred.value != self.member.encode():
+                return False  # a handover to another member is under way
             found = await read_in_sync(self._etcd, election.keys)
         except EtcdUnavailable:
             return False

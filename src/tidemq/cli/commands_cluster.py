@@ -1,4 +1,4 @@
-"""`tidemq cluster list / status / remove-broker`."""
+"""`tidemq cluster list / status / remove-broker / elect`."""
 
 from __future__ import annotations
 
@@ -227,4 +227,37 @@ def remove_broker(
         ["TOPIC", "QUEUE", "LINKS DROPPED", "LINKS IN THE TIER", "CHAIN STARTS AT"],
         ((p.topic, p.queue, p.links, p.offloaded, p.starts_at) for p in pruned),
         title=f"Broker {name} is no longer needed to serve any data; stop it.",
+    )
+
+
+@command(app, "elect")
+def elect(
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="The replica group.")],
+    broker: Annotated[
+        str,
+        typer.Option("--broker", help="The member to lead it (an in-sync follower)."),
+    ],
+    timeout_ms: Annotated[
+        int,
+        typer.Option(
+            "--timeout-ms",
+            min=1,
+            help="Longest the leader refuses writes while the member catches up.",
+        ),
+    ] = 10_000,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    output: OutputOpt = Output.TABLE,
+) -> None:
+    """Move a replica group's leadership to another member by hand, losing nothing
+    acknowledged: the leader refuses new writes (clients retry) until the member holds
+    its whole log, then steps down for it (docs/guide/replication.md)."""
+    with _admin(bootstrap) as admin:
+        done = admin.elect_leader(group, broker, timeout_ms=timeout_ms)
+    if output is Output.JSON:
+        emit_json(done)
+        return
+    say(
+        f"group {done.group}: {done.previous} handed over to {done.member} "
+        f"(serving on {done.address}); writes refused {done.paused_ms:.0f} ms, "
+        f"handover {done.took_ms:.0f} ms"
     )

@@ -42,6 +42,7 @@ from tidemq.client.results import (
     BrokerStatus,
     CommittedOffset,
     GroupDescription,
+    LeaderHandover,
     NewTopic,
     PopStatus,
     ResumeResult,
@@ -69,6 +70,7 @@ from tidemq.core.errors import (
     BrokerNotAvailable,
     ConfigError,
     InvalidRequest,
+    RequestTimeout,
     TidemqError,
     TopicAlreadyExists,
     TopicNotFound,
@@ -117,6 +119,7 @@ from tidemq.protocol.commands import (
     UserListResponse,
     UserUpsertRequest,
 )
+from tidemq.protocol.replica_messages import ElectLeaderRequest, ElectLeaderResponse
 from tidemq.protocol.tier_messages import (
     TierFilesRequest,
     TierFilesResponse,
@@ -142,6 +145,10 @@ DLQ_HEADER_PREFIX = "tidemq.dlq."
 REDRIVEN_FROM_HEADER = "tidemq.redriven_from"
 #: Messages sent per redrive step, between two commits of the redrive position.
 _REDRIVE_CHUNK = 256
+#: A handover's answer may take its catch-up time plus this.
+_ELECT_SLACK_MS = 10_000
+#: Between two looks at the name server for a handover's new leader.
+_ELECT_POLL_S = 0.05
 #: Longest a dead-letter read may go without progress before it gives up.
 _READ_STALL_S = 30.0
 
@@ -671,6 +678,44 @@ class AsyncAdmin:
             self._cluster.bootstrap, ClusterStatusRequest(), ClusterStatusResponse
         )
         return [broker_info_from_wire(b) for b in answer.brokers]
+
+    async def elect_leader(
+        self, group: str, member: str, *, timeout_ms: int = 10_000, wait_ms: int = 30_000
+    ) -> LeaderHandover:
+        """Move replica group `group`'s leadership to `member`, an in-sync follower,
+        without losing an acknowledged message: the leader refuses new writes (clients
+        retry) until `member` holds its whole log (at most `timeout_ms`), then steps
+        down for it. Returns once the name server routes the group to `member` (at most
+        `wait_ms` more)."""
+        started = time.monotonic()
+        address = (await self._cluster.refresh_topics([])).brokers.get(group)
+        if address is None:
+            raise InvalidRequest(f"no live broker is registered as replica group {group!r}")
+        answer = await self._cluster.call(
+            address,
+            ElectLeaderRequest(group=group, member=member, timeout_ms=timeout_ms),
+            ElectLeaderResponse,
+            timeout_ms=timeout_ms + _ELECT_SLACK_MS,
+        )
+        deadline = started + (timeout_ms + wait_ms) / 1000
+        while (now := (await self._cluster.refresh_topics([])).brokers.get(group)) in (
+            None,
+            address,
+        ):
+            if time.monotonic() > deadline:
+                raise RequestTimeout(
+                    f"{answer.previous} handed group {group} over to {member}, but the name "
+                    f"server did not route it there within {wait_ms} ms"
+                )
+            await asyncio.sleep(_ELECT_POLL_S)
+        return LeaderHandover(
+            group=group,
+            previous=answer.previous,
+            member=member,
+            address=now or "",
+            paused_ms=answer.paused_ms,
+            took_ms=(time.monotonic() - started) * 1000,
+        )
 
     async def broker_status(self, address: str) -> BrokerStatus:
         """The report of the broker at `address`: version, log positions, connections."""

@@ -29,6 +29,7 @@ __all__ = [
     "CommittedOffset",
     "DiscardedTransaction",
     "GroupDescription",
+    "LeaderHandover",
     "MemberInfo",
     "NewTopic",
     "OpenTransaction",
@@ -254,6 +255,21 @@ def broker_info_from_wire(msg: wire.BrokerStatus) -> BrokerInfo:
         security_version=msg.security_counter,
         security_digest=f"{msg.security_digest:016x}",
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaderHandover:
+    """A replica group's leadership moved by hand (`Admin.elect_leader`)."""
+
+    group: str
+    #: The member that led, and the one that leads now, serving at `address`.
+    previous: str
+    member: str
+    address: str
+    #: How long the previous leader refused new writes while `member` caught up, and
+    #: the whole handover until the name server routed the group to `member` (ms).
+    paused_ms: float
+    took_ms: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

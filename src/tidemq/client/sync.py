@@ -29,6 +29,7 @@ from tidemq.client.results import (
     CancelResult,
     CommittedOffset,
     GroupDescription,
+    LeaderHandover,
     NewTopic,
     PopStatus,
     ResumeResult,
@@ -744,6 +745,15 @@ class Admin:
 
     def broker_status(self, address: str) -> BrokerStatus:
         return run(self._a.broker_status(address))
+
+    def elect_leader(
+        self, group: str, member: str, *, timeout_ms: int = 10_000, wait_ms: int = 30_000
+    ) -> LeaderHandover:
+        """See `tidemq.aio.Admin.elect_leader`."""
+        return run(
+            self._a.elect_leader(group, member, timeout_ms=timeout_ms, wait_ms=wait_ms),
+            timeout_s=(timeout_ms + wait_ms) / 1000 + 30,
+        )
 
     def timer_status(self, topic: str = "") -> TimerStatus:
         return run(self._a.timer_status(topic))

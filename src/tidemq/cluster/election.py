@@ -460,6 +460,17 @@ class Election:
             )
         return self._leadership.record
 
+    async def step_down(self) -> None:
+        """Give leadership up and stay in the election (a handover): delete the leader
+        key if it still holds this member's record; the leader's watch then sees it go
+        (DEPOSED), and this member follows whoever etcd elects next. NotLeader if it
+        does not lead."""
+        record = self.leader_record
+        await self._client.txn(
+            compare=[ValueIs(self._keys.leader, encode_leader(record))],
+            success=[Delete(self._keys.leader)],
+        )
+
     async def resign(self) -> None:
         """Give leadership up and leave the election: delete the leader key only if it
         still holds this member's record, then revoke the lease. If etcd cannot be asked

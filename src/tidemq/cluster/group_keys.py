@@ -95,6 +95,12 @@ class GroupKeys:
     def in_sync(self) -> bytes:
         return f"{self.prefix}/groups/{self.group}/in_sync".encode()
 
+    @property
+    def preferred(self) -> bytes:
+        """During a handover (`tidemq cluster elect`): the member that is to lead next,
+        on a short lease; while it exists no other member campaigns."""
+        return f"{self.prefix}/groups/{self.group}/preferred".encode()
+
 
 def check_member(member: str) -> str:
     if _MEMBER.fullmatch(member) is None:

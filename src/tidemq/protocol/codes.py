@@ -87,6 +87,8 @@ class RequestCode(IntEnum):
     # replication within a broker group (docs/design/replication.md): a follower pulls
     # the leader's commit log by position
     REPLICA_FETCH = 130
+    # ... and an operator moves a group's leadership to another member (cluster elect)
+    ELECT_LEADER = 131
     # users and ACL entries shared by a cluster (docs/adr/0015): a broker gives the name
     # servers its tables, and takes newer ones from them; with a cluster secret, a broker
     # logs its name-server connections in with it (mechanism CLUSTER_MECHANISM)

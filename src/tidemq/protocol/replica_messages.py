@@ -19,6 +19,8 @@ from tidemq.protocol.codes import RequestCode
 
 __all__ = [
     "REPLICA_REQUESTS",
+    "ElectLeaderRequest",
+    "ElectLeaderResponse",
     "EpochStart",
     "ReplicaFetchRequest",
     "ReplicaFetchResponse",
@@ -114,6 +116,25 @@ class ReplicaFetchResponse(_Msg):
     state: ReplicaServiceState | None = None
 
 
+class ElectLeaderRequest(_Msg):
+    """To a replica group's leader (its client listener): hand leadership over to
+    `member`, an in-sync follower, without losing an acknowledged message."""
+
+    group: str
+    member: str
+    #: Longest the leader waits for the member to hold its whole log.
+    timeout_ms: int = 10_000
+
+
+class ElectLeaderResponse(_Msg):
+    #: The leader that handed over, and its epoch (the next leader's is higher).
+    previous: str
+    epoch: int
+    #: How long new writes were refused while the member caught up (ms).
+    paused_ms: float
+
+
 REPLICA_REQUESTS: Final = {
     RequestCode.REPLICA_FETCH: (ReplicaFetchRequest, ReplicaFetchResponse),
+    RequestCode.ELECT_LEADER: (ElectLeaderRequest, ElectLeaderResponse),
 }
