@@ -405,7 +405,9 @@ def test_leadership_moves_by_hand_to_an_in_sync_member_losing_nothing(
                 assert (done.previous, done.member) == (first.member, target.member)
                 assert done.address == target.address
                 assert 0 <= done.paused_ms <= done.took_ms
-                print(f"handover: writes refused {done.paused_ms:.1f} ms, took {done.took_ms:.0f} ms")
+                print(
+                    f"handover: writes refused {done.paused_ms:.1f} ms, took {done.took_ms:.0f} ms"
+                )
                 await wait_until(lambda: g.leader() is target, what="the target to lead")
                 count = len(sent)
                 await wait_until(lambda: len(sent) >= count + 20, what="sends after it")

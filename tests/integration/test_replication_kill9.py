@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -125,6 +125,18 @@ def _read_all(bootstrap: str) -> dict[int, list[bytes]]:
     return got
 
 
+def _sender(producer: tidemq.Producer, acked: dict[int, list[bytes]]) -> Callable[[int, str], None]:
+    """send(n, tag): n messages over queues 0 and 1, each recorded once acknowledged."""
+
+    def send(n: int, tag: str) -> None:
+        for i in range(n):
+            value = f"{tag}-{i}".encode()
+            receipt = producer.send("t", value, queue=i % 2)
+            acked[receipt.queue].append(value)
+
+    return send
+
+
 @pytest.fixture
 def namesrv(tmp_path: Path) -> Iterator[str]:
     proc = _start(["namesrv", "--port", "0", "--log-level", "warning", *FAST], tmp_path / "ns.log")
@@ -149,12 +161,7 @@ def test_every_acknowledged_message_survives_kill_9_of_the_leader(
         with tidemq.Admin(namesrv) as admin:
             admin.create_topic("t", 2)
         with tidemq.Producer(namesrv) as producer:
-
-            def send(n: int, tag: str) -> None:
-                for i in range(n):
-                    value = f"{tag}-{i}".encode()
-                    receipt = producer.send("t", value, queue=i % 2)
-                    acked[receipt.queue].append(value)
+            send = _sender(producer, acked)
 
             send(PER_PHASE, "warm")
             for cycle in range(cycles):
@@ -201,12 +208,7 @@ def test_a_paused_leader_acknowledges_nothing_after_its_lease(
         with tidemq.Admin(namesrv) as admin:
             admin.create_topic("t", 2)
         with tidemq.Producer(namesrv, client_config=quick) as producer:
-
-            def send(n: int, tag: str) -> None:
-                for i in range(n):
-                    value = f"{tag}-{i}".encode()
-                    receipt = producer.send("t", value, queue=i % 2)
-                    acked[receipt.queue].append(value)
+            send = _sender(producer, acked)
 
             send(PER_PHASE, "before")
             paused = members.procs[leader]
