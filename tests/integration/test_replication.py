@@ -26,6 +26,7 @@ from tests.integration.conftest import (
 from tests.support.etcd_server import EtcdCluster, etcd_single
 
 from tidemq import aio
+from tidemq.broker import replica_node
 from tidemq.broker.replica_node import ReplicaNode
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.broker.system_topics import TIMER_TOPIC
@@ -425,3 +426,34 @@ def test_leadership_moves_by_hand_to_an_in_sync_member_losing_nothing(
             assert got[0] == [v for i, v in enumerate(sent) if i % 2 == 0]
 
     loop.run(run(), timeout_s=120)
+
+
+def test_roles_outlast_the_elections_wait(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member leads (or follows) for much longer than one wait on its election: the
+    wait's timeout is not an end of the role (it once made a leader step down, and a
+    follower stop looking, after an hour)."""
+    monkeypatch.setattr(replica_node, "_ROLE_WAIT_S", 0.01)
+
+    async def run() -> None:
+        async with group(tmp_path, etcd_single) as g:
+            for name in ("m0", "m1"):
+                await g.start(name)
+            first = await g.wait_leader()
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.create_topic("t", 2)
+            producer = AsyncProducer(g.bootstrap)
+            try:
+                for i in range(50):  # each waits for the follower: many 10 ms waits pass
+                    await producer.send("t", b"v%d" % i, queue=i % 2)
+            finally:
+                await producer.close()
+            assert g.leader() is first
+            assert first.leader is not None
+            assert first.leader.epoch == 1
+            for node in g.nodes.values():
+                assert node._roles_task is not None
+                assert not node._roles_task.done()
+
+    loop.run(run(), timeout_s=60)

@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Final
 
@@ -33,7 +34,7 @@ from tidemq.broker.broker import Broker, server_limits
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.replica_follower import ReplicaFaults, ReplicaFollower
 from tidemq.broker.replica_leader import ReplicaLeader
-from tidemq.cluster.election import Election, ElectionConfig
+from tidemq.cluster.election import Election, ElectionConfig, ElectionStatus
 from tidemq.cluster.election_state import State
 from tidemq.cluster.etcd_client import Delete, EtcdClient, Put, ValueIs
 from tidemq.cluster.group_keys import GroupKeys, LeaderRecord
@@ -57,7 +58,7 @@ __all__ = ["ReplicaNode"]
 log = logging.getLogger(__name__)
 
 #: How long a role waits on the election between two looks (it wakes on every change).
-_ROLE_WAIT_S: Final = 3600.0
+_ROLE_WAIT_S: Final = 60.0
 #: Pause before trying to lead again after a start as leader failed.
 _LEAD_RETRY_S: Final = 1.0
 #: How long a handover's preferred member has to take over before any member may.
@@ -171,15 +172,17 @@ class ReplicaNode:
         election = self.election
         assert election is not None
         while True:
-            status = await election.wait_for(
-                lambda s: s.state in (State.LEADER, State.STOPPED), timeout_s=_ROLE_WAIT_S
-            )
+            status = await _wait_for(election, lambda s: s.state in (State.LEADER, State.STOPPED))
             if status.state is State.STOPPED:
                 return
             try:
                 await self._lead(election)
-            except (TidemqError, OSError) as exc:
-                log.warning("member %s could not lead: %s", self.member, exc)
+            except Exception as exc:
+                # A leader key nobody serves would keep the group leaderless: give it up
+                # so another member can lead, and follow meanwhile.
+                log.warning("member %s could not lead: %s", self.member, exc, exc_info=True)
+                with contextlib.suppress(TidemqError):
+                    await election.step_down()
                 await asyncio.sleep(_LEAD_RETRY_S)
             finally:
                 await self._stop_leading()
@@ -230,7 +233,7 @@ class ReplicaNode:
             record.epoch,
             broker.address,
         )
-        await election.wait_for(lambda s: s.state is not State.LEADER, timeout_s=_ROLE_WAIT_S)
+        await _wait_for(election, lambda s: s.state is not State.LEADER)
 
     async def _stop_leading(self) -> None:
         leader, self.leader = self.leader, None
@@ -355,3 +358,13 @@ class ReplicaNode:
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             os.close(fd)
+
+
+async def _wait_for(
+    election: Election, predicate: Callable[[ElectionStatus], bool]
+) -> ElectionStatus:
+    """The first election status that satisfies `predicate`, however long it takes (a
+    member may lead or follow for months); woken by every change."""
+    while True:
+        with contextlib.suppress(TimeoutError):
+            return await election.wait_for(predicate, timeout_s=_ROLE_WAIT_S)
