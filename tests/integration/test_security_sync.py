@@ -113,7 +113,7 @@ async def _versions(bootstrap: str) -> dict[str, tuple[int, str]]:
     """Each live broker's users-and-ACLs version, as the name server reports it."""
     async with tidemq.aio.Admin(bootstrap, client_config=_admin_login()) as admin:
         return {
-            b.name: (b.security_version, b.security_digest) for b in await admin.cluster_status()
+            b.name: (b.security_counter, b.security_digest) for b in await admin.cluster_status()
         }
 
 

@@ -154,6 +154,8 @@ def test_every_wire_struct_converts_to_its_result() -> None:
         commands.QueueOffset: results.CommittedOffset,
         commands.BrokerStatus: results.BrokerInfo,
         commands.StatusResponse: results.BrokerStatus,
+        commands.ReplicationStatus: results.Replication,
+        commands.ReplicaFollowerStatus: results.ReplicaFollower,
         commands.CancelDelayedResponse: results.CancelResult,
         commands.TimerTopicStatus: results.TimerTopicStatus,
         commands.TimerStatusResponse: results.TimerStatus,

@@ -176,7 +176,7 @@ def _security(row: dict[str, Any]) -> str:
     """ "3 (1a2b3c4d)": the users' and ACLs' version and the start of its digest; equal
     on every broker once a change has reached them all (ADR 15)."""
     digest = row.get("security_digest", "")
-    return f"{row.get('security_version', 0)} ({digest[:8]})" if digest else "-"
+    return f"{row.get('security_counter', 0)} ({digest[:8]})" if digest else "-"
 
 
 def _connections(s: dict[str, Any]) -> str:

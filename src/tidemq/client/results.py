@@ -241,7 +241,7 @@ class BrokerInfo:
     topics: int
     #: The version of its users and ACL entries (ADR 15): brokers showing the same
     #: version and digest have the same tables. 0: never changed cluster-wide.
-    security_version: int = 0
+    security_counter: int = 0
     #: The tables' digest, 16 hex digits.
     security_digest: str = ""
 
@@ -252,7 +252,7 @@ def broker_info_from_wire(msg: wire.BrokerStatus) -> BrokerInfo:
         address=msg.address,
         last_heartbeat_ms_ago=msg.last_heartbeat_ms_ago,
         topics=msg.topics,
-        security_version=msg.security_counter,
+        security_counter=msg.security_counter,
         security_digest=f"{msg.security_digest:016x}",
     )
 
