@@ -49,7 +49,7 @@ etcd:
 # Two workers: most tests wait on servers, sleeps and subprocesses, so two share the two
 # cores well (13 min serial, 8 min on two). The Spark tests all go to one worker (one JVM).
 test: check java chromium etcd
-	$(VENV)/bin/pytest -W error -q -n 2 --dist loadgroup
+	$(VENV)/bin/pytest -W error -q -n 2 --dist loadgroup --durations=25
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks
