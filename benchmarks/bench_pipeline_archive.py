@@ -13,10 +13,12 @@ each, after one untimed warm-up of both, R alternating runs (default 3) of:
 
 * archive: `run_archive` with AvailableNow and its defaults (micro-batches of 100,000
   messages), a new output directory and checkpoint each run;
+* archive in one micro-batch (`max_offsets_per_trigger=None`): what the micro-batches
+  cost;
 * plain: ``spark.read.format("tidemq").option("subscribe", topic).load()
   .write.parquet(dir)`` (one batch job, zstd as archive writes).
 
-Figures: MB/s of message values (N x BYTES / wall seconds), medians, and the median of
+Figures: MB/s of message values (N x BYTES / wall seconds), medians, and the medians of
 the per-run ratios archive / plain. CPU steal and the load average are printed.
 """
 
@@ -96,13 +98,19 @@ def _session(master: str) -> Any:
     return spark
 
 
-def _archive(spark: Any, bootstrap: str, work: Path) -> float:
+def _archive(spark: Any, bootstrap: str, work: Path, *, one_batch: bool = False) -> float:
     from tidemq.spark.pipelines.archive import run_archive  # noqa: PLC0415
+    from tidemq.spark.pipelines.streams import DEFAULT_MAX_OFFSETS_PER_TRIGGER  # noqa: PLC0415
 
     out = Path(tempfile.mkdtemp(prefix="archive-", dir=work))
     started = time.perf_counter()
     query = run_archive(
-        spark, bootstrap=bootstrap, topics=[TOPIC], output=out / "out", checkpoint=out / "cp"
+        spark,
+        bootstrap=bootstrap,
+        topics=[TOPIC],
+        output=out / "out",
+        checkpoint=out / "cp",
+        max_offsets_per_trigger=None if one_batch else DEFAULT_MAX_OFFSETS_PER_TRIGGER,
     )
     seconds = time.perf_counter() - started
     assert query.exception() is None
@@ -122,24 +130,25 @@ def _plain(spark: Any, bootstrap: str, work: Path) -> float:
 
 def _measure(master: str, bootstrap: str, work: Path, runs: int, mb: float) -> dict[str, Any]:
     spark = _session(master)
+    seconds: dict[str, list[float]] = {"archive": [], "archive_one_batch": [], "plain": []}
     try:
-        for way in (_archive, _plain):  # warm-up
-            way(spark, bootstrap, work)
-        seconds: dict[str, list[float]] = {"archive": [], "plain": []}
+        _archive(spark, bootstrap, work)  # warm-up
+        _plain(spark, bootstrap, work)
         for _ in range(runs):
             seconds["archive"].append(_archive(spark, bootstrap, work))
+            seconds["archive_one_batch"].append(_archive(spark, bootstrap, work, one_batch=True))
             seconds["plain"].append(_plain(spark, bootstrap, work))
     finally:
         spark.stop()
-    archive = [mb / s for s in seconds["archive"]]
-    plain = [mb / s for s in seconds["plain"]]
-    return {
-        "archive_mb_s": statistics.median(archive),
-        "plain_mb_s": statistics.median(plain),
-        "archive_mb_s_all": archive,
-        "plain_mb_s_all": plain,
-        "ratio": statistics.median(a / p for a, p in zip(archive, plain, strict=True)),
-    }
+    rates = {way: [mb / s for s in values] for way, values in seconds.items()}
+    out: dict[str, Any] = {}
+    for way, values in rates.items():
+        out[f"{way}_mb_s"] = statistics.median(values)
+        out[f"{way}_mb_s_all"] = values
+    for way in ("archive", "archive_one_batch"):
+        pairs = zip(rates[way], rates["plain"], strict=True)
+        out[f"{way}_ratio"] = statistics.median(a / p for a, p in pairs)
+    return out
 
 
 def main() -> None:
@@ -175,8 +184,10 @@ def main() -> None:
     for mode in args.modes.split(","):
         r = results[mode]
         print(
-            f"{mode}: archive {r['archive_mb_s']:.1f} MB/s, plain read+write.parquet "
-            f"{r['plain_mb_s']:.1f} MB/s, ratio {r['ratio']:.2f}x"
+            f"{mode}: archive {r['archive_mb_s']:.1f} MB/s ({r['archive_ratio']:.2f}x), in one "
+            f"micro-batch {r['archive_one_batch_mb_s']:.1f} MB/s "
+            f"({r['archive_one_batch_ratio']:.2f}x), plain read+write.parquet "
+            f"{r['plain_mb_s']:.1f} MB/s"
         )
     print(
         f"{args.messages:,} messages of {args.size} B ({mb:.0f} MB); median of {args.runs}; "
