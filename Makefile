@@ -87,9 +87,12 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) benchmarks/bench_tier.py --json benchmarks/results/tier.json
 	$(PY) benchmarks/bench_tier_disk.py --json benchmarks/results/tier_disk.json
 	$(PY) benchmarks/bench_spark_tier.py --json benchmarks/results/spark_tier.json
+	$(PY) benchmarks/bench_pipeline_analytics.py --json benchmarks/results/pipeline_analytics.json
+	$(PY) benchmarks/bench_pipeline_archive.py --json benchmarks/results/pipeline_archive.json
 
 soak: $(STAMP)
 	TIDEMQ_SOAK=1 $(VENV)/bin/pytest -W error -q -m "slow" tests/simulation tests/integration
+	TIDEMQ_SOAK=1 $(VENV)/bin/pytest -W error -q tests/spark/test_pipeline_worker_kill9.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

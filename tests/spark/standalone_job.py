@@ -139,14 +139,13 @@ def main() -> None:
             config=ANALYTICS,
             max_offsets_per_trigger=1002,
         )
+        dropped = sum(
+            op["numRowsDroppedByWatermark"]
+            for p in run.query.recentProgress
+            for op in p["stateOperators"]
+        )
         result["analytics"] = {
-            kind: {
-                "watermark_ms": _watermark_ms(run.queries[kind]),
-                "dropped": sum(
-                    p["stateOperators"][0]["numRowsDroppedByWatermark"]
-                    for p in run.queries[kind].recentProgress
-                ),
-            }
+            kind: {"watermark_ms": _watermark_ms(run.query), "dropped": dropped}
             for kind in ("tumbling", "sliding", "session")
         }
         result["executors"] = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tidemq.spark.pipelines.analytics import AnalyticsConfig, result_messages, write_results
+from tidemq.spark.pipelines.analytics_outputs import split_kinds
 from tidemq.spark.pipelines.events import (
     BEHAVIORS,
     Event,
@@ -178,3 +179,30 @@ def test_result_messages_are_json_with_millisecond_times() -> None:
     }
     with pytest.raises(ValueError, match="rejected"):
         result_messages(_windows_table(), "rejected")
+
+
+def test_a_collected_batch_splits_into_one_table_per_kind() -> None:
+    """The single query's rows (`kind` and one struct column per kind, the others null)
+    become the tables the outputs write, each with its kind's columns only."""
+    start = datetime(2025, 11, 22, tzinfo=UTC)
+    window = pa.struct([("window_start", pa.timestamp("us", tz="UTC")), ("count", pa.int64())])
+    session = pa.struct([("user_id", pa.int64()), ("events", pa.int64())])
+    rejected = pa.struct([("offset", pa.int64()), ("value", pa.binary())])
+    w = {"window_start": start, "count": 3}
+    table = pa.table(
+        {
+            "kind": ["tumbling", "session", "rejected", "tumbling", "sliding"],
+            "tumbling": pa.array([w, None, None, {**w, "count": 4}, None], window),
+            "sliding": pa.array([None, None, None, None, w], window),
+            "session": pa.array([None, {"user_id": 7, "events": 2}, None, None, None], session),
+            "rejected": pa.array([None, None, {"offset": 5, "value": b"x"}, None, None], rejected),
+        }
+    )
+    tables = split_kinds(table)
+    assert tables["tumbling"].to_pylist() == [w, {**w, "count": 4}]
+    assert tables["sliding"].to_pylist() == [w]
+    assert tables["session"].to_pylist() == [{"user_id": 7, "events": 2}]
+    assert tables["rejected"].to_pylist() == [{"offset": 5, "value": b"x"}]
+    empty = split_kinds(table.slice(0, 0))
+    assert empty["session"].num_rows == 0
+    assert empty["session"].column_names == ["user_id", "events"]

@@ -175,11 +175,9 @@ def analytics(
                     run.await_termination()
                 except KeyboardInterrupt:
                     run.stop()
-            rows = run.rows()
             say(
-                f"processed {rows['session']} event(s) ({rows['rejected']} read by the rejects "
-                f"query); results in {output}"
-                + (f" and topic {results_topic}" if results_topic else "")
+                f"processed {run.rows()} event(s) ({run.rejected_rows()} rejected); "
+                f"results in {output}" + (f" and topic {results_topic}" if results_topic else "")
             )
         except ValueError as exc:
             raise CliUsageError(str(exc)) from None
