@@ -30,7 +30,7 @@ from tests.support.server_process import START_TIMEOUT_S, ServerProcess
 
 import tidemq
 from tidemq.client.cluster import ClientConfig
-from tidemq.cluster.etcd_client import EtcdClient
+from tidemq.cluster.etcd_client import EtcdClient, Get
 from tidemq.cluster.group_keys import GroupKeys, decode_leader
 
 __all__ = ["etcd_single"]  # a fixture, used by name below
@@ -88,27 +88,37 @@ class Members:
 
 
 def _leader(etcd: list[str]) -> str:
-    async def read() -> str:
+    return _wait_leader(etcd, other_than=None)
+
+
+def _wait_leader(etcd: list[str], *, other_than: str | None = "") -> str:
+    """The member etcd names leader, once it is not `other_than` ("": any member; None:
+    whatever is there now, "" for none). Woken by etcd's watch of the key, not a poll."""
+
+    async def wait() -> str:
         client = EtcdClient(etcd)
         await client.connect()
+        keys = GroupKeys(GROUP)
+        deadline = time.monotonic() + FAILOVER_LIMIT_S
         try:
-            keys = GroupKeys(GROUP)
-            found = await client.get(keys.leader)
-            return "" if found is None else decode_leader(keys.leader, found.value).member
+            while True:
+                read = await client.txn(compare=[], success=[Get(keys.leader)])
+                found = read.gets[0]
+                member = "" if found is None else decode_leader(keys.leader, found.value).member
+                if other_than is None or (member and member != other_than):
+                    return member
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0:
+                    raise AssertionError(
+                        f"no leader other than {other_than!r} within {FAILOVER_LIMIT_S} s"
+                    )
+                await client.watch_once(
+                    keys.leader, start_revision=read.revision + 1, timeout_ms=left_ms
+                )
         finally:
             await client.close()
 
-    return asyncio.run(read())
-
-
-def _wait_leader(etcd: list[str], *, other_than: str = "") -> str:
-    deadline = time.monotonic() + FAILOVER_LIMIT_S
-    while time.monotonic() < deadline:
-        member = _leader(etcd)
-        if member and member != other_than:
-            return member
-        time.sleep(0.05)  # polls etcd, bounded by the deadline: no result depends on it
-    raise AssertionError(f"no leader other than {other_than!r} within {FAILOVER_LIMIT_S} s")
+    return asyncio.run(wait())
 
 
 def _read_all(bootstrap: str) -> dict[int, list[bytes]]:
