@@ -83,7 +83,13 @@ def test_pipelines_over_tls_with_login(
         assert result.exit_code == 0, result.output
         return result.output
 
-    out = cli("generate-events", "--topic", "clicks", "--count", "300", "--queues", "2")
+    # 20 users: 300 events span about an hour of event time, so the watermark that the first
+    # batch (150 events) moves is past many minute windows whatever their alignment. With the
+    # default 1,000 users they spanned 170 s, and about one run in ten had no window closed
+    # by the first batch, so no results (found in CI).
+    out = cli(
+        "generate-events", "--topic", "clicks", "--count", "300", "--queues", "2", "--users", "20"
+    )
     assert "sent 300 event(s)" in out
     archived = tmp_path / "archive"
     out = cli("archive", "--topic", "clicks", "--output", str(archived),
@@ -104,7 +110,8 @@ def test_pipelines_over_tls_with_login(
     )
     with tidemq.Admin(broker.address, client_config=config) as admin:
         results = admin.describe_topic("clicks-out").queue_info
-    assert sum(q.max_offset for q in results) > 0  # results published over TLS, logged in
+    # Results published over TLS, logged in.
+    assert sum(q.max_offset for q in results) > 0, out
 
     monkeypatch.delenv("TIDEMQ_USERNAME")
     monkeypatch.delenv("TIDEMQ_PASSWORD")
