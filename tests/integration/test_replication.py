@@ -457,3 +457,59 @@ def test_roles_outlast_the_elections_wait(
                 assert not node._roles_task.done()
 
     loop.run(run(), timeout_s=60)
+
+
+def test_committed_offsets_survive_a_failover(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    """A group's committed offsets are records of the leader's log (the offset book), so
+    the next leader answers them, and a consumer of the group goes on where it was, with
+    nothing read twice or skipped."""
+
+    async def run() -> None:
+        async with group(tmp_path, etcd_single) as g:
+            for name in ("m0", "m1", "m2"):
+                await g.start(name)
+            first = await g.wait_leader()
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.create_topic("t", 2)
+            producer = AsyncProducer(g.bootstrap)
+            try:
+                await _send(producer, [b"a%d" % i for i in range(40)])
+                consumer = aio.GroupConsumer(g.bootstrap, "readers", ["t"], start="earliest")
+                seen: list[bytes] = []
+                try:
+                    async with asyncio.timeout(30):
+                        while len(seen) < 40:
+                            seen += [m.value or b"" for m in await consumer.poll(200)]
+                    await consumer.commit()
+                finally:
+                    await consumer.close()
+                async with AsyncAdmin(g.bootstrap) as admin:
+                    before = {
+                        (o.topic, o.queue): o.committed
+                        for o in (await admin.describe_group("readers")).offsets
+                    }
+                assert before == {("t", 0): 20, ("t", 1): 20}
+                await first.stop()
+                await g.wait_leader(not_=first)
+                await _send(producer, [b"b%d" % i for i in range(10)])
+            finally:
+                await producer.close()
+            async with AsyncAdmin(g.bootstrap) as admin:
+                after = {
+                    (o.topic, o.queue): o.committed
+                    for o in (await admin.describe_group("readers")).offsets
+                }
+            assert after == before
+            consumer = aio.GroupConsumer(g.bootstrap, "readers", ["t"], start="earliest")
+            rest: list[bytes] = []
+            try:
+                async with asyncio.timeout(30):
+                    while len(rest) < 10:
+                        rest += [m.value or b"" for m in await consumer.poll(200)]
+            finally:
+                await consumer.close()
+            assert sorted(rest) == sorted(b"b%d" % i for i in range(10))
+
+    loop.run(run(), timeout_s=120)

@@ -3,7 +3,8 @@ three `tidemq broker --group g1 --etcd ...` members and a real etcd. Each cycle 
 messages, kills the member that leads (found in etcd), sends on until the group
 acknowledges again under a new leader (the failover time), and starts the killed
 member again on its data directory. At the end every acknowledged message is in the
-group's topic exactly once, in per-queue send order.
+group's topic exactly once, in per-queue send order, and a consumer group's offsets
+committed before each kill are what the next leader answers.
 
 `make test` runs 3 cycles; `make soak` (TIDEMQ_SOAK=1) runs 30. Each cycle prints its
 failover time; the last line the median and the worst.
@@ -147,6 +148,18 @@ def _sender(producer: tidemq.Producer, acked: dict[int, list[bytes]]) -> Callabl
     return send
 
 
+def _commit_latest(bootstrap: str) -> dict[tuple[str, int], int]:
+    """Commit the group "readers" at the end of every queue of t; what was committed."""
+    with tidemq.Admin(bootstrap) as admin:
+        done = admin.reset_offsets("readers", "t", to="latest", execute=True)
+    return {(o.topic, o.queue): o.offset for o in done}
+
+
+def _committed(bootstrap: str) -> dict[tuple[str, int], int]:
+    with tidemq.Admin(bootstrap) as admin:
+        return {(o.topic, o.queue): o.committed for o in admin.describe_group("readers").offsets}
+
+
 @pytest.fixture
 def namesrv(tmp_path: Path) -> Iterator[str]:
     proc = _start(["namesrv", "--port", "0", "--log-level", "warning", *FAST], tmp_path / "ns.log")
@@ -176,11 +189,14 @@ def test_every_acknowledged_message_survives_kill_9_of_the_leader(
             send(PER_PHASE, "warm")
             for cycle in range(cycles):
                 send(PER_PHASE, f"c{cycle}-before")
+                committed = _commit_latest(namesrv)
                 members.kill(leader)
                 killed_at = time.monotonic()
                 send(1, f"c{cycle}-first")  # retried until a new leader takes it
                 failovers.append(time.monotonic() - killed_at)
                 print(f"cycle {cycle}: killed {leader}, failover {failovers[-1]:.2f} s")
+                # The group's offsets are in the log: the new leader has them, unchanged.
+                assert _committed(namesrv) == committed, f"cycle {cycle}: offsets changed"
                 new = _wait_leader(etcd, other_than=leader)
                 members.start(leader)  # back on its data directory, as a follower
                 leader = new

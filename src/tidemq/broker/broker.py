@@ -48,6 +48,7 @@ from tidemq.broker.metrics import (
     reserve_time_ms,
     tier_backlog,
 )
+from tidemq.broker.offset_book import OffsetBook
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import MAX_PRODUCER_OWNERS, ProducerOwners
 from tidemq.broker.replica_leader import ReplicaLeader
@@ -280,10 +281,7 @@ class Broker:
             logical_offset=self._logical_offset,
             pop_limit=self._pop_limit,
         )
-        self._rebuild_services(store)
-        self._start_security(store)
-        await self._transactions.start()
-        self._timers.start()
+        await self._start_services(store)
         self._server = TcpServer(
             self._dispatch,
             server_limits(cfg),
@@ -379,8 +377,9 @@ class Broker:
         self._groups = GroupHandlers(
             self._coordinator,
             self._gateway,
+            self._book,
             self._topics,
-            self._cluster_queue_counts,
+            remote_counts=self._cluster_queue_counts,
             pop_groups=self._pop.groups,
         )
         self.tier = self._start_tier()
@@ -555,6 +554,14 @@ class Broker:
         except TopicNotFound:
             with contextlib.suppress(TopicAlreadyExists):
                 await self._topics.create(topic, 1, hosted=[0])
+
+    async def _start_services(self, store: MessageStore) -> None:
+        self._rebuild_services(store)
+        self._book = OffsetBook(self._gateway)
+        await self._book.start()
+        self._start_security(store)
+        await self._transactions.start()
+        self._timers.start()
 
     def _rebuild_services(self, store: MessageStore) -> None:
         """Before serving: internal topics exist, and the timer and transaction services are

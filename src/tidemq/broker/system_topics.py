@@ -9,6 +9,9 @@ memory and rebuild those on start (docs/design/timers-and-transactions.md):
 * `OP_TOPIC` holds transaction decisions (commit or rollback, with the sink marker);
 * `POP_TOPIC` holds pop-consumption operations (leases, acks, changes, nacks).
 
+(Consumer groups' committed offsets are in `OFFSETS_TOPIC`, a compact internal topic of
+the offset book, `offset_book.py`.)
+
 Each has one queue, infinite time and size retention, and is trimmed by its service as
 entries finish. Clients can neither write nor read them, and they are not in routes.
 

@@ -46,6 +46,7 @@ from tidemq.core.errors import CorruptRecordError
 __all__ = [
     "HALF_TOPIC",
     "INTERNAL_PREFIX",
+    "OFFSETS_TOPIC",
     "OP_TOPIC",
     "POP_TOPIC",
     "TIMER_TOPIC",
@@ -63,6 +64,8 @@ TIMER_TOPIC: Final = "%SYS%TIMER"
 HALF_TOPIC: Final = "%SYS%TXN_HALF"
 OP_TOPIC: Final = "%SYS%TXN_OP"
 POP_TOPIC: Final = "%SYS%POP"
+#: Consumer groups' committed offsets (`tidemq.broker.offset_book`): compact.
+OFFSETS_TOPIC: Final = "%SYS%OFFSETS"
 
 
 class SystemProperties(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -22,7 +22,10 @@ Tables::
                    end_offset)                                     compacted log (switched
                                                                    with queue_state's min)
     producer_state(topic_id, queue_id, producer_id, epoch, window JSON, position)
-    counters(name, value)                                          producer id allocation
+    counters(name, value)                                          producer id allocation;
+                                                                   offsets_applied: where
+                                                                   consumer_offsets stands
+                                                                   in the offset book
     users(name, salt, iterations, stored_key, server_key)          SCRAM credentials
     acls(principal, resource_type, resource_name, pattern_type,    ACL entries (core/acl.py),
          operation, permission, host)                              as their enum values
@@ -478,6 +481,53 @@ class Metadata:
     @_writes
     def delete_group(self, group: str) -> None:
         self._db.execute("DELETE FROM consumer_offsets WHERE group_name = ?", (group,))
+
+    # The broker's offset book (`broker/offset_book.py`) keeps committed offsets as records
+    # of a compact internal topic, which replicates with the log; `consumer_offsets` is
+    # then its view, and the counter `offsets_applied` the topic's offset the view has
+    # reached. Both change in one transaction, so the view is never ahead or behind it.
+
+    def offsets_applied(self) -> int | None:
+        """Where the offset book's view stands in its topic; None: no book yet (a data
+        directory of a version that kept offsets here only)."""
+        row = self._db.execute(
+            "SELECT value FROM counters WHERE name = 'offsets_applied'"
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    @_writes
+    def apply_offsets(
+        self, rows: Iterable[tuple[str, str, int, int | None, int]], applied: int
+    ) -> None:
+        """(group, topic, queue, offset, commit ms) rows into the view, offset None
+        removing the row; the view then stands at `applied`."""
+        with self._tx():
+            for group, topic, queue, offset, ms in rows:
+                if offset is None:
+                    self._db.execute(
+                        "DELETE FROM consumer_offsets "
+                        "WHERE group_name = ? AND topic = ? AND queue_id = ?",
+                        (group, topic, queue),
+                    )
+                else:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO consumer_offsets VALUES (?, ?, ?, ?, ?)",
+                        (group, topic, queue, offset, ms),
+                    )
+            self._db.execute(
+                "INSERT OR REPLACE INTO counters VALUES ('offsets_applied', ?)", (applied,)
+            )
+
+    @_writes
+    def clear_offsets_view(self) -> None:
+        """Empty the view, to rebuild it from the topic's start."""
+        with self._tx():
+            self._db.execute("DELETE FROM consumer_offsets")
+            self._db.execute("INSERT OR REPLACE INTO counters VALUES ('offsets_applied', 0)")
+
+    def all_offsets(self) -> list[tuple[str, str, int, int, int]]:
+        """Every (group, topic, queue, offset, commit ms) of the view."""
+        return list(self._db.execute("SELECT * FROM consumer_offsets ORDER BY 1, 2, 3"))
 
     # ------------------------------------------------------------------ producers
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 
 from tidemq.broker.groups import GroupCoordinator, check_group_name
+from tidemq.broker.offset_book import OffsetBook
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topics import TopicTable
 from tidemq.core.errors import InvalidRequest, OffsetOutOfRange, QueueNotFound, TopicNotFound
@@ -55,7 +56,9 @@ class GroupHandlers:
         self,
         coordinator: GroupCoordinator,
         gateway: StoreGateway,
+        book: OffsetBook,
         topics: TopicTable,
+        *,
         remote_counts: RemoteCounts | None = None,
         pop_groups: Callable[[], Iterable[str]] | None = None,
     ) -> None:
@@ -63,6 +66,7 @@ class GroupHandlers:
         listed with the others."""
         self._coordinator = coordinator
         self._gateway = gateway
+        self._book = book
         self._topics = topics
         self._remote_counts = remote_counts
         self._pop_groups = pop_groups
@@ -160,13 +164,13 @@ class GroupHandlers:
                     f"{req.member_id!r} in generation {req.generation} of group {req.group!r}"
                 )
         offsets = {(o.topic, o.queue): o.offset for o in req.offsets}
-        # Queues stored here are checked against their end, on the writer thread, in the
-        # same step as the commit (the end only grows). Queues of other brokers cannot be
+        # Queues stored here are checked against their end before the commit (the end only
+        # grows). Queues of other brokers cannot be
         # checked by this coordinator without a request to each; their owners' fetches
         # report an out-of-range position instead.
         local = [(t, q) for t, q in offsets if q in self._topics.hosted(t)]
 
-        def commit(store: MessageStore) -> None:
+        def check(store: MessageStore) -> None:
             for t, q in local:
                 end = store.queue_bounds(t, q)[1]
                 chain = store.static_chain(t, q) if self._topics.is_static(t) else None
@@ -182,14 +186,14 @@ class GroupHandlers:
                         f"offset {offsets[(t, q)]} for {t}/{q} is past the queue's end "
                         f"({end}): commit the next offset to read, at most the end"
                     )
-            store.commit_offsets(req.group, offsets)
 
-        await self._gateway.call(commit)
+        await self._gateway.call(check)
+        await self._book.commit(req.group, offsets)
         return CommitOffsetsResponse()
 
     async def fetch_offsets(self, req: FetchOffsetsRequest) -> FetchOffsetsResponse:
         _check_group(req.group)
-        committed = await self._gateway.call(lambda s: s.committed_offsets(req.group))
+        committed = self._book.committed(req.group)
         return FetchOffsetsResponse(
             offsets=[
                 QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(committed.items())
@@ -197,7 +201,7 @@ class GroupHandlers:
         )
 
     async def list_groups(self, req: ListGroupsRequest) -> ListGroupsResponse:
-        stored = await self._gateway.call(lambda s: s.groups())
+        stored = self._book.groups()
         popping = self._pop_groups() if self._pop_groups is not None else ()
         return ListGroupsResponse(
             groups=sorted(set(stored) | set(self._coordinator.groups()) | set(popping))
@@ -207,7 +211,7 @@ class GroupHandlers:
         _check_group(req.group)
         state = self._coordinator.describe(req.group)
         members = state.members
-        committed = await self._gateway.call(lambda s: s.committed_offsets(req.group))
+        committed = self._book.committed(req.group)
         topics = {t for t, _ in committed} | {t for m in members for t in m.topics}
         queues = sorted(
             (t, q) for t in topics if self._topic_exists(t) for q in self._topics.hosted(t)
@@ -249,9 +253,9 @@ class GroupHandlers:
                     "stop them before resetting offsets"
                 )
         hosted = self._topics.hosted(req.topic)
+        committed = self._book.committed(req.group)
 
         def run(store: MessageStore) -> dict[tuple[str, int], int]:
-            committed = store.committed_offsets(req.group)
             new: dict[tuple[str, int], int] = {}
             for q in hosted:
                 lo, hi = store.queue_bounds(req.topic, q)
@@ -264,11 +268,11 @@ class GroupHandlers:
                     req.to, req.value, min_offset=lo, max_offset=hi,
                     committed=committed.get((req.topic, q)), offset_for_time=at,
                 )  # fmt: skip
-            if req.execute:
-                store.commit_offsets(req.group, new)
             return new
 
         new = await self._gateway.call(run)
+        if req.execute:
+            await self._book.commit(req.group, new)
         return ResetOffsetsResponse(
             offsets=[QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(new.items())]
         )
