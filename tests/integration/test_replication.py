@@ -513,3 +513,59 @@ def test_committed_offsets_survive_a_failover(
             assert sorted(rest) == sorted(b"b%d" % i for i in range(10))
 
     loop.run(run(), timeout_s=120)
+
+
+def test_followers_compact_their_copy_of_compact_topics(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    """A follower compacts the committed part of its log as the leader does (a follower
+    that never compacted kept every segment holding a compact topic's records: with the
+    offset book, every segment a group committed in), and a follower that becomes leader
+    serves the newest value of every key."""
+
+    async def run() -> None:
+        async with group(tmp_path, etcd_single) as g:
+            g.broker = {"compaction_check_interval_ms": 100}
+            for name in ("m0", "m1", "m2"):
+                await g.start(name)
+            first = await g.wait_leader()
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.create_topic("kv", 1, config={"cleanup.policy": "compact"})
+            producer = AsyncProducer(g.bootstrap)
+            try:
+                for i in range(300):
+                    await producer.send("kv", b"v%d" % i, key=b"k%d" % (i % 10), queue=0)
+            finally:
+                await producer.close()
+            followers = [n for n in g.nodes.values() if n is not first]
+
+            def compacted(node: ReplicaNode) -> int:
+                if node.follower is None:
+                    return 0
+                store = node.follower.store
+                log = store.compacted.get((store.topic("kv").id, 0))
+                return 0 if log is None else log.end
+
+            await wait_until(
+                lambda: all(compacted(f) >= 150 for f in followers),
+                what="both followers to compact most of kv",
+            )
+            await first.stop()
+            await g.wait_leader(not_=first)
+            consumer = aio.StreamConsumer(g.bootstrap)
+            consumer.assign([("kv", 0)])
+            consumer.seek("kv", 0, 0)
+            newest: dict[bytes, bytes] = {}
+            count = 0
+            try:
+                async with asyncio.timeout(30):
+                    while newest.get(b"k9") != b"v299":
+                        for m in await consumer.poll(200):
+                            count += 1
+                            newest[m.key or b""] = m.value or b""
+            finally:
+                await consumer.close()
+            assert newest == {b"k%d" % k: b"v%d" % (290 + k) for k in range(10)}
+            assert count < 300  # compacted: superseded values are gone
+
+    loop.run(run(), timeout_s=120)

@@ -1,25 +1,15 @@
 """Compaction of the broker's compact topics, and their key lookups (KV_GET, COMPACT).
 
-Every `compaction_check_interval_ms` the service asks the store which queues are due
-(`MessageStore.compaction_due`: dirty ratio, max lag, expired tombstones) and compacts
-them one at a time. A run is planned and switched on the event loop, and done in a worker
-process: it only reads records that can no longer change and writes a new file, so
-produce and fetch go on meanwhile (`store/compaction.py`). A process, not a thread: a run
-is Python work, and on a thread it held the GIL so often that the loop's p99 produce
-latency went from 0.9 ms to 12.5 ms during a run (`benchmarks/bench_compaction.py`).
+Every `compaction_check_interval_ms` the service compacts the queues that are due, one at
+a time, in a worker process (`compaction_runner.py`); COMPACT runs it on demand.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-
+from tidemq.broker.compaction_runner import CompactionRunner
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topics import TopicTable
-from tidemq.core.errors import ConfigError, DiskFull
+from tidemq.core.errors import ConfigError, StoreClosed
 from tidemq.protocol.kv_messages import (
     CompactionRun,
     CompactRequest,
@@ -27,80 +17,27 @@ from tidemq.protocol.kv_messages import (
     KvGetRequest,
     KvGetResponse,
 )
-from tidemq.store.compaction import CompactionResult, run_compaction
 from tidemq.store.config import FlushMode
+from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import CleanupPolicy
 
 __all__ = ["CompactionService"]
-
-log = logging.getLogger(__name__)
 
 
 class CompactionService:
     def __init__(self, gateway: StoreGateway, topics: TopicTable, interval_ms: int) -> None:
         self._gateway = gateway
         self._topics = topics
-        self._interval_s = interval_ms / 1000
-        #: One run at a time: runs on demand and in the background never overlap.
-        self._lock = asyncio.Lock()
-        self._pool: ProcessPoolExecutor | None = None
+        self._runner = CompactionRunner(self._store, interval_ms)
+        self.run_forever = self._runner.run_forever
+        self.run_due = self._runner.run_due
+        self.compact_queue = self._runner.compact_queue
+        self.close = self._runner.close
 
-    def _executor(self) -> ProcessPoolExecutor:
-        """The worker process, started on the first run ("spawn": never a fork of a
-        broker with threads and open sockets)."""
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                max_workers=1, mp_context=multiprocessing.get_context("spawn")
-            )
-        return self._pool
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
-    async def run_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self.run_due()
-            except DiskFull:
-                pass  # the store logs a full disk once; the next round tries again
-            except Exception:
-                log.exception("compaction failed")
-
-    async def run_due(self) -> list[CompactionResult]:
-        due = await self._gateway.call(lambda s: s.compaction_due())
-        results = []
-        for item in due:
-            results.append(await self.compact_queue(item.topic, item.queue_id))
-        return results
-
-    async def compact_queue(self, topic: str, queue: int) -> CompactionResult:
-        async with self._lock:
-            job = await self._gateway.call(lambda s: s.plan_compaction(topic, queue))
-            loop = asyncio.get_running_loop()
-            try:
-                result = await loop.run_in_executor(self._executor(), run_compaction, job)
-            except BrokenProcessPool:
-                self._pool = None  # the worker died (killed?): a new one next time
-                await self._gateway.call(lambda s: s.abandon_compaction(job))
-                raise
-            except BaseException:
-                await self._gateway.call(lambda s: s.abandon_compaction(job))
-                raise
-            await self._gateway.call(lambda s: s.install_compaction(result))
-        log.info(
-            "compacted %s/%d: %d -> %d messages, %d -> %d bytes (offsets below %d compacted)",
-            topic,
-            queue,
-            result.messages_in,
-            result.messages_out,
-            result.bytes_in,
-            result.bytes_out,
-            result.end,
-        )
-        return result
+    def _store(self) -> MessageStore:
+        if self._gateway.closed:
+            raise StoreClosed("the broker is shutting down")
+        return self._gateway.store
 
     # ------------------------------------------------------------------ requests
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from tidemq.broker.compaction_runner import CompactionRunner
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.cluster.election import ElectionFaults
 from tidemq.cluster.group_keys import LeaderRecord
@@ -100,9 +101,11 @@ class ReplicaFollower:
         faults: ReplicaFaults | None = None,
         cluster_key: bytes | None = None,
         clock: Clock | None = None,
+        compaction_interval_ms: int = 15_000,
     ) -> None:
         """`cluster_key`: log in to the leader's replication listener with the cluster
-        secret."""
+        secret. `compaction_interval_ms`: how often the follower compacts its own copy
+        of the compact topics (below the committed position), as a broker does."""
         self._config = config
         self._faults = faults
         self._key = cluster_key
@@ -125,13 +128,25 @@ class ReplicaFollower:
         self._pending_state: ReplicaServiceState | None = None
         self.state_applied = 0
         self._retention_due = time.monotonic() + _RETENTION_INTERVAL_S
+        self._compaction = CompactionRunner(lambda: store, compaction_interval_ms)
 
     @property
     def store(self) -> MessageStore:
         return self._store
 
     async def run(self) -> None:
-        """Follow whichever member etcd names leader, until cancelled."""
+        """Follow whichever member etcd names leader, until cancelled; meanwhile compact
+        the committed part of the log."""
+        compaction = asyncio.get_running_loop().create_task(self._compaction.run_forever())
+        try:
+            await self._follow_leaders()
+        finally:
+            compaction.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await compaction
+            await asyncio.to_thread(self._compaction.close)
+
+    async def _follow_leaders(self) -> None:
         while True:
             leader = self._leader()
             if leader is None or leader.member == self._member or not leader.replication_address:
@@ -225,6 +240,8 @@ class ReplicaFollower:
         if entries != history.entries:
             history.replace(entries)
         self.committed = max(self.committed, min(answer.committed, store.end_position))
+        # What compaction may take: only records no election can cut.
+        store.commit_limit = self.committed
         if answer.state is not None:
             self._pending_state = answer.state
             self._state_version = answer.state.version

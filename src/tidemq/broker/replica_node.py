@@ -262,6 +262,7 @@ class ReplicaNode:
             faults=self._faults,
             cluster_key=self._key,
             clock=self._clock,
+            compaction_interval_ms=self.config.compaction_check_interval_ms,
         )
         self._follow_task = asyncio.get_running_loop().create_task(self.follower.run())
 

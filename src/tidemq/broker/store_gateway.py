@@ -104,6 +104,10 @@ class StoreGateway:
     def store(self) -> MessageStore:
         return self._store
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     # ------------------------------------------------------------------ API for coroutines
 
     async def call(self, fn: Callable[[MessageStore], T]) -> T:
