@@ -132,15 +132,26 @@ class OffsetBook:
             raise error
         self.catch_up()
 
-    def committed(self, group: str) -> dict[tuple[str, int], int]:
+    async def committed(self, group: str) -> dict[tuple[str, int], int]:
         """The group's committed offsets (topic, queue) -> next offset."""
-        self.catch_up()
+        await self._settle()
         return self._store.committed_offsets(group)
 
-    def groups(self) -> list[str]:
+    async def groups(self) -> list[str]:
         """Groups with committed offsets here."""
-        self.catch_up()
+        await self._settle()
         return self._store.groups()
+
+    async def _settle(self) -> None:
+        """Catch up; when the topic holds records readers cannot see yet (a new leader
+        whose followers have not reported since it was elected: those records may be
+        commits its predecessor acknowledged), wait until they are visible and catch up
+        again, rather than answer offsets older than a consumer was told are stored."""
+        self.catch_up()
+        store = self._store
+        if (store.metadata.offsets_applied() or 0) < store.queue_bounds(OFFSETS_TOPIC, 0)[1]:
+            await self._gateway.settled()
+            self.catch_up()
 
     def catch_up(self) -> int:
         """Apply what the topic holds past the view and readers may see; the count of

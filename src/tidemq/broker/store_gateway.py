@@ -197,6 +197,21 @@ class StoreGateway:
         await future
         return results, error
 
+    async def settled(self) -> None:
+        """Wait until readers see everything appended so far (durable per the flush mode,
+        and in a replica group committed), for a reader that must not miss an
+        acknowledged record that is only not visible yet (a new leader's log end is
+        committed once its followers report). Fails as a waiting append would."""
+        if self._closed:
+            raise StoreClosed("the broker is shutting down")
+        end = self._store.end_position
+        if self._store.visible_position >= end:
+            return
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._waiting.append((end, future, time.monotonic()))
+        self._request_flush()
+        await future
+
     @property
     def _acknowledged(self) -> int:
         """Appends ending at or before this may be answered: flushed, and committed."""

@@ -193,7 +193,7 @@ class GroupHandlers:
 
     async def fetch_offsets(self, req: FetchOffsetsRequest) -> FetchOffsetsResponse:
         _check_group(req.group)
-        committed = self._book.committed(req.group)
+        committed = await self._book.committed(req.group)
         return FetchOffsetsResponse(
             offsets=[
                 QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(committed.items())
@@ -201,7 +201,7 @@ class GroupHandlers:
         )
 
     async def list_groups(self, req: ListGroupsRequest) -> ListGroupsResponse:
-        stored = self._book.groups()
+        stored = await self._book.groups()
         popping = self._pop_groups() if self._pop_groups is not None else ()
         return ListGroupsResponse(
             groups=sorted(set(stored) | set(self._coordinator.groups()) | set(popping))
@@ -211,7 +211,7 @@ class GroupHandlers:
         _check_group(req.group)
         state = self._coordinator.describe(req.group)
         members = state.members
-        committed = self._book.committed(req.group)
+        committed = await self._book.committed(req.group)
         topics = {t for t, _ in committed} | {t for m in members for t in m.topics}
         queues = sorted(
             (t, q) for t in topics if self._topic_exists(t) for q in self._topics.hosted(t)
@@ -253,7 +253,7 @@ class GroupHandlers:
                     "stop them before resetting offsets"
                 )
         hosted = self._topics.hosted(req.topic)
-        committed = self._book.committed(req.group)
+        committed = await self._book.committed(req.group)
 
         def run(store: MessageStore) -> dict[tuple[str, int], int]:
             new: dict[tuple[str, int], int] = {}
