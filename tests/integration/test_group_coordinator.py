@@ -77,7 +77,8 @@ async def _local_offsets(address: str, group: str) -> dict[tuple[str, int], int]
         )
     finally:
         await client.close()
-    assert all(o.committed_ms > 0 for o in answer.offsets)
+    assert len(answer.committed_ms) == len(answer.offsets)
+    assert all(ms > 0 for ms in answer.committed_ms)
     return {(o.topic, o.queue): o.offset for o in answer.offsets}
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tidemq.broker.offset_pull import OffsetPull, newest_offsets
+from tidemq.broker.offset_pull import HeldOffset, OffsetPull, newest_offsets
 from tidemq.broker.peer_links import check_peer_request, is_peer, others
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.core.errors import AuthorizationFailed, BrokerNotAvailable
 from tidemq.protocol.codes import RequestCode
-from tidemq.protocol.commands import FetchOffsetsRequest, ListGroupsRequest, QueueOffset
+from tidemq.protocol.commands import FetchOffsetsRequest, ListGroupsRequest
 from tidemq.store.config import StoreConfig
 from tidemq.store.message_store import MessageStore
 
@@ -24,15 +24,15 @@ from tidemq.store.message_store import MessageStore
 TIMEOUT_MS = 10_000
 
 
-def _qo(queue: int, offset: int, at_ms: int) -> QueueOffset:
-    return QueueOffset(topic="t", queue=queue, offset=offset, committed_ms=at_ms)
+def _qo(queue: int, offset: int, at_ms: int) -> HeldOffset:
+    return HeldOffset("t", queue, offset, at_ms)
 
 
 class Peers:
     """The other brokers: name -> their answers, each a list of offsets or an error.
     `asked` counts the requests; `release` holds every answer until set."""
 
-    def __init__(self, answers: Mapping[str, list[QueueOffset] | Exception]) -> None:
+    def __init__(self, answers: Mapping[str, list[HeldOffset] | Exception]) -> None:
         self.answers = dict(answers)
         self.asked: list[tuple[str, str]] = []
         self.called = asyncio.Event()
@@ -45,7 +45,7 @@ class Peers:
             raise self.list_error
         return {name: f"{name}:1" for name in self.answers}
 
-    async def offsets(self, address: str, group: str) -> list[QueueOffset]:
+    async def offsets(self, address: str, group: str) -> list[HeldOffset]:
         self.asked.append((address, group))
         self.called.set()
         await self.release.wait()
@@ -131,7 +131,7 @@ def test_failing_and_silent_brokers_are_skipped(
         silent = asyncio.Event()  # never set: that broker never answers
 
         class Mixed(Peers):
-            async def offsets(self, address: str, group: str) -> list[QueueOffset]:
+            async def offsets(self, address: str, group: str) -> list[HeldOffset]:
                 if address == "silent:1":
                     await silent.wait()
                 return await super().offsets(address, group)

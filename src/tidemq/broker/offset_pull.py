@@ -35,17 +35,17 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Final
+from typing import Final, NamedTuple
 
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.core.errors import TidemqError
-from tidemq.protocol.commands import QueueOffset
 from tidemq.store.message_store import MessageStore
 
 __all__ = [
     "MAX_CONCURRENT_PULLS",
     "MAX_SETTLED_GROUPS",
     "PULL_REQUEST_TIMEOUT_MS",
+    "HeldOffset",
     "OffsetPull",
     "PeerList",
     "PeerOffsets",
@@ -65,13 +65,24 @@ MAX_CONCURRENT_PULLS: Final = 16
 #: client's request timeout (30 s by default).
 PULL_REQUEST_TIMEOUT_MS: Final = 5_000
 
+
+class HeldOffset(NamedTuple):
+    """A group's committed offset of one queue as a broker holds it."""
+
+    topic: str
+    queue: int
+    offset: int
+    #: When it was committed, epoch ms (that broker's clock; 0: unknown).
+    committed_ms: int
+
+
 #: The other live brokers, name -> address (this broker left out).
 PeerList = Callable[[], Awaitable[Mapping[str, str]]]
 #: One broker's committed offsets of a group, from its own store (address, group).
-PeerOffsets = Callable[[str, str], Awaitable[list[QueueOffset]]]
+PeerOffsets = Callable[[str, str], Awaitable[list[HeldOffset]]]
 
 
-def newest_offsets(answers: Iterable[Iterable[QueueOffset]]) -> dict[tuple[str, int], int]:
+def newest_offsets(answers: Iterable[Iterable[HeldOffset]]) -> dict[tuple[str, int], int]:
     """Per (topic, queue), the offset committed last among the brokers' answers. Equal
     times: the smaller offset (read again rather than skip)."""
     best: dict[tuple[str, int], tuple[int, int]] = {}
@@ -169,7 +180,7 @@ class OffsetPull:
             ", ".join(sources),
         )
 
-    async def _ask(self, name: str, address: str, group: str) -> list[QueueOffset]:
+    async def _ask(self, name: str, address: str, group: str) -> list[HeldOffset]:
         try:
             async with asyncio.timeout(self._timeout_s):
                 return await self._peer_offsets(address, group)

@@ -18,12 +18,13 @@ import ssl
 from collections.abc import Mapping
 from typing import Final
 
+from tidemq.broker.offset_pull import HeldOffset
 from tidemq.cluster.security_link import cluster_login
 from tidemq.core.clock import Clock
 from tidemq.core.errors import AuthorizationFailed, BrokerNotAvailable
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.codes import RequestCode
-from tidemq.protocol.commands import FetchOffsetsRequest, FetchOffsetsResponse, QueueOffset
+from tidemq.protocol.commands import FetchOffsetsRequest, FetchOffsetsResponse
 
 __all__ = [
     "PEER_FRAME_BYTES_MAX",
@@ -94,16 +95,22 @@ class PeerLinks:
             self._conns[address] = conn
             return conn
 
-    async def committed_offsets(self, address: str, group: str) -> list[QueueOffset]:
+    async def committed_offsets(self, address: str, group: str) -> list[HeldOffset]:
         """The group's committed offsets in the store of the broker at `address`, each
-        with its commit time."""
+        with its commit time (0 when that broker does not say)."""
         conn = await self._conn(address)
         answer, _ = await conn.request(
             FetchOffsetsRequest(group=group, local_only=True),
             FetchOffsetsResponse,
             timeout_s=self._timeout_s,
         )
-        return answer.offsets
+        times = answer.committed_ms
+        if len(times) != len(answer.offsets):
+            times = [0] * len(answer.offsets)
+        return [
+            HeldOffset(o.topic, o.queue, o.offset, ms)
+            for o, ms in zip(answer.offsets, times, strict=True)
+        ]
 
     def close(self) -> None:
         self._closed = True

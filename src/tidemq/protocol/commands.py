@@ -294,10 +294,6 @@ class QueueOffset(_Msg):
     topic: str
     queue: int
     offset: int
-    #: In a FETCH_OFFSETS answer: when the offset was committed (epoch ms, the broker's
-    #: clock; 0: unknown). A group's new coordinator adopts, per queue, the offset
-    #: committed last (ADR 17). Ignored in requests.
-    committed_ms: int = 0
 
 
 class JoinGroupRequest(_Msg):
@@ -353,6 +349,10 @@ class FetchOffsetsRequest(_Msg):
 
 class FetchOffsetsResponse(_Msg):
     offsets: list[QueueOffset]
+    #: When each of `offsets` was committed (epoch ms, the answering broker's clock), in
+    #: the same order. A group's new coordinator adopts, per queue, the offset committed
+    #: last (ADR 17). Empty from a broker older than this field: times unknown.
+    committed_ms: list[int] = []
 
 
 class ListGroupsRequest(_Msg):

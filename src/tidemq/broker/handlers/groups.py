@@ -210,11 +210,10 @@ class GroupHandlers:
         if not req.local_only:
             await self._offsets_here(req.group)
         committed = await self._gateway.call(lambda s: s.committed_offsets_with_time(req.group))
+        held = sorted(committed.items())
         return FetchOffsetsResponse(
-            offsets=[
-                QueueOffset(topic=t, queue=q, offset=o, committed_ms=ms)
-                for (t, q), (o, ms) in sorted(committed.items())
-            ]
+            offsets=[QueueOffset(topic=t, queue=q, offset=o) for (t, q), (o, _) in held],
+            committed_ms=[ms for _, (_, ms) in held],
         )
 
     async def list_groups(self, req: ListGroupsRequest) -> ListGroupsResponse:
