@@ -12,8 +12,9 @@ a new broker so keeps its offsets.
 The rule, and its edges:
 
 * at most one pull per group per broker run: the groups settled (found offsets here, or
-  pulled) are remembered, up to `MAX_SETTLED_GROUPS` (least recently used forgotten: a
-  forgotten group with offsets here is settled again by one look at the store);
+  pulled) are remembered, up to `MAX_SETTLED_GROUPS`. Past it the least recently used
+  are forgotten; a forgotten group is settled again by one look at the store (and, only
+  if it still holds no offset of the group, one more pull);
 * a broker that already holds offsets of the group never pulls. When a coordinator that
   was away returns, its groups come back to it with the offsets it had: commits made
   meanwhile on the stand-in are not carried back, so the group reads some messages again,
@@ -150,7 +151,9 @@ class OffsetPull:
                 peers = dict(await self._peers())
         except (TidemqError, TimeoutError) as exc:
             log.warning(
-                "group %s: no offsets pulled, the live brokers are unknown (%s)", group, exc
+                "group %s: no offsets pulled, the live brokers are unknown (%s)",
+                group,
+                exc or "no answer in time",
             )
             return
         if not peers:
