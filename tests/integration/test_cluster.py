@@ -1,6 +1,6 @@
 """Two brokers behind a standalone name server: queues spread over the brokers, clients
-route each queue to its broker, a broker that goes silent leaves the routes, and the
-oldest broker keeps coordinating groups when another joins."""
+route each queue to its broker, a broker that goes silent leaves the routes. (Where groups
+are coordinated, and how their offsets follow them: test_group_coordinator.py.)"""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_queues_spread_and_route_to_their_broker(loop: Loop, cluster: ClusterEnv
         client = ClusterClient(cluster.bootstrap)
         try:
             routes = await client.refresh_routes(force=True)
-            assert routes.coordinator == a
+            assert routes.security_writer == a  # the oldest live broker
             assert routes.queue_count(TOPIC) == 4
             assert [routes.broker_for(TOPIC, q) for q in range(4)] == [a, b, a, b]
             # The broker that does not serve a queue refuses it.
@@ -154,7 +154,7 @@ def test_group_consumer_and_alter_across_brokers(loop: Loop, cluster: ClusterEnv
             await consumer.close()
         assert sorted(int(m.value or b"") for m in got) == list(range(40))
 
-        # The coordinator (broker-a) keeps the group's offsets for queues on either broker.
+        # The group's coordinator keeps its offsets for queues on either broker.
         again = aio.GroupConsumer(cluster.bootstrap, "cluster-readers", [TOPIC], start="earliest")
         try:
             assert await again.poll(500) == []
@@ -247,17 +247,18 @@ def test_stopped_broker_unregisters_at_once(loop: Loop, cluster: ClusterEnv) -> 
 
 def test_group_reads_a_topic_the_coordinator_does_not_host(loop: Loop, cluster: ClusterEnv) -> None:
     async def main() -> None:
-        # broker-a coordinates (smallest name); the topic lives on broker-b alone.
-        other = cluster.addresses[1]
+        # The topic lives on the broker that does not coordinate the group alone.
         client = ClusterClient(cluster.bootstrap)
         try:
+            coordinator = await client.coordinator("far")
+            [other] = [a for a in cluster.addresses if a != coordinator]
             request = CreateTopicRequest(name="elsewhere", queues=1, hosted_queues=[0])
             await client.call(other, request, TopicInfoMsg)
             deadline = time.monotonic() + 10
             while "elsewhere" not in await client.refresh_routes(force=True):
                 assert time.monotonic() < deadline, "the topic never reached the routes"
                 await asyncio.sleep(0.05)
-            assert await client.coordinator() != other
+            assert await client.coordinator("far") == coordinator  # the topic moved nothing
         finally:
             await client.close()
         async with aio.Producer(cluster.bootstrap) as producer:
@@ -274,88 +275,6 @@ def test_group_reads_a_topic_the_coordinator_does_not_host(loop: Loop, cluster: 
         assert got == [b"m%d" % i for i in range(5)]
 
     loop.run(main())
-
-
-def test_a_new_broker_does_not_take_coordination_and_offsets_away(
-    loop: Loop, tmp_path: Path
-) -> None:
-    """The oldest live broker coordinates groups: a broker added later, even one with a
-    smaller name, leaves the group's committed offsets where they are; when the
-    coordinator restarts, it takes coordination back with its offsets."""
-    ns = NameServerService(
-        port=0, broker_ttl_ms=CLUSTER_TTL_MS, heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS
-    )
-    bootstrap = loop.run(ns.start())
-    started: list[Broker] = []
-
-    def start(name: str) -> tuple[Broker, str]:
-        config = broker_config(
-            tmp_path / name,
-            broker_name=name,
-            name_servers=(bootstrap,),
-            broker_heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS,
-            broker_ttl_ms=CLUSTER_TTL_MS,
-        )
-        broker = Broker(config)
-        address = loop.run(broker.start())
-        started.append(broker)
-        return broker, address
-
-    async def coordinator() -> str:
-        client = ClusterClient(bootstrap)
-        try:
-            return (await client.refresh_routes(force=True)).coordinator
-        finally:
-            await client.close()
-
-    async def read_all(expected: int) -> int:
-        consumer = aio.GroupConsumer(bootstrap, "stay", [TOPIC], start="earliest")
-        got: list[aio.Message] = []
-        try:
-            deadline = time.monotonic() + 20
-            while len(got) < expected and time.monotonic() < deadline:
-                got.extend(await consumer.poll(300))
-            got.extend(await consumer.poll(300))
-            await consumer.commit()
-        finally:
-            await consumer.close()
-        return len(got)
-
-    try:
-        old, old_address = start("broker-m")
-        loop.run(wait_until(lambda: len(ns.nameserver.brokers()) == 1, what="registration"))
-
-        async def fill() -> None:
-            async with aio.Admin(bootstrap) as admin:
-                await admin.create_topic(TOPIC, 2)
-            async with aio.Producer(bootstrap) as producer:
-                for i in range(20):
-                    await producer.send(TOPIC, b"%d" % i, queue=i % 2)
-
-        loop.run(fill())
-        assert loop.run(read_all(20)) == 20  # committed on broker-m
-
-        _, young_address = start("broker-a")  # a smaller name, but younger
-        loop.run(wait_until(lambda: len(ns.nameserver.brokers()) == 2, what="registration"))
-        assert loop.run(coordinator()) == old_address
-        assert loop.run(read_all(0)) == 0  # the offsets are still there: nothing again
-
-        # The coordinator restarts: broker-a stands in while it is away, and broker-m takes
-        # coordination back (with the offsets it stored) when it returns.
-        loop.run(old.stop())
-        started.remove(old)
-        loop.run(wait_until(lambda: len(ns.nameserver.brokers()) == 1, what="broker-m to go"))
-        assert loop.run(coordinator()) == young_address
-        back = Broker(old.config)
-        back_address = loop.run(back.start())
-        started.append(back)
-        loop.run(wait_until(lambda: len(ns.nameserver.brokers()) == 2, what="broker-m back"))
-        assert loop.run(coordinator()) == back_address
-        assert loop.run(read_all(0)) == 0
-    finally:
-        for b in reversed(started):
-            loop.run(b.stop())
-        loop.run(ns.stop())
 
 
 def test_pop_retries_stay_on_the_broker_of_their_queue(loop: Loop, cluster: ClusterEnv) -> None:

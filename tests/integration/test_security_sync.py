@@ -26,12 +26,20 @@ import tidemq
 import tidemq.aio
 from tidemq.broker.broker import Broker
 from tidemq.client.cluster import ClientConfig, ClusterClient
+from tidemq.cluster.group_coordinator import weight
+from tidemq.cluster.membership import check_secret
+from tidemq.cluster.security_link import cluster_login
 from tidemq.cluster.service import NameServerService
+from tidemq.core.clock import SystemClock
 from tidemq.core.errors import AuthenticationFailed, AuthorizationFailed, ConfigError, TidemqError
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.acl_messages import AclListRequest, AclListResponse
 from tidemq.protocol.commands import (
     DescribeTopicRequest,
+    FetchOffsetsRequest,
+    FetchOffsetsResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
     TopicInfoMsg,
     UserListRequest,
     UserListResponse,
@@ -301,6 +309,82 @@ def test_a_standalone_name_server_logs_clients_in_as_cluster_users(
             await anonymous.close()
 
     loop.run(run())
+
+
+def _group_ranked(ranking: list[str]) -> str:
+    """A group name whose brokers by rendezvous weight, highest first, are `ranking`."""
+    for i in range(10_000):
+        group = f"moved-{i}"
+        if sorted(ranking, key=lambda n: weight(n, group), reverse=True) == ranking:
+            return group
+    raise AssertionError(f"no group name ranks {ranking}")
+
+
+async def _read_new(bootstrap: str, group: str, count: int) -> list[bytes]:
+    """A new member of `group` reads `count` messages (bounded) and commits them."""
+    consumer = tidemq.aio.GroupConsumer(
+        bootstrap, group, ["orders"], start="earliest", client_config=_admin_login()
+    )
+    got: list[bytes] = []
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while len(got) < count and loop.time() < deadline:
+            got.extend(m.value or b"" for m in await consumer.poll(200))
+        got.extend(m.value or b"" for m in await consumer.poll(200))
+        await consumer.commit()
+    finally:
+        await consumer.close()
+    return sorted(got)
+
+
+def test_brokers_log_in_to_each_other_to_pull_a_moved_groups_offsets(
+    loop: Loop, secure: SecureCluster
+) -> None:
+    """broker-c joins a cluster with logins and ACLs and takes a group (rendezvous
+    hashing, ADR 17): it logs in to the other brokers with the cluster secret and pulls
+    the group's offsets. A broker's login is good for that request alone."""
+    group = _group_ranked(["broker-c", "broker-a", "broker-b"])
+    secure.start("broker-a")
+    secure.start("broker-b")
+
+    async def first() -> None:
+        await wait_until(
+            lambda: secure.nameserver.security.credentials(ADMIN) is not None,
+            what="the name server learning the bootstrap user",
+        )
+        async with tidemq.aio.Admin(secure.bootstrap, client_config=_admin_login()) as admin:
+            await admin.create_topic("orders", 2)
+        async with tidemq.aio.Producer(secure.bootstrap, client_config=_admin_login()) as p:
+            for i in range(10):
+                await p.send("orders", b"%02d" % i, queue=i % 2)
+        assert await _read_new(secure.bootstrap, group, 10) == [b"%02d" % i for i in range(10)]
+
+    loop.run(first())
+    c = secure.start("broker-c")
+
+    async def moved() -> None:
+        await wait_until(lambda: len(secure.nameserver.nameserver.brokers()) == 3, what="broker-c")
+        async with tidemq.aio.Producer(secure.bootstrap, client_config=_admin_login()) as p:
+            for i in range(10, 20):
+                await p.send("orders", b"%02d" % i, queue=i % 2)
+        # Only the new messages: broker-c took the offsets committed on broker-a.
+        assert await _read_new(secure.bootstrap, group, 10) == [b"%02d" % i for i in range(10, 20)]
+        conn = await ClientConnection.open(c, max_frame_bytes=1 << 20)
+        try:
+            await cluster_login(conn, "broker-x", check_secret(SECRET), SystemClock(), 10)
+            answer, _ = await conn.request(
+                FetchOffsetsRequest(group=group, local_only=True),
+                FetchOffsetsResponse,
+                timeout_s=10,
+            )
+            assert sorted((o.queue, o.offset) for o in answer.offsets) == [(0, 10), (1, 10)]
+            with pytest.raises(AuthorizationFailed, match="broker's login"):
+                await conn.request(ListGroupsRequest(), ListGroupsResponse, timeout_s=10)
+        finally:
+            conn.close()
+
+    loop.run(moved())
 
 
 def test_a_name_server_with_logins_needs_the_cluster_secret() -> None:

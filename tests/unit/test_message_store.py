@@ -250,6 +250,18 @@ def test_deleting_a_topic_forgets_its_committed_offsets(config: StoreConfig) -> 
     store.close()
 
 
+def test_committed_offsets_carry_the_time_of_their_commit(config: StoreConfig) -> None:
+    clock = FakeClock()
+    store = _open(config, clock)
+    store.create_topic("t", 2)
+    store.commit_offsets("g", {("t", 0): 7, ("t", 1): 3})
+    clock.ms += 5_000
+    store.commit_offsets("g", {("t", 1): 4})
+    assert store.committed_offsets_with_time("g") == {("t", 0): (7, T0), ("t", 1): (4, T0 + 5_000)}
+    assert store.committed_offsets_with_time("other") == {}
+    store.close()
+
+
 def test_queues_can_be_added_but_not_removed(config: StoreConfig) -> None:
     store = _open(config)
     store.create_topic("t", 3)

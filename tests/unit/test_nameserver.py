@@ -1,4 +1,4 @@
-"""NameServer: registration as heartbeat, TTL expiry, routes, queue claims, coordinator."""
+"""NameServer: registration as heartbeat, TTL expiry, routes, queue claims, security writer."""
 
 from __future__ import annotations
 
@@ -214,7 +214,7 @@ def test_heartbeats_keep_a_broker_alive(ns: NameServer, clock: ManualClock) -> N
         ns.register("b1", "h:1", [_reg("orders", 1)])
         clock.advance(10_000)
         assert ns.expire() == []
-    assert ns.coordinator() == "h:1"
+    assert ns.security_writer() == "h:1"
 
 
 def test_a_lapsed_broker_disappears_from_routes_before_expire_runs(
@@ -227,7 +227,7 @@ def test_a_lapsed_broker_disappears_from_routes_before_expire_runs(
     clock.advance(TTL // 2 + 1)
     assert ns.brokers() == {"b2": "h:2"}
     assert ns.routes() == [_stale("orders", 1), _served("payments", 1, "h:2")]
-    assert ns.coordinator() == "h:2"
+    assert ns.security_writer() == "h:2"
     # status still shows it, with its silence, until expire() forgets it
     assert ns.status() == [
         BrokerStatus(name="b1", address="h:1", last_heartbeat_ms_ago=TTL + 1, topics=1),
@@ -345,36 +345,36 @@ def test_no_conflicts_when_brokers_host_disjoint_queues(ns: NameServer) -> None:
     assert ns.conflicts() == []
 
 
-# ------------------------------------------------------------------ coordinator and status
+# ------------------------------------------------------------------ security writer and status
 
 
-def test_coordinator_is_the_oldest_live_broker(ns: NameServer, clock: ManualClock) -> None:
-    assert ns.coordinator() == ""
+def test_security_writer_is_the_oldest_live_broker(ns: NameServer, clock: ManualClock) -> None:
+    assert ns.security_writer() == ""
     ns.register("broker-b", "h:2", [], created_ms=1_000)
-    assert ns.coordinator() == "h:2"
+    assert ns.security_writer() == "h:2"
     # A broker added later does not take over, whatever its name.
     ns.register("broker-a", "h:1", [], created_ms=2_000)
-    assert ns.coordinator() == "h:2"
+    assert ns.security_writer() == "h:2"
     # Same creation time: the name decides.
     ns.register("broker-0", "h:3", [], created_ms=1_000)
-    assert ns.coordinator() == "h:3"
+    assert ns.security_writer() == "h:3"
     ns.unregister("broker-0")
-    # The coordinator lapses: the next oldest stands in; back, it takes over again.
+    # The writer lapses: the next oldest stands in; back, it takes over again.
     clock.advance(TTL // 2)
     ns.register("broker-a", "h:1", [], created_ms=2_000)
     clock.advance(TTL // 2 + 1)
-    assert ns.coordinator() == "h:1"
+    assert ns.security_writer() == "h:1"
     ns.register("broker-b", "h:2", [], created_ms=1_000)
-    assert ns.coordinator() == "h:2"
+    assert ns.security_writer() == "h:2"
     ns.unregister("broker-b")
     ns.unregister("broker-a")
-    assert ns.coordinator() == ""
+    assert ns.security_writer() == ""
 
 
 def test_brokers_without_a_creation_time_order_by_name(ns: NameServer) -> None:
     ns.register("broker-b", "h:2", [])
     ns.register("broker-a", "h:1", [])
-    assert ns.coordinator() == "h:1"
+    assert ns.security_writer() == "h:1"
 
 
 def test_status_lists_brokers_by_name_with_their_topic_counts(
@@ -476,12 +476,12 @@ def test_extend_leases_does_not_count_the_name_servers_own_pause(
 
 
 def _answer(ns: NameServer) -> tuple[list[TopicRoute], dict[str, str], str]:
-    return ns.routes(), ns.brokers(), ns.coordinator()
+    return ns.routes(), ns.brokers(), ns.security_writer()
 
 
 def test_generation_changes_exactly_when_the_answer_may(ns: NameServer, clock: ManualClock) -> None:
     """Equal generations, equal answers: each change of what `routes()`, `brokers()` or
-    `coordinator()` answer gives a new generation; heartbeats that change nothing keep it."""
+    `security_writer()` answer gives a new generation; heartbeats that change nothing keep it."""
     seen: dict[int, tuple[list[TopicRoute], dict[str, str], str]] = {}
 
     def step() -> int:

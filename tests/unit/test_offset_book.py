@@ -138,3 +138,24 @@ def test_offsets_kept_before_the_book_move_into_the_topic_once(tmp_path: Path) -
 
     _with_book(tmp_path, first)
     _with_book(tmp_path, again)
+
+
+def test_adopted_offsets_never_overwrite_a_commit_made_here(tmp_path: Path) -> None:
+    """Offsets pulled from other brokers (a group that moved here) fill only the queues
+    the group has nothing for here, counting a commit still on its way to the disk."""
+
+    async def body(store: MessageStore, book: OffsetBook) -> None:
+        await book.commit("g", {("t", 0): 5})
+        local = asyncio.create_task(book.commit("g", {("t", 1): 42}))
+        # One turn of the loop (the task was scheduled first): the commit is appended
+        # and waits for its flush.
+        turn = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(turn.set_result, None)
+        await turn
+        assert store.queue_bounds(OFFSETS_TOPIC, 0)[1] == 2
+        adopted = await book.adopt("g", {("t", 0): 1, ("t", 1): 2, ("t", 2): 3})
+        await local
+        assert adopted == {("t", 2): 3}
+        assert await book.committed("g") == {("t", 0): 5, ("t", 1): 42, ("t", 2): 3}
+
+    _with_book(tmp_path, body)

@@ -8,6 +8,7 @@ import sys
 import msgspec
 import pytest
 
+from tidemq.cluster.group_coordinator import coordinator_for
 from tidemq.cluster.nameserver import NameServer
 from tidemq.cluster.route import RouteTable, key_hash, queue_for_key
 from tidemq.core.errors import BrokerNotAvailable, TopicNotFound
@@ -94,7 +95,7 @@ def test_topic_level_facts() -> None:
     assert "nope" not in table
     assert table.queue_count("partial") == 3
     assert table.message_type("orders") == "FIFO"
-    assert table.coordinator == "h:1"
+    assert table.security_writer == "h:1"
     assert dict(table.brokers) == {"b1": "h:1", "b2": "h:2"}
     with pytest.raises(TopicNotFound):
         table.queue_count("nope")
@@ -108,7 +109,7 @@ def test_brokers_mapping_is_read_only() -> None:
 def test_an_empty_table() -> None:
     table = RouteTable()
     assert table.topics() == []
-    assert table.coordinator == ""
+    assert table.security_writer == ""
     assert dict(table.brokers) == {}
 
 
@@ -163,12 +164,12 @@ def test_built_from_a_name_server_answer_after_a_msgpack_round_trip() -> None:
     ns.register("b1", "h:1", [("orders", 4, "NORMAL", [0, 1])])
     ns.register("b2", "h:2", [("orders", 4, "NORMAL", [2, 3])])
     response = GetRoutesResponse(
-        routes=ns.routes(), brokers=ns.brokers(), coordinator=ns.coordinator()
+        routes=ns.routes(), brokers=ns.brokers(), coordinator=ns.security_writer()
     )
     wire = msgspec.msgpack.decode(msgspec.msgpack.encode(response), type=GetRoutesResponse)
     table = RouteTable.from_response(wire)
     assert [table.broker_for("orders", q) for q in range(4)] == ["h:1", "h:1", "h:2", "h:2"]
-    assert table.coordinator == "h:1"
+    assert table.security_writer == "h:1"
     assert table.select_queue("orders", b"order-42", 0) == 4_064_620_166 % 4
 
 
@@ -182,12 +183,29 @@ def test_without_takes_a_brokers_queues_and_name_out_and_keeps_the_rest() -> Non
     assert down.queue_count("orders") == 8  # the topic keeps its queue count
     assert down.queues("partial") == [0]
     assert dict(down.brokers) == {"b1": "h:1"}
-    assert down.coordinator == "h:1"
+    assert down.security_writer == "h:1"
     key = next(k for k in (bytes([i]) for i in range(256)) if queue_for_key(k, 8) >= 4)
     with pytest.raises(BrokerNotAvailable):
         down.select_queue("orders", key, 0)  # its queue's broker is down: not moved
     assert table.queues("orders") == list(range(8))  # the original is unchanged
     assert table.without(()) is table
+
+
+def test_group_coordinators_follow_the_listed_brokers_not_the_ones_marked_down() -> None:
+    """A client that marks a broker down keeps sending its groups there: only the name
+    server's list moves a group, so all clients agree on its coordinator."""
+    table = _table()
+    groups = [f"g{i}" for i in range(40)]
+    chosen = {g: table.group_coordinator(g) for g in groups}
+    assert set(chosen.values()) == {"h:1", "h:2"}
+    assert all(chosen[g] == coordinator_for(g, {"b1": "h:1", "b2": "h:2"}) for g in groups)
+    down = table.without({"h:2"})
+    assert dict(down.listed_brokers) == {"b1": "h:1", "b2": "h:2"}
+    assert {g: down.group_coordinator(g) for g in groups} == chosen
+    # The name server drops b2: its groups go to b1, the others stay.
+    table.merge(GetRoutesResponse(routes=[], brokers={"b1": "h:1"}), [])
+    assert {table.group_coordinator(g) for g in groups} == {"h:1"}
+    assert RouteTable().group_coordinator("g0") == ""
 
 
 def test_a_topic_with_no_served_queue_is_no_route_right_now_not_unknown() -> None:
@@ -230,7 +248,7 @@ def test_merge_replaces_the_asked_topics_in_place() -> None:
     assert "partial" not in table
     assert "dark" in table
     assert dict(table.brokers) == {"b3": "h:3"}
-    assert table.coordinator == "h:3"
+    assert table.security_writer == "h:3"
     # An empty ask (the broker list alone) changes no topic.
     table.merge(GetRoutesResponse(routes=[], brokers={"b1": "h:1"}), [])
     assert "orders" in table

@@ -97,7 +97,16 @@ class Authenticator:
     loop). `enabled` is broker.auth_enabled; the user requests work either way (users
     may be prepared before authentication is turned on)."""
 
-    def __init__(self, cfg: BrokerConfig, gateway: StoreGateway, clock: Clock) -> None:
+    def __init__(
+        self,
+        cfg: BrokerConfig,
+        gateway: StoreGateway,
+        clock: Clock,
+        *,
+        cluster_login: Callable[[bytes], str] | None = None,
+    ) -> None:
+        """`cluster_login`: checks another broker's login with the cluster secret and
+        returns its principal (`Broker:<name>`); None: brokers cannot log in here."""
         self.enabled = cfg.auth_enabled
         self._gateway = gateway
         self._super = frozenset(f"User:{u}" for u in (*cfg.super_users, cfg.bootstrap_user) if u)
@@ -113,7 +122,12 @@ class Authenticator:
                 secret = os.urandom(_MOCK_SECRET_BYTES)
                 store.metadata.save_service_state({MOCK_SECRET_KEY: secret})
             self._mock_secret = secret
-        self._gate = LoginGate(self._users.get, mock_secret=self._mock_secret, clock=clock)
+        self._gate = LoginGate(
+            self._users.get,
+            mock_secret=self._mock_secret,
+            clock=clock,
+            cluster_login=cluster_login,
+        )
         self._login_limit = self._gate.limit
         #: The users' and ACLs' next version counter, asked before each change (the
         #: broker's SecuritySync, ADR 15); None: the change carries no counter.

@@ -49,6 +49,8 @@ from tidemq.broker.metrics import (
     tier_backlog,
 )
 from tidemq.broker.offset_book import OffsetBook
+from tidemq.broker.offset_pull import PULL_REQUEST_TIMEOUT_MS, OffsetPull
+from tidemq.broker.peer_links import PeerLinks, PeerLogin, check_peer_request, is_peer, others
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.producer_owners import MAX_PRODUCER_OWNERS, ProducerOwners
 from tidemq.broker.replica_leader import ReplicaLeader
@@ -72,6 +74,7 @@ from tidemq.broker.transaction_service import TransactionService
 from tidemq.cluster.membership import check_secret
 from tidemq.cluster.nameserver import NameServer
 from tidemq.cluster.registration import Registration
+from tidemq.cluster.security_link import check_cluster_login
 from tidemq.cluster.service import NAMESERVER_CODES, NameServerHandlers
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import (
@@ -374,14 +377,7 @@ class Broker:
             )
             self._topics.on_change = self._topic_changed
             await self._registration.start()
-        self._groups = GroupHandlers(
-            self._coordinator,
-            self._gateway,
-            self._book,
-            self._topics,
-            remote_counts=self._cluster_queue_counts,
-            pop_groups=self._pop.groups,
-        )
+        self._groups = self._group_handlers()
         self.tier = self._start_tier()
         self._handlers = self._handler_table()
         self._start_background(loop)
@@ -390,10 +386,58 @@ class Broker:
         log.info("broker %s serving on %s%s%s", cfg.broker_name, self.address, tls, auth)
         return self.address
 
+    def _group_handlers(self) -> GroupHandlers:
+        self._offset_pull, self._peer_links = self._start_offset_pull()
+        return GroupHandlers(
+            self._coordinator,
+            self._gateway,
+            self._book,
+            self._topics,
+            remote_counts=self._cluster_queue_counts,
+            pop_groups=self._pop.groups,
+            offset_pull=self._offset_pull,
+        )
+
+    def _start_offset_pull(self) -> tuple[OffsetPull | None, PeerLinks | None]:
+        """What takes a group's committed offsets from the other brokers when the group
+        moves here (ADR 17); nothing for a broker with its own name server (alone)."""
+        if self._embedded:
+            return None, None
+        cfg, key = self.config, self._cluster_key
+        tls = None
+        if cfg.tls:
+            tls = client_context(
+                cfg.tls_ca_file,
+                cfg.tls_cert_file,
+                cfg.tls_key_file,
+                names=("broker.tls_ca_file", "broker.tls_cert_file", "broker.tls_key_file"),
+            )
+        login = None if key is None else PeerLogin(cfg.broker_name, key, self._clock)
+        links = PeerLinks(ssl_context=tls, login=login, timeout_ms=PULL_REQUEST_TIMEOUT_MS)
+        pull = OffsetPull(
+            self._book,
+            peers=self._peer_brokers,
+            peer_offsets=links.committed_offsets,
+            request_timeout_ms=PULL_REQUEST_TIMEOUT_MS,
+        )
+        return pull, links
+
+    async def _peer_brokers(self) -> dict[str, str]:
+        """The other live brokers, as the name servers list them."""
+        live = await self._registration.live_brokers()
+        return others(live, self.config.broker_name, self.address)
+
     def _start_security(self, store: MessageStore) -> None:
         """Logins, producer-id owners and ACLs, from the store."""
         cfg = self.config
-        self._auth = Authenticator(cfg, self._gateway, self._clock)
+        key, clock = self._cluster_key, self._clock
+        self._auth = Authenticator(
+            cfg,
+            self._gateway,
+            clock,
+            # Other brokers log in with the cluster secret to fetch a group's offsets.
+            cluster_login=None if key is None else lambda m: check_cluster_login(key, m, clock),
+        )
         self._auth.bootstrap(cfg.bootstrap_user, self._bootstrap_password)
         self._producer_owners = ProducerOwners(
             save=lambda pid, who: store.metadata.set_producer_owner(
@@ -479,6 +523,10 @@ class Broker:
             await asyncio.wait_for(
                 asyncio.to_thread(self._compaction.close), self.config.shutdown_timeout_ms / 1000
             )
+        if self._offset_pull is not None:
+            await self._offset_pull.close()
+        if self._peer_links is not None:
+            self._peer_links.close()
         if not self._embedded:
             await self._registration.stop()
         await self._timers.stop()
@@ -879,6 +927,9 @@ class Broker:
             # Before login only SASL_HANDSHAKE and SASL_AUTHENTICATE are served.
             return await auth.before_login(frame, conn), b""
         code, header = decode_request(frame)
+        if is_peer(conn.principal):
+            # Another broker, logged in with the cluster secret: one request, no ACLs.
+            return await self._groups.fetch_offsets(check_peer_request(code, header)), b""
         authz = self._authz
         if authz.enabled:
             authz.check(code, header, conn.principal, conn.host)
@@ -1010,7 +1061,7 @@ def server_limits(cfg: BrokerConfig) -> ServerLimits:
 
 def _created_ms(store: MessageStore) -> int:
     """When this broker's data directory was first used (epoch ms), saved on first start:
-    the name servers make the oldest live broker the group coordinator."""
+    the name servers make the oldest live broker the security writer (ADR 15)."""
     saved = store.metadata.service_state(_CREATED_KEY)
     if saved is not None and len(saved) == 8:
         return int.from_bytes(saved, "big")

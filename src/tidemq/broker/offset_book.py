@@ -86,6 +86,8 @@ class OffsetBook:
 
     def __init__(self, gateway: StoreGateway) -> None:
         self._gateway = gateway
+        #: (group, topic, queue) of commits appended and not yet answered, with how many.
+        self._in_flight: dict[tuple[str, str, int], int] = {}
 
     @property
     def _store(self) -> MessageStore:
@@ -114,6 +116,31 @@ class OffsetBook:
         """Store `offsets` for `group`; returns once they are durable and committed."""
         if not offsets:
             return
+        keys = [(group, t, q) for t, q in offsets]
+        for key in keys:
+            self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        try:
+            await self._append(group, offsets)
+        finally:
+            for key in keys:
+                left = self._in_flight.pop(key) - 1
+                if left:
+                    self._in_flight[key] = left
+
+    async def adopt(
+        self, group: str, offsets: Mapping[tuple[str, int], int]
+    ) -> dict[tuple[str, int], int]:
+        """Commit those of `offsets` whose queue the group has no offset for here, not
+        even one still being committed (offsets pulled from other brokers must not
+        overwrite a commit made here meanwhile). Returns what it committed."""
+        await self._settle()
+        present = set(self._store.committed_offsets(group))
+        present |= {(t, q) for g, t, q in self._in_flight if g == group}
+        fresh = {tq: o for tq, o in offsets.items() if tq not in present}
+        await self.commit(group, fresh)  # appended before its first wait: no gap
+        return fresh
+
+    async def _append(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
         store = self._store
         now = store.clock.now_ms()
         messages = [
@@ -136,6 +163,11 @@ class OffsetBook:
         """The group's committed offsets (topic, queue) -> next offset."""
         await self._settle()
         return self._store.committed_offsets(group)
+
+    async def committed_with_time(self, group: str) -> dict[tuple[str, int], tuple[int, int]]:
+        """The group's committed offsets with their commit times (epoch ms)."""
+        await self._settle()
+        return self._store.committed_offsets_with_time(group)
 
     async def groups(self) -> list[str]:
         """Groups with committed offsets here."""

@@ -109,11 +109,11 @@ T = TypeVar("T")
 
 
 async def writer_call(cluster: ClusterClient, request: msgspec.Struct, expected: type[T]) -> T:
-    """A request to the cluster's writer of users and ACL entries (the group
-    coordinator, ADR 15), which serialises every change and hands it to the other
-    brokers through the name servers."""
+    """A request to the cluster's writer of users and ACL entries (the security writer:
+    the oldest live broker, ADR 15), which serialises every change and hands it to the
+    other brokers through the name servers."""
     for attempt in range(1, _WRITER_ATTEMPTS + 1):
-        writer = await cluster.coordinator()
+        writer = await cluster.security_writer()
         try:
             return await cluster.call(writer, request, expected)
         except NotCoordinator:

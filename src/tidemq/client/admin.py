@@ -489,19 +489,24 @@ class AsyncAdmin:
         )
 
     async def list_groups(self) -> list[str]:
-        coordinator = await self._cluster.coordinator()
-        answer = await self._cluster.call(coordinator, ListGroupsRequest(), ListGroupsResponse)
-        return answer.groups
+        """Every group some live broker knows (members, committed offsets or pop
+        consumers), sorted: each group has its own coordinator (ADR 17), so every
+        broker is asked."""
+        routes = await self._cluster.refresh_routes(force=True)
+        found: set[str] = set()
+        for address in sorted(set(routes.brokers.values())):
+            answer = await self._cluster.call(address, ListGroupsRequest(), ListGroupsResponse)
+            found.update(answer.groups)
+        return sorted(found)
 
     async def describe_group(self, group: str) -> GroupDescription:
-        """Members, generation, and per queue the committed offset and lag. The coordinator
-        knows the queues it hosts; the queues of the group's topics on other brokers are
-        filled in here from their brokers."""
-        coordinator = await self._cluster.coordinator()
-        answer = await self._cluster.call(
-            coordinator, DescribeGroupRequest(group=group), DescribeGroupResponse
+        """Members, generation, and per queue the committed offset and lag. The group's
+        coordinator knows the queues it hosts; the queues of the group's topics on other
+        brokers are filled in here from their brokers."""
+        answer = await self._cluster.group_call(
+            group, DescribeGroupRequest(group=group), DescribeGroupResponse
         )
-        committed = await self._committed(coordinator, group)
+        committed = await self._committed(group)
         topics = {o.topic for o in answer.offsets} | {t for t, _ in committed}
         topics |= {t for m in answer.members for t, _ in m.assignment}
         have = {(o.topic, o.queue) for o in answer.offsets}
@@ -524,9 +529,9 @@ class AsyncAdmin:
             answer.offsets = sorted([*answer.offsets, *extra], key=lambda o: (o.topic, o.queue))
         return group_description_from_wire(answer)
 
-    async def _committed(self, coordinator: str, group: str) -> dict[tuple[str, int], int]:
-        answer = await self._cluster.call(
-            coordinator, FetchOffsetsRequest(group=group), FetchOffsetsResponse
+    async def _committed(self, group: str) -> dict[tuple[str, int], int]:
+        answer = await self._cluster.group_call(
+            group, FetchOffsetsRequest(group=group), FetchOffsetsResponse
         )
         return {(o.topic, o.queue): o.offset for o in answer.offsets}
 
@@ -541,15 +546,14 @@ class AsyncAdmin:
         are planned here from their brokers' bounds and committed through the coordinator
         outside any generation, which it accepts only while the group has no members."""
         check_reset_target(to)
-        coordinator = await self._cluster.coordinator()
         request = ResetOffsetsRequest(group=group, topic=topic, to=to, value=value, execute=execute)
-        answer = await self._cluster.call(coordinator, request, ResetOffsetsResponse)
+        answer = await self._cluster.group_call(group, request, ResetOffsetsResponse)
         planned = {(o.topic, o.queue): o.offset for o in answer.offsets}
         routes = await self._cluster.refresh_routes(force=True)
         others = [q for q in routes.queues(topic) if (topic, q) not in planned]
         if not others:
             return [committed_offset_from_wire(o) for o in answer.offsets]
-        committed = await self._committed(coordinator, group)
+        committed = await self._committed(group)
         extra: dict[tuple[str, int], int] = {}
         for queue in others:
             at = value if to == "timestamp" else None
@@ -567,7 +571,7 @@ class AsyncAdmin:
                 group=group,
                 offsets=[QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in extra.items()],
             )
-            await self._cluster.call(coordinator, commit, CommitOffsetsResponse)
+            await self._cluster.group_call(group, commit, CommitOffsetsResponse)
         planned.update(extra)
         return [
             CommittedOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(planned.items())
@@ -623,8 +627,7 @@ class AsyncAdmin:
 
     async def redrive_position(self, group: str) -> int:
         """The offset in `%DLQ%<group>` queue 0 below which dead letters were redriven."""
-        coordinator = await self._cluster.coordinator()
-        committed = await self._committed(coordinator, redrive_group(group))
+        committed = await self._committed(redrive_group(group))
         return committed.get((dlq_topic(group), 0), 0)
 
     async def redrive(self, group: str, *, limit: int | None = None) -> int:
@@ -644,7 +647,6 @@ class AsyncAdmin:
             return 0
         first, end = bounds
         topic = dlq_topic(group)
-        coordinator = await self._cluster.coordinator()
         position = max(first, await self.redrive_position(group))
         left = limit
         sent = 0
@@ -663,7 +665,9 @@ class AsyncAdmin:
                         group=redrive_group(group),
                         offsets=[QueueOffset(topic=topic, queue=0, offset=position)],
                     )
-                    await self._cluster.call(coordinator, commit, CommitOffsetsResponse)
+                    await self._cluster.group_call(
+                        redrive_group(group), commit, CommitOffsetsResponse
+                    )
                 if error is not None:
                     raise error
                 if left is not None:
@@ -860,7 +864,7 @@ class AsyncAdmin:
         self, name: str, password: str, *, iterations: int = DEFAULT_ITERATIONS
     ) -> None:
         """Create a user of SCRAM authentication, or set a new password for an existing
-        one, in the cluster: on its writer (the group coordinator), whence the change
+        one, in the cluster: on its security writer (the oldest live broker), whence the change
         reaches every broker and name server within a few heartbeats, those that are
         down or join later included (ADR 15). Only the salted keys leave this process
         (use TLS all the same); with `broker.auth_enabled`, only a super user may."""

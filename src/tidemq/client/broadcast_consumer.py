@@ -9,6 +9,8 @@ Each member reads every queue of its topics (new queues are picked up as they ap
 keeps its own progress on the broker: its offsets are committed as the consumer-group
 offsets of `broadcast_group(group, member)`, so a member that restarts with the same
 `member` name continues where it left, and members never move each other's progress.
+That progress group has its own coordinator (ADR 17), so members' progress spreads over
+the brokers.
 `Admin.describe_group(broadcast_group(group, member))` shows one member's lag.
 """
 
@@ -102,9 +104,10 @@ class AsyncBroadcastConsumer(Generic[D]):
         new = wanted - self._assigned
         if not new:
             return
-        coordinator = await self._cluster.coordinator()
-        committed = await self._cluster.call(
-            coordinator, FetchOffsetsRequest(group=self._progress_group), FetchOffsetsResponse
+        committed = await self._cluster.group_call(
+            self._progress_group,
+            FetchOffsetsRequest(group=self._progress_group),
+            FetchOffsetsResponse,
         )
         positions = {(o.topic, o.queue): o.offset for o in committed.offsets}
         self._assigned |= new
@@ -132,7 +135,6 @@ class AsyncBroadcastConsumer(Generic[D]):
         """Store this member's progress (the offsets after the messages polled so far)."""
         if not self._consumed:
             return
-        coordinator = await self._cluster.coordinator()
         request = CommitOffsetsRequest(
             group=self._progress_group,
             offsets=[
@@ -140,7 +142,7 @@ class AsyncBroadcastConsumer(Generic[D]):
                 for (t, q), o in sorted(self._consumed.items())
             ],
         )
-        await self._cluster.call(coordinator, request, CommitOffsetsResponse)
+        await self._cluster.group_call(self._progress_group, request, CommitOffsetsResponse)
         self._consumed.clear()
 
     async def close(self) -> None:

@@ -414,13 +414,54 @@ class ClusterClient:
             return await self.call(address, request, ListOffsetsResponse)
         return await static_list_offsets(self, chain, topic, timestamp_ms)
 
-    async def coordinator(self) -> str:
+    async def coordinator(self, group: str) -> str:
+        """The address of the broker that coordinates `group`: rendezvous hashing of the
+        group over the live brokers the name server lists (ADR 17), so every client
+        agrees; a broker this client marked down still counts until the name server drops
+        it (the group moves when the name server says, not when one client thinks so)."""
         routes = await self.refresh_routes()
-        if not routes.coordinator:
+        address = routes.group_coordinator(group)
+        if not address:
+            address = (await self.refresh_routes(force=True)).group_coordinator(group)
+        if not address:
+            raise BrokerNotAvailable(f"no live broker to coordinate consumer group {group!r}")
+        return address
+
+    async def group_call(
+        self,
+        group: str,
+        request: msgspec.Struct,
+        expected: type[T],
+        *,
+        timeout_ms: int | None = None,
+    ) -> T:
+        """A request to `group`'s coordinator, retried like `call` when the failure is
+        retriable; each retry fetches the routes again and looks the coordinator up anew,
+        so a request to a coordinator that went away goes to the group's next one once
+        the name server has dropped it."""
+        attempt = 0
+        while True:
+            address = await self.coordinator(group)
+            try:
+                header, _ = await self.request(address, request, expected, timeout_ms=timeout_ms)
+                return header
+            except TidemqError as exc:
+                attempt += 1
+                if not exc.retriable or attempt > self.config.retries:
+                    raise
+                await asyncio.sleep(self.backoff_s(attempt))
+                with contextlib.suppress(TidemqError):  # the routes known serve meanwhile
+                    await self.refresh_routes(force=True)
+
+    async def security_writer(self) -> str:
+        """The address of the broker that changes users and ACL entries: the oldest live
+        broker, as the name server names it (ADR 15). Not a group's coordinator."""
+        routes = await self.refresh_routes()
+        if not routes.security_writer:
             routes = await self.refresh_routes(force=True)
-        if not routes.coordinator:
-            raise BrokerNotAvailable("no live broker to coordinate consumer groups")
-        return routes.coordinator
+        if not routes.security_writer:
+            raise BrokerNotAvailable("no live broker to change users and ACL entries")
+        return routes.security_writer
 
     async def any_broker(self) -> str:
         routes = await self.refresh_routes()

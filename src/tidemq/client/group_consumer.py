@@ -1,5 +1,11 @@
 """Consumer groups: the coordinator broker assigns queues to members; members commit.
 
+Each group has its own coordinator: the broker that rendezvous hashing of the group's name
+over the live brokers picks (ADR 17). Every request about the group goes there, looked
+up again at each retry, so when the name servers drop a broker its groups' members follow
+their groups to their next coordinators (which take the committed offsets over from the
+other brokers, and assign anew: members rejoin).
+
 Membership is server-side and generation-fenced. A background heartbeat keeps the member
 alive and learns of rebalances; on a new generation the consumer drops revoked queues (its
 uncommitted progress there is redelivered to the new owner: at-least-once) and starts the
@@ -139,7 +145,6 @@ class AsyncGroupConsumer(Generic[D]):
     # ------------------------------------------------------------------ membership
 
     async def _join(self) -> None:
-        coordinator = await self._cluster.coordinator()
         request = JoinGroupRequest(
             group=self._group,
             topics=self._topics,
@@ -148,7 +153,7 @@ class AsyncGroupConsumer(Generic[D]):
             session_timeout_ms=self._session_ms,
         )
         try:
-            response = await self._cluster.call(coordinator, request, JoinGroupResponse)
+            response = await self._cluster.group_call(self._group, request, JoinGroupResponse)
         except UnknownMember:
             # Our session expired: join as a new member (the old id is never reissued).
             self._member_id = ""
@@ -158,7 +163,7 @@ class AsyncGroupConsumer(Generic[D]):
                 client_id=self._client_id,
                 session_timeout_ms=self._session_ms,
             )
-            response = await self._cluster.call(coordinator, request, JoinGroupResponse)
+            response = await self._cluster.group_call(self._group, request, JoinGroupResponse)
         self._member_id = response.member_id
         await self._apply_assignment(response.generation, [tuple(a) for a in response.assignment])  # type: ignore[misc]
         if self._heartbeat_task is None:
@@ -168,11 +173,10 @@ class AsyncGroupConsumer(Generic[D]):
         while not self._closed:
             await asyncio.sleep(self._heartbeat_s)
             try:
-                coordinator = await self._cluster.coordinator()
                 request = HeartbeatRequest(
                     group=self._group, member_id=self._member_id, generation=self._generation
                 )
-                response = await self._cluster.call(coordinator, request, HeartbeatResponse)
+                response = await self._cluster.group_call(self._group, request, HeartbeatResponse)
             except UnknownMember:
                 self._pending_assignment = (-1, [])  # expired: rejoin at the next poll
                 continue
@@ -200,9 +204,8 @@ class AsyncGroupConsumer(Generic[D]):
                 self._on_assign(added)
 
     async def _position_new(self, queues: list[TopicQueue]) -> None:
-        coordinator = await self._cluster.coordinator()
-        committed = await self._cluster.call(
-            coordinator, FetchOffsetsRequest(group=self._group), FetchOffsetsResponse
+        committed = await self._cluster.group_call(
+            self._group, FetchOffsetsRequest(group=self._group), FetchOffsetsResponse
         )
         offsets = {(o.topic, o.queue): o.offset for o in committed.offsets}
         for tq in queues:
@@ -256,7 +259,6 @@ class AsyncGroupConsumer(Generic[D]):
         chosen = {tq: o for tq, o in chosen.items() if tq in owned}
         if not chosen:
             return
-        coordinator = await self._cluster.coordinator()
         request = CommitOffsetsRequest(
             group=self._group,
             offsets=[
@@ -265,7 +267,7 @@ class AsyncGroupConsumer(Generic[D]):
             member_id=self._member_id,
             generation=self._generation,
         )
-        await self._cluster.call(coordinator, request, CommitOffsetsResponse)
+        await self._cluster.group_call(self._group, request, CommitOffsetsResponse)
         if offsets is None:
             for tq, o in chosen.items():
                 if self._consumed.get(tq) == o:
@@ -294,9 +296,8 @@ class AsyncGroupConsumer(Generic[D]):
                 await self._heartbeat_task
         if self._member_id:
             with contextlib.suppress(TidemqError):
-                coordinator = await self._cluster.coordinator()
-                await self._cluster.call(
-                    coordinator,
+                await self._cluster.group_call(
+                    self._group,
                     LeaveGroupRequest(group=self._group, member_id=self._member_id),
                     Empty,
                 )

@@ -12,7 +12,7 @@ Broker states::
                            LIVE --unregister--> (absent)
                            LAPSED --register--> LIVE, as a new broker (see claims)
 
-A LAPSED broker is invisible to `routes`, `brokers` and `coordinator` at once, whether or
+A LAPSED broker is invisible to `routes`, `brokers` and `security_writer` at once, whether or
 not `expire()` has run yet; `status` still lists it until then.
 
 Stale topics. A topic that a lapsed or unregistered broker hosted is not deleted: the broker
@@ -40,14 +40,17 @@ Topic-level fields: a route's queue count is the largest total any live broker r
 topic's queue count only grows; while brokers pick up an alter one by one the largest is
 the newest), its message type is the one the live broker with the smallest name reports.
 
-The group coordinator is the oldest live broker: the smallest (creation time, name), where
-the creation time is when the broker's data directory was first used (it registers it,
-and it survives restarts). A pure function of the live set, so every name server names the
-same one; and adding a broker never moves coordination (with the committed offsets the
-coordinator stores) away from the broker that has them. When the coordinator stops, the
-next oldest takes over; when it returns, it takes coordination back with its offsets
-(commits made meanwhile on the other broker are not carried over: a group goes back to
-the older positions and reads some messages again, never skips any).
+Consumer groups are not coordinated here: a client computes each group's coordinator
+from the live broker names that `brokers` lists, by rendezvous hashing
+(`tidemq.cluster.group_coordinator`, ADR 17). The name servers only agree on that list.
+
+The security writer, the one broker that changes users and ACL entries (ADR 15), is the
+oldest live broker: the smallest (creation time, name), where the creation time is when
+the broker's data directory was first used (it registers it, and it survives restarts).
+A pure function of the live set, so every name server names the same one, and adding a
+broker never moves it. When it stops, the next oldest takes over; when it returns, it
+takes the role back. Routes answers carry it in the field `coordinator` (its name from
+when it coordinated the groups too), registration answers in `security_writer`.
 
 Not thread-safe. No I/O.
 """
@@ -241,7 +244,7 @@ class NameServer:
     ) -> tuple[int, int]:
         """Register or heartbeat: replace the broker's topic list, refresh its TTL and
         return (heartbeat_interval_ms, broker_ttl_ms). `created_ms`: when the broker's data
-        directory was created (it orders brokers for the coordinator). `epoch` and
+        directory was created (it orders brokers for the security writer). `epoch` and
         `version`: what later deltas build on (`update`; "" takes none). Raises
         InvalidRequest for a bad name, address or topic entry, or when `max_brokers` live
         brokers are registered; InvalidTopicName for a bad topic name. When it raises, no
@@ -416,7 +419,7 @@ class NameServer:
     # ------------------------------------------------------------------ queries
 
     def generation(self) -> int:
-        """A token of what `routes()` (of every topic), `brokers()` and `coordinator()`
+        """A token of what `routes()` (of every topic), `brokers()` and `security_writer()`
         answer now: equal tokens, equal answers. A client that has the routes of one
         generation asks with it and is told "unchanged" instead of fetching 100,000 routes
         again every few seconds. Read from the change count, the live brokers and the
@@ -460,9 +463,9 @@ class NameServer:
             if self._live(self._brokers[name], now)
         }
 
-    def coordinator(self) -> str:
-        """Address of the oldest live broker (smallest creation time, then name); "" if
-        none is live."""
+    def security_writer(self) -> str:
+        """Address of the oldest live broker (smallest creation time, then name), the one
+        that changes users and ACL entries; "" if none is live."""
         now = self._clock.monotonic_ms()
         live = [b for b in self._brokers.values() if self._live(b, now)]
         if not live:

@@ -245,6 +245,24 @@ class Registration:
             f"no name server answered a route query ({', '.join(self._servers)})"
         )
 
+    async def live_brokers(self) -> dict[str, str]:
+        """The live brokers (name -> address, this one included) from the first name
+        server that answers; BrokerNotAvailable when none does. Each name server is
+        given `_REQUEST_TIMEOUT_S`."""
+        for server in self._servers:
+            try:
+                conn = await self._conn(server)
+                routes, _ = await conn.request(
+                    GetRoutesRequest(topics=[]), GetRoutesResponse, timeout_s=_REQUEST_TIMEOUT_S
+                )
+            except TidemqError as exc:
+                log.warning("broker list query to name server %s failed: %s", server, exc)
+                continue
+            return dict(routes.brokers)
+        raise BrokerNotAvailable(
+            f"no name server answered a broker list query ({', '.join(self._servers)})"
+        )
+
     async def _run(self) -> None:
         while True:
             await self.register_once()

@@ -20,6 +20,12 @@ ids outside [0, queues) (a route fetched while the topic was being altered) are 
 A topic whose brokers are all away (the name server calls it stale) is in the table with
 its queue count and no served queue: "no route right now" (BrokerNotAvailable, retriable),
 unlike a topic missing from the table (TopicNotFound).
+
+Two brokers are named besides the queues' hosts: each consumer group's coordinator, by
+rendezvous hashing of the group over the brokers the name server lists (`group_coordinator`,
+ADR 17), and the security writer, the oldest live broker, which alone changes users and
+ACL entries (`security_writer`, ADR 15). Neither moves when a client marks a broker down
+(`without`): only the name server's list moves them, so every client agrees.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from types import MappingProxyType
 
 import crc32c
 
+from tidemq.cluster.group_coordinator import coordinator_for
 from tidemq.core.errors import AuthorizationFailed, BrokerNotAvailable, TidemqError, TopicNotFound
 from tidemq.core.static_chain import QueueChain, link_for
 from tidemq.protocol.commands import GetRoutesResponse, TopicRoute
@@ -66,29 +73,34 @@ class _Topic:
 
 
 class RouteTable:
-    """Routes of some topics, plus the broker directory and the group coordinator."""
+    """Routes of some topics, plus the broker directory, from which each group's
+    coordinator follows, and the security writer."""
 
     def __init__(
         self,
         routes: Iterable[TopicRoute] = (),
         brokers: Mapping[str, str] | None = None,
-        coordinator: str = "",
+        security_writer: str = "",
     ) -> None:
         self._source = {route.topic: route for route in routes}
         self._topics = {topic: _Topic(route) for topic, route in self._source.items()}
         self._brokers = MappingProxyType(dict(brokers or {}))
-        self._coordinator = coordinator
+        #: The brokers as the name server listed them, those marked down included: what
+        #: the group coordinators are computed from.
+        self._listed = self._brokers
+        self._security_writer = security_writer
         #: Topics the user may not describe (learnt by asking for them by name).
         self._denied: set[str] = set()
 
     @classmethod
     def from_response(cls, response: GetRoutesResponse) -> RouteTable:
+        # The wire field keeps its first name: it names the security writer.
         return cls(response.routes, response.brokers, response.coordinator)
 
     def merge(self, response: GetRoutesResponse, asked: Iterable[str]) -> None:
         """In place: the routes of the `asked` topics replaced by the answer's (a topic
         asked for and not answered no longer exists), and the answer's brokers and
-        coordinator. The one exception to "immutable": a client that just created its
+        security writer. The one exception to "immutable": a client that just created its
         100,001st topic learns it in constant time, not by copying every route; readers
         holding this table see the newer routes, which is all they could want."""
         for topic in asked:
@@ -99,13 +111,13 @@ class RouteTable:
         for route in response.routes:
             self._source[route.topic] = route
             self._topics[route.topic] = _Topic(route)
-        self._brokers = MappingProxyType(dict(response.brokers))
-        self._coordinator = response.coordinator
+        self._brokers = self._listed = MappingProxyType(dict(response.brokers))
+        self._security_writer = response.coordinator
 
     def without(self, addresses: Collection[str]) -> RouteTable:
         """This table with the brokers at `addresses` taken out (a client saw their
         connections fail): their queues unserved, their names gone from `brokers`. The
-        coordinator stays: only the name server moves it."""
+        group coordinators and the security writer stay: only the name server moves them."""
         if not addresses:
             return self
         routes = [
@@ -119,17 +131,18 @@ class RouteTable:
             for r in self._source.values()
         ]
         brokers = {n: a for n, a in self._brokers.items() if a not in addresses}
-        table = RouteTable(routes, brokers, self._coordinator)
+        table = RouteTable(routes, brokers, self._security_writer)
+        table._listed = self._listed
         table._denied = self._denied
         return table
 
     def addresses(self) -> set[str]:
-        """Every address the table names: brokers, queue hosts and the coordinator."""
+        """Every address the table names: brokers, queue hosts and the security writer."""
         found = set(self._brokers.values())
         for topic in self._topics.values():
             found.update(topic.served.values())
-        if self._coordinator:
-            found.add(self._coordinator)
+        if self._security_writer:
+            found.add(self._security_writer)
         return found
 
     @property
@@ -143,9 +156,22 @@ class RouteTable:
         return self._brokers
 
     @property
-    def coordinator(self) -> str:
-        """Address of the broker coordinating consumer groups; "" if none is live."""
-        return self._coordinator
+    def listed_brokers(self) -> Mapping[str, str]:
+        """Broker name -> address as the name server listed them, read-only: `brokers`
+        with the brokers this client marked down put back."""
+        return self._listed
+
+    def group_coordinator(self, group: str) -> str:
+        """Address of the broker coordinating `group` (rendezvous hashing over the
+        brokers the name server lists, `tidemq.cluster.group_coordinator`); "" if none
+        is live."""
+        return coordinator_for(group, self._listed)
+
+    @property
+    def security_writer(self) -> str:
+        """Address of the broker that changes users and ACL entries (the oldest live
+        broker, ADR 15); "" if none is live. Not a group coordinator."""
+        return self._security_writer
 
     def topics(self) -> list[str]:
         """The topics in the table, sorted."""

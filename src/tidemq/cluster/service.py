@@ -144,14 +144,14 @@ class NameServerHandlers:
             return GetRoutesResponse(
                 routes=ns.routes(header.topics),
                 brokers=ns.brokers(),
-                coordinator=ns.coordinator(),
+                coordinator=ns.security_writer(),
             )
         generation = ns.generation()
         unchanged = header.known == generation
         return GetRoutesResponse(
             routes=[] if unchanged else ns.routes(),
             brokers=ns.brokers(),
-            coordinator=ns.coordinator(),
+            coordinator=ns.security_writer(),
             generation=generation,
             unchanged=unchanged,
         )
@@ -194,7 +194,7 @@ class NameServerHandlers:
         now_ms = self._clock.monotonic_ms()
         answer.security_push = holder.report(header.broker_name, version, now_ms)
         answer.security_counter, answer.security_digest = holder.held
-        answer.security_writer = self.nameserver.coordinator()
+        answer.security_writer = self.nameserver.security_writer()
         return answer
 
     def _status(self) -> ClusterStatusResponse:

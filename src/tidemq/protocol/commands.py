@@ -341,10 +341,18 @@ class CommitOffsetsResponse(_Msg):
 
 class FetchOffsetsRequest(_Msg):
     group: str
+    #: Answer from this broker's own store only. A broker asking the others for a group's
+    #: offsets (it has just become the group's coordinator, ADR 17) sets it, so that they
+    #: do not ask on in turn.
+    local_only: bool = False
 
 
 class FetchOffsetsResponse(_Msg):
     offsets: list[QueueOffset]
+    #: When each of `offsets` was committed (epoch ms, the answering broker's clock), in
+    #: the same order. A group's new coordinator adopts, per queue, the offset committed
+    #: last (ADR 17). Empty from a broker older than this field: times unknown.
+    committed_ms: list[int] = []
 
 
 class ListGroupsRequest(_Msg):
@@ -461,8 +469,9 @@ class RegisterBrokerResponse(_Msg):
     security_digest: int = 0
     #: The broker's version is newer than what this name server holds: push it.
     security_push: bool = False
-    #: The address of the broker that changes users and ACL entries (the group
-    #: coordinator); a change sent to another broker is refused (NotCoordinator).
+    #: The address of the broker that changes users and ACL entries (the security
+    #: writer: the oldest live broker, ADR 15); a change sent to another broker is
+    #: refused (NotCoordinator).
     security_writer: str = ""
 
 
@@ -483,7 +492,9 @@ class GetRoutesRequest(_Msg):
 class GetRoutesResponse(_Msg):
     routes: list[TopicRoute]
     brokers: dict[str, str]  # broker name -> address
-    #: The broker that coordinates consumer groups (offsets, membership).
+    #: The security writer: the broker that changes users and ACL entries (the oldest
+    #: live broker, ADR 15). Named for when it also coordinated every consumer group;
+    #: each group's coordinator now follows from `brokers` (ADR 17).
     coordinator: str = ""
     #: For an answer about every topic: a token of these routes, to send back as `known`
     #: (0 for an answer about named topics).

@@ -892,6 +892,12 @@ class MessageStore:
         self._check_open()
         return self._meta.committed_offsets(group)
 
+    def committed_offsets_with_time(self, group: str) -> dict[tuple[str, int], tuple[int, int]]:
+        """The group's committed offsets with the time of each commit (epoch ms, this
+        store's clock): (topic, queue) -> (next offset, committed_ms)."""
+        self._check_open()
+        return self._meta.committed_offsets_with_time(group)
+
     def groups(self) -> list[str]:
         return self._meta.groups()
 

@@ -474,6 +474,15 @@ class Metadata:
         )
         return {(t, q): o for t, q, o in rows}
 
+    def committed_offsets_with_time(self, group: str) -> dict[tuple[str, int], tuple[int, int]]:
+        """(topic, queue) -> (next offset, when it was committed, epoch ms)."""
+        rows = self._db.execute(
+            "SELECT topic, queue_id, next_offset, updated_ms FROM consumer_offsets"
+            " WHERE group_name = ?",
+            (group,),
+        )
+        return {(t, q): (o, ms) for t, q, o, ms in rows}
+
     def groups(self) -> list[str]:
         rows = self._db.execute("SELECT DISTINCT group_name FROM consumer_offsets ORDER BY 1")
         return [r[0] for r in rows]

@@ -4,6 +4,10 @@ Commits are fenced by generation: a member that has not yet taken its assignment
 current generation cannot commit, so a consumer that lost a queue in a rebalance can never
 overwrite the offsets of its new owner. A member of the current generation commits only
 the queues that generation assigns it.
+
+Each group has its own coordinator (rendezvous hashing, ADR 17). Before a request that
+reads or writes a group's offsets is served, `OffsetPull.ensure` makes sure the offsets
+are here: a group that has just moved to this broker takes them from the other brokers.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from tidemq.broker.groups import GroupCoordinator, check_group_name
 from tidemq.broker.offset_book import OffsetBook
+from tidemq.broker.offset_pull import OffsetPull
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.broker.topics import TopicTable
 from tidemq.core.errors import InvalidRequest, OffsetOutOfRange, QueueNotFound, TopicNotFound
@@ -61,9 +66,12 @@ class GroupHandlers:
         *,
         remote_counts: RemoteCounts | None = None,
         pop_groups: Callable[[], Iterable[str]] | None = None,
+        offset_pull: OffsetPull | None = None,
     ) -> None:
         """`pop_groups`: the groups consuming by pop here (simple and push consumers),
-        listed with the others."""
+        listed with the others. `offset_pull`: takes a group's offsets from the other
+        brokers when it moves here (None: a broker alone, nothing to pull)."""
+        self._offset_pull = offset_pull
         self._coordinator = coordinator
         self._gateway = gateway
         self._book = book
@@ -93,8 +101,14 @@ class GroupHandlers:
             raise TopicNotFound(f"topic {unknown[0][:140]!r} does not exist")
         return counts
 
+    async def _offsets_here(self, group: str) -> None:
+        if self._offset_pull is not None:
+            await self._offset_pull.ensure(group)
+
     async def join(self, req: JoinGroupRequest) -> JoinGroupResponse:
         _check_group(req.group)
+        # Before the member learns its queues: it positions them at the committed offsets.
+        await self._offsets_here(req.group)
         assignment = self._coordinator.join(
             req.group,
             member_id=req.member_id,
@@ -149,6 +163,9 @@ class GroupHandlers:
                 raise QueueNotFound(
                     f"topic {o.topic!r} has queues 0..{counts[o.topic] - 1}, not {o.queue}"
                 )
+        # First the offsets a moved group had elsewhere: a commit of some queues must not
+        # make the group's other queues look never committed (nothing would pull them).
+        await self._offsets_here(req.group)
         self._coordinator.check_commit(req.group, req.member_id, req.generation)
         if req.member_id:
             # The generation check alone would let a current member move the offset of a
@@ -193,11 +210,12 @@ class GroupHandlers:
 
     async def fetch_offsets(self, req: FetchOffsetsRequest) -> FetchOffsetsResponse:
         _check_group(req.group)
-        committed = await self._book.committed(req.group)
+        if not req.local_only:
+            await self._offsets_here(req.group)
+        held = sorted((await self._book.committed_with_time(req.group)).items())
         return FetchOffsetsResponse(
-            offsets=[
-                QueueOffset(topic=t, queue=q, offset=o) for (t, q), o in sorted(committed.items())
-            ]
+            offsets=[QueueOffset(topic=t, queue=q, offset=o) for (t, q), (o, _) in held],
+            committed_ms=[ms for _, (_, ms) in held],
         )
 
     async def list_groups(self, req: ListGroupsRequest) -> ListGroupsResponse:
@@ -209,6 +227,7 @@ class GroupHandlers:
 
     async def describe(self, req: DescribeGroupRequest) -> DescribeGroupResponse:
         _check_group(req.group)
+        await self._offsets_here(req.group)
         state = self._coordinator.describe(req.group)
         members = state.members
         committed = await self._book.committed(req.group)
@@ -245,6 +264,7 @@ class GroupHandlers:
         _check_group(req.group)
         self._topics.get(req.topic)
         check_reset_target(req.to)
+        await self._offsets_here(req.group)  # a shift starts from the committed offsets
         if req.execute:
             state = self._coordinator.describe(req.group)
             if state.members:
