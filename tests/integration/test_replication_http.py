@@ -145,17 +145,19 @@ async def _wait_following(g: Group, name: str, leader_epoch: int, committed: int
     """Until `name` follows the leader of `leader_epoch`, which has answered it and told
     it a committed position of at least `committed`."""
     node = g.nodes[name]
-    await wait_until(
-        lambda: (
+
+    def following() -> bool:
+        leader, follower = node.leader_record(), node.follower
+        return (
             node.broker is None
-            and node.follower is not None
-            and node.follower.rounds > 0
-            and node.follower.committed >= committed
-            and node.leader_record() is not None
-            and node.leader_record().epoch == leader_epoch  # type: ignore[union-attr]
-        ),
-        what=f"{name} to follow the leader of epoch {leader_epoch}",
-    )
+            and leader is not None
+            and leader.epoch == leader_epoch
+            and follower is not None
+            and follower.rounds > 0
+            and follower.committed >= committed
+        )
+
+    await wait_until(following, what=f"{name} to follow the leader of epoch {leader_epoch}")
 
 
 def test_every_member_serves_metrics_with_its_role_and_a_failover_swaps_the_figures(

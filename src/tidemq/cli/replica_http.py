@@ -84,6 +84,8 @@ class ReplicaHttpNode:
             faults=faults,
         )
         self._client_config = registry_client_config(config, registry_login)
+        #: How a follower dials its leader to check a login: as the registry's client.
+        self._leader_tls = None if self._client_config is None else self._client_config.ssl_context
         self._limit = LoginLimit(clock or SystemClock())
         self.listener: HttpListener | None = None
 
@@ -165,9 +167,7 @@ class ReplicaHttpNode:
                 leader.address,
                 max_frame_bytes=_LOGIN_FRAME_BYTES,
                 connect_timeout_s=_LEADER_LOGIN_TIMEOUT_S,
-                ssl_context=None
-                if self._client_config is None
-                else self._client_config.ssl_context,
+                ssl_context=self._leader_tls,
                 username=user,
                 password=password,
             )
