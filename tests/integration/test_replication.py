@@ -10,29 +10,20 @@ killed processes and network partitions are the Jepsen-style check's.
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from tests.integration.conftest import (
-    CLUSTER_HEARTBEAT_MS,
-    CLUSTER_TTL_MS,
-    broker_config,
-    wait_until,
-)
+from tests.integration.conftest import broker_config, wait_until
 from tests.support.etcd_server import EtcdCluster, etcd_single
+from tests.support.replica_group import GROUP, group
 
 from tidemq import aio
 from tidemq.broker import replica_node
 from tidemq.broker.replica_node import ReplicaNode
-from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.broker.system_topics import TIMER_TOPIC
 from tidemq.client.admin import AsyncAdmin
 from tidemq.client.producer import AsyncProducer
-from tidemq.cluster.service import NameServerService
 from tidemq.core.errors import AuthenticationFailed, InvalidRequest, RequestTimeout
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import ReplicaFetchRequest, ReplicaFetchResponse
@@ -43,86 +34,6 @@ if TYPE_CHECKING:
     from tests.integration.conftest import Loop
 
 __all__ = ["etcd_single"]  # a fixture, used by name below
-
-GROUP = "g1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Group:
-    def __init__(
-        self, root: Path, etcd: list[str], bootstrap: str, secret: str | None = None
-    ) -> None:
-        self.root, self.etcd, self.bootstrap = root, etcd, bootstrap
-        self.secret = secret
-        #: More BrokerConfig settings for every member started from now on.
-        self.broker: dict[str, object] = {}
-        self.nodes: dict[str, ReplicaNode] = {}
-
-    def config(
-        self, name: str, faults: ReplicaFaultSwitch | None = None, **replication: object
-    ) -> ReplicaNode:
-        settings: dict[str, object] = {
-            "group": GROUP,
-            "etcd": tuple(self.etcd),
-            "min_insync_replicas": 2,
-            "replica_lag_max_ms": 1_500,
-            "fetch_wait_ms": 200,
-            "ack_timeout_ms": 5_000,
-        } | replication
-        cfg = broker_config(
-            self.root / name,
-            broker_name=name,
-            port=_free_port(),
-            name_servers=(self.bootstrap,),
-            broker_heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS,
-            broker_ttl_ms=CLUSTER_TTL_MS,
-            replication=ReplicationConfig(**settings),  # type: ignore[arg-type]
-            **self.broker,
-        )
-        return ReplicaNode(cfg, faults=faults, cluster_secret=self.secret)
-
-    async def start(
-        self, name: str, faults: ReplicaFaultSwitch | None = None, **replication: object
-    ) -> ReplicaNode:
-        node = self.config(name, faults, **replication)
-        await node.start()
-        self.nodes[name] = node
-        return node
-
-    def leader(self) -> ReplicaNode | None:
-        leading = [n for n in self.nodes.values() if n.broker is not None]
-        assert len(leading) <= 1, "two members run the group's broker at once"
-        return leading[0] if leading else None
-
-    async def wait_leader(self, *, not_: ReplicaNode | None = None) -> ReplicaNode:
-        await wait_until(
-            lambda: (n := self.leader()) is not None and n is not not_, what="a leader"
-        )
-        node = self.leader()
-        assert node is not None
-        return node
-
-
-@asynccontextmanager
-async def group(root: Path, etcd: EtcdCluster, secret: str | None = None) -> AsyncIterator[Group]:
-    ns = NameServerService(
-        port=0,
-        broker_ttl_ms=CLUSTER_TTL_MS,
-        heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS,
-        cluster_secret=secret,
-    )
-    g = Group(root, etcd.endpoints, await ns.start(), secret)
-    try:
-        yield g
-    finally:
-        for node in g.nodes.values():
-            await node.stop()
-        await ns.stop()
 
 
 async def _send(producer: AsyncProducer, values: list[bytes]) -> list[tuple[int, int]]:

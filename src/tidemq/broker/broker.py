@@ -735,6 +735,7 @@ class Broker:
             pop_leases=pop.leases,
             pop_retried=pop.retried,
             topic_number=len(topics),
+            replica=None if self._replica is None else self._replica.metrics(),
             **self._tier_metrics(),
         )
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tidemq.broker.replica_metrics import ReplicaMetrics
 from tidemq.store.remote_ranges import tier_settings
 
 if TYPE_CHECKING:
@@ -190,6 +191,8 @@ class MetricsSnapshot:
     tier_errors: int = 0
     #: User topics on this broker (with traffic or not).
     topic_number: int = 0
+    #: The broker leads a replica group: its replication figures (None: a plain broker).
+    replica: ReplicaMetrics | None = None
 
 
 @dataclass(slots=True)

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from tidemq.broker.compaction_runner import CompactionRunner
+from tidemq.broker.metrics import disk_usage
+from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.cluster.election import ElectionFaults
 from tidemq.cluster.group_keys import LeaderRecord
@@ -121,6 +123,10 @@ class ReplicaFollower:
         self.truncations = 0
         #: The member this one last followed ("" before any).
         self.last_leader = ""
+        #: The leader's log end at its last answer, and when that came (monotonic ms);
+        #: None before the first answer.
+        self.leader_end: int | None = None
+        self._answered_ms: float | None = None
         self._topics_version = -1
         self._state_version = -1
         #: The leader's service state received and not applied yet (its position is
@@ -133,6 +139,33 @@ class ReplicaFollower:
     @property
     def store(self) -> MessageStore:
         return self._store
+
+    def metrics(self) -> ReplicaMetrics:
+        """Its figures for the member's `/metrics` while it follows."""
+        store = self._store
+        leader = self._leader()
+        # No leader now: the newest epoch its log holds.
+        latest = leader or self._history.latest
+        epoch = 0 if latest is None else latest.epoch
+        end = store.end_position
+        answered = self._answered_ms
+        return ReplicaMetrics(
+            group=self._config.group,
+            member=self._member,
+            role=ReplicaRole.FOLLOWER,
+            epoch=epoch,
+            log_end=end,
+            durable=store.flushed_position,
+            committed=self.committed,
+            lag_bytes=None if self.leader_end is None else max(0, self.leader_end - end),
+            fetch_age_s=(
+                None if answered is None else (self._clock.monotonic_ms() - answered) / 1000
+            ),
+            fetch_rounds=self.rounds,
+            truncations=self.truncations,
+            log_bytes=end - store.log.start_position,
+            disk=disk_usage(store.config.data_dir),
+        )
 
     async def run(self) -> None:
         """Follow whichever member etcd names leader, until cancelled; meanwhile compact
@@ -206,6 +239,8 @@ class ReplicaFollower:
         if self._faults is not None and self._faults.fetch_held():
             return  # cut off while the answer travelled: it never arrives
         self.rounds += 1
+        self.leader_end = answer.leader_end
+        self._answered_ms = self._clock.monotonic_ms()
         if answer.diverged_at >= 0:
             log.warning(
                 "group %s member %s: log differs from leader %s's from %d on (end %d): cut",

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.core.clock import Clock
 from tidemq.core.errors import (
@@ -147,6 +148,26 @@ class ReplicaLeader:
                 )
                 for m in sorted(members)
             ],
+        )
+
+    def metrics(self) -> ReplicaMetrics:
+        """This term's figures for `/metrics` (the broker's snapshot carries them)."""
+        gateway = self._gateway
+        assert gateway is not None, "metrics of a leader whose broker has not started"
+        store = gateway.store
+        end = store.end_position
+        return ReplicaMetrics(
+            group=self._config.group,
+            member=self._record.member,
+            role=ReplicaRole.LEADER,
+            epoch=self.epoch,
+            log_end=end,
+            durable=store.flushed_position,
+            committed=self._committed,
+            lag_bytes=0,
+            in_sync=self.in_sync,
+            min_insync_replicas=self._config.min_insync_replicas,
+            follower_lag={m: max(0, end - f.position) for m, f in self._followers.items()},
         )
 
     def follower_positions(self) -> dict[str, tuple[int, int]]:

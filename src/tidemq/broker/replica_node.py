@@ -17,6 +17,10 @@ it has one of two roles, one after the other, never both:
 
 A member outside the group's in-sync set does not campaign (unless
 `replication.unclean_election`): it may lack acknowledged records.
+
+What runs beside it (the HTTP listener, `tidemq.cli.replica_http`) learns of each new
+broker through `on_broker`, and reads the member's figures in either role through
+`replica_metrics()` (a follower's) or the broker's own `metrics()`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from tidemq.broker.broker import Broker, server_limits
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.replica_follower import ReplicaFaults, ReplicaFollower
 from tidemq.broker.replica_leader import ReplicaLeader
+from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
 from tidemq.cluster.election import Election, ElectionConfig, ElectionStatus
 from tidemq.cluster.election_state import State
 from tidemq.cluster.etcd_client import Delete, EtcdClient, Put, ValueIs
@@ -72,9 +77,14 @@ class ReplicaNode:
         *,
         clock: Clock | None = None,
         cluster_secret: str | None = None,
+        bootstrap_password: str | None = None,
+        on_broker: Callable[[Broker], None] | None = None,
         faults: ReplicaFaults | None = None,
     ) -> None:
-        """`faults`: fault injection for tests (`tidemq.testing.replication`)."""
+        """`bootstrap_password`: for each broker it runs as leader (`Broker`'s).
+        `on_broker(broker)`: called with each broker as soon as it has started, before
+        any other await (a member that leads, follows and leads again runs a new broker
+        each time). `faults`: fault injection for tests (`tidemq.testing.replication`)."""
         rep = config.replication
         if not rep.enabled:
             raise ConfigError("a replica group member needs replication.group")
@@ -90,6 +100,8 @@ class ReplicaNode:
         self.address = config.advertised_address or f"{config.host}:{config.port}"
         self._clock = clock or SystemClock()
         self._secret = cluster_secret
+        self._bootstrap_password = bootstrap_password
+        self._on_broker = on_broker
         #: With a cluster secret, followers log in to the replication listener with it
         #: (the log holds every message: nobody else may read it).
         self._key = None if cluster_secret is None else check_secret(cluster_secret)
@@ -222,10 +234,13 @@ class ReplicaNode:
             replace(self.config, broker_name=self.config.replication.group),
             clock=self._clock,
             cluster_secret=self._secret,
+            bootstrap_password=self._bootstrap_password,
             replica=self.leader,
         )
         await broker.start()
         self.broker = broker
+        if self._on_broker is not None:
+            self._on_broker(broker)
         log.info(
             "member %s leads group %s under epoch %d, serving on %s",
             self.member,
@@ -258,7 +273,7 @@ class ReplicaNode:
             member=self.member,
             store=store,
             history=self._history,
-            leader=self._leader_record,
+            leader=self.leader_record,
             faults=self._faults,
             cluster_key=self._key,
             clock=self._clock,
@@ -297,9 +312,24 @@ class ReplicaNode:
                 success=[Delete(keys.preferred)],
             )
 
-    def _leader_record(self) -> LeaderRecord | None:
+    def leader_record(self) -> LeaderRecord | None:
+        """The group's leader as the election last saw it (None: none known)."""
         election = self.election
         return None if election is None else election.status.leader
+
+    def replica_metrics(self) -> ReplicaMetrics:
+        """The member's figures while no broker runs: a follower's, or, between two
+        roles, its role and the leader's epoch alone. (Leading, they are part of
+        `broker.metrics()`.)"""
+        if self._follow_task is not None and self.follower is not None:
+            return self.follower.metrics()
+        leader = self.leader_record()
+        return ReplicaMetrics(
+            group=self.config.replication.group,
+            member=self.member,
+            role=ReplicaRole.NONE,
+            epoch=0 if leader is None else leader.epoch,
+        )
 
     async def _eligible(self) -> bool:
         """In the group's in-sync set (or no set yet: a new group), or unclean election."""

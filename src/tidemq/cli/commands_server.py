@@ -11,10 +11,10 @@ import typer
 
 from tidemq.broker.broker import Broker, listener_ssl_context
 from tidemq.broker.config import BrokerConfig
-from tidemq.broker.replica_node import ReplicaNode
 from tidemq.cli.common import CliUsageError, command
 from tidemq.cli.config import load_configs
 from tidemq.cli.node import Node
+from tidemq.cli.replica_http import ReplicaHttpNode
 from tidemq.cli.server import Service, configure_logging, serve
 from tidemq.cluster.membership import CLUSTER_SECRET_ENV, check_secret
 from tidemq.cluster.service import NameServerService
@@ -319,15 +319,18 @@ def broker(
             "(or run `tidemq server` for a broker with its own name server)"
         )
     password, secret = _bootstrap_password(), _cluster_secret()
-    if cfg.replication.enabled:
-        if http.enabled:
-            log.warning(
-                "a replica group member serves no HTTP listener yet (metrics, console, "
-                "registry): not built; http.port=-1 silences this"
-            )
-        serve(lambda: ReplicaNode(cfg, cluster_secret=secret))
-        return
     login = _registry_login(cfg, http)
+    if cfg.replication.enabled:
+        serve(
+            lambda: ReplicaHttpNode(
+                cfg,
+                http,
+                cluster_secret=secret,
+                bootstrap_password=password,
+                registry_login=login,
+            )
+        )
+        return
     serve(
         lambda: Node(
             Broker(

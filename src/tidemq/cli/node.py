@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+from pathlib import Path
 
 from tidemq.broker.broker import Broker
 from tidemq.broker.config import BrokerConfig
@@ -21,7 +22,7 @@ from tidemq.http.config import HttpConfig
 from tidemq.http.listener import HttpListener
 from tidemq.net.tls import client_context
 
-__all__ = ["Node"]
+__all__ = ["Node", "listener_tls", "registry_client_config"]
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,6 @@ class Node:
                 "TIDEMQ_BOOTSTRAP_PASSWORD; http.port=-1 silences this)"
             )
         elif self._http.enabled:
-            tls = (
-                (cfg.tls_cert_file, cfg.tls_key_file)
-                if cfg.tls_cert_file is not None and cfg.tls_key_file is not None
-                else None
-            )
             self.listener = HttpListener(
                 self._bootstrap or address,
                 host=self._http.host or cfg.host,
@@ -67,9 +63,9 @@ class Node:
                 metrics=functools.partial(
                     self.broker.metrics, per_queue=self._http.metrics_per_queue
                 ),
-                client_config=self._client_config(cfg),
+                client_config=registry_client_config(cfg, self._login),
                 login=self.broker.check_password if cfg.auth_enabled else None,
-                tls=tls,
+                tls=listener_tls(cfg),
             )
             http_address = await self.listener.start()
             self.broker.set_schema_check(self.listener.registry.unregistered)
@@ -78,22 +74,6 @@ class Node:
             sys.stderr.flush()
         return address
 
-    def _client_config(self, cfg: BrokerConfig) -> ClientConfig | None:
-        """How the registry's client reaches the cluster: TLS when the broker's listener
-        has it, and the registry's login when the broker requires logins."""
-        if cfg.tls_cert_file is None and not cfg.auth_enabled:
-            return None
-        context = None
-        if cfg.tls_cert_file is not None:
-            context = client_context(
-                cfg.tls_ca_file,
-                cfg.tls_cert_file,
-                cfg.tls_key_file,
-                names=("broker.tls_ca_file", "broker.tls_cert_file", "broker.tls_key_file"),
-            )
-        user, password = self._login if cfg.auth_enabled and self._login else (None, None)
-        return ClientConfig(ssl_context=context, username=user, password=password)
-
     async def stop(self) -> None:
         try:
             if self.listener is not None:
@@ -101,3 +81,27 @@ class Node:
                 await self.listener.stop()
         finally:
             await self.broker.stop()
+
+
+def listener_tls(cfg: BrokerConfig) -> tuple[Path, Path] | None:
+    """The HTTP listener's certificate and key: the broker's (None: plain HTTP)."""
+    if cfg.tls_cert_file is None or cfg.tls_key_file is None:
+        return None
+    return cfg.tls_cert_file, cfg.tls_key_file
+
+
+def registry_client_config(cfg: BrokerConfig, login: tuple[str, str] | None) -> ClientConfig | None:
+    """How the registry's client reaches the cluster: TLS when the broker's listener
+    has it, and the registry's `login` when the broker requires logins."""
+    if cfg.tls_cert_file is None and not cfg.auth_enabled:
+        return None
+    context = None
+    if cfg.tls_cert_file is not None:
+        context = client_context(
+            cfg.tls_ca_file,
+            cfg.tls_cert_file,
+            cfg.tls_key_file,
+            names=("broker.tls_ca_file", "broker.tls_cert_file", "broker.tls_key_file"),
+        )
+    user, password = login if cfg.auth_enabled and login else (None, None)
+    return ClientConfig(ssl_context=context, username=user, password=password)

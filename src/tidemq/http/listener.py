@@ -21,12 +21,11 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
 
-from tidemq.broker.metrics import MetricsSnapshot
 from tidemq.client.cluster import ClientConfig
 from tidemq.http.console_api import console_routes
 from tidemq.http.console_clients import ConsoleClients
 from tidemq.http.login import BasicAuth, CheckPassword
-from tidemq.http.metrics_api import metrics_routes
+from tidemq.http.metrics_api import Snapshot, metrics_routes
 from tidemq.http.registry_api import registry_routes
 from tidemq.http.registry_service import RegistryService
 
@@ -43,14 +42,18 @@ class HttpListener:
         host: str = "127.0.0.1",
         port: int = 8085,
         client_config: ClientConfig | None = None,
-        metrics: Callable[[], MetricsSnapshot] | None = None,
+        metrics: Callable[[], Snapshot] | None = None,
         login: CheckPassword | None = None,
         tls: tuple[Path, Path] | None = None,
+        lazy_registry: bool = False,
     ) -> None:
         """`metrics`: the broker's snapshot for `/metrics` (None: no such path).
         `client_config`: how the registry reaches the cluster (TLS, its login).
         `login`: every request needs HTTP Basic credentials this accepts (`login.py`).
-        `tls`: (certificate, key) PEM files: HTTPS."""
+        `tls`: (certificate, key) PEM files: HTTPS. `lazy_registry`: listen without
+        reading the registry first; it opens at its first request (a replica group
+        member serves `/metrics` while its group has no leader)."""
+        self._lazy_registry = lazy_registry
         self.registry = RegistryService(bootstrap, client_config=client_config)
         self._console = ConsoleClients(
             bootstrap, self.registry, client_config=client_config, per_user=login is not None
@@ -79,9 +82,10 @@ class HttpListener:
         self.address = ""
 
     async def start(self) -> str:
-        """Read the registry, then listen; returns host:port."""
+        """Read the registry (unless lazy), then listen; returns host:port."""
         try:
-            await self.registry.start()
+            if not self._lazy_registry:
+                await self.registry.start()
         except BaseException:
             await self.registry.close()
             raise

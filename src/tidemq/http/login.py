@@ -5,7 +5,11 @@ Prometheus `basic_auth`. The password travels in the request, so the listener sh
 run TLS (it does whenever the broker's listener does). Checked by the broker
 (`Broker.check_password`: salted and iterated as for SCRAM, failures rate-limited per
 client address); a success is remembered for the connection's user and password for
-`_REMEMBER_S`, so that a client's requests do not each pay the key derivation."""
+`_REMEMBER_S`, so that a client's requests do not each pay the key derivation.
+
+A check that cannot decide (a replica group member between roles, or following a
+leader it cannot reach: `tidemq.cli.replica_http`) raises `LoginUnavailable`: the
+request gets 503 with the reason, never through unchecked."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from typing import Final
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["BasicAuth", "CheckPassword"]
+__all__ = ["BasicAuth", "CheckPassword", "LoginUnavailable"]
 
 #: (user, password, client host) -> whether they match.
 CheckPassword = Callable[[str, str, str], Awaitable[bool]]
@@ -27,6 +31,12 @@ CheckPassword = Callable[[str, str, str], Awaitable[bool]]
 _REMEMBER_S: Final = 60.0
 #: Remembered logins at most (the oldest are forgotten first).
 _MAX_REMEMBERED: Final = 1024
+#: What a 503 tells the client to wait before it tries again (seconds).
+_RETRY_AFTER_S: Final = 1
+
+
+class LoginUnavailable(Exception):
+    """The password cannot be checked now (the message says why): 503, not 401."""
 
 
 class BasicAuth:
@@ -51,7 +61,12 @@ class BasicAuth:
         now = time.monotonic()
         if self._good.get(key, 0.0) < now:
             host = (scope.get("client") or ("", 0))[0]
-            if not await self._check(user, password, host):
+            try:
+                good = await self._check(user, password, host)
+            except LoginUnavailable as exc:
+                await _refuse(send, f"cannot check the login now: {exc}", status=503)
+                return
+            if not good:
                 self._good.pop(key, None)
                 await _refuse(send, "wrong user name or password")
                 return
@@ -77,17 +92,15 @@ def _basic(header: bytes) -> tuple[str, str] | None:
     return (user, password) if sep and user else None
 
 
-async def _refuse(send: Send, message: str) -> None:
-    body = json.dumps({"error_code": 401, "message": message}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [
-                (b"content-type", b"application/vnd.schemaregistry.v1+json"),
-                (b"www-authenticate", b'Basic realm="tidemq"'),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
+async def _refuse(send: Send, message: str, status: int = 401) -> None:
+    body = json.dumps({"error_code": status, "message": message}).encode()
+    headers = [
+        (b"content-type", b"application/vnd.schemaregistry.v1+json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Basic realm="tidemq"'))
+    else:
+        headers.append((b"retry-after", str(_RETRY_AFTER_S).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -5,6 +5,10 @@ RocketMQ's metric names and labels where they exist (`rocketmq_messages_in_total
 Everything is read at scrape time from one `Broker.metrics()` snapshot (the data path
 only adds to plain integers, `tidemq.broker.metrics`); series are per topic and per
 (group, topic), never per queue.
+
+A replica group member adds its replication series (`tidemq_replica_...`) in either
+role: a leader beside its broker's series, a follower (no broker runs) with only them and
+its commit log's and disk's gauges (`tidemq.broker.replica_metrics`).
 """
 
 from __future__ import annotations
@@ -26,19 +30,30 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tidemq.broker.metrics import Durations, MetricsSnapshot
+from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
 
-__all__ = ["CONTENT_TYPE", "metrics_routes"]
+__all__ = ["CONTENT_TYPE", "Snapshot", "metrics_routes"]
 
 #: Prometheus text exposition format 0.0.4.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+#: What `/metrics` reports: a broker's snapshot, or a following member's figures.
+Snapshot = MetricsSnapshot | ReplicaMetrics
+
+
 class _BrokerCollector(Collector):
-    def __init__(self, snapshot: Callable[[], MetricsSnapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot()
+        if isinstance(s, ReplicaMetrics):
+            yield from _replica(s)
+            yield from _storage(s.log_bytes, s.disk)
+            return
+        if s.replica is not None:
+            yield from _replica(s.replica)
         yield from _traffic(s)
         yield GaugeMetricFamily("rocketmq_topic_number", "Topics on this broker.", s.topic_number)
         yield GaugeMetricFamily(
@@ -65,19 +80,99 @@ class _BrokerCollector(Collector):
             ["topic"],
             s.timer_pending,
         )
+        yield from _storage(s.log_bytes, s.disk)
+        yield from _durations(s)
+        yield from _pop(s)
+        yield from _tier(s)
+
+
+def _storage(log_bytes: int | None, disk: tuple[int, int] | None) -> Iterator[Metric]:
+    if log_bytes is not None:
         yield GaugeMetricFamily(
-            "tidemq_commit_log_bytes", "Bytes of the commit log kept on disk.", s.log_bytes
+            "tidemq_commit_log_bytes", "Bytes of the commit log kept on disk.", log_bytes
         )
-        total, free = s.disk
+    if disk is not None:
+        total, free = disk
         yield GaugeMetricFamily(
             "tidemq_disk_total_bytes", "Size of the data directory's file system.", total
         )
         yield GaugeMetricFamily(
             "tidemq_disk_free_bytes", "Free bytes on the data directory's file system.", free
         )
-        yield from _durations(s)
-        yield from _pop(s)
-        yield from _tier(s)
+
+
+def _replica(r: ReplicaMetrics) -> Iterator[Metric]:
+    role = GaugeMetricFamily(
+        "tidemq_replica_role",
+        "This replica group member's role: 1 for the one it has (none: between two roles, "
+        "its broker starting or stopping).",
+        labels=["group", "member", "role"],
+    )
+    for each in ReplicaRole:
+        role.add_metric([r.group, r.member, each.value], 1 if each is r.role else 0)
+    yield role
+    yield GaugeMetricFamily(
+        "tidemq_replica_epoch",
+        "The epoch this member leads under, or of the leader it follows (0: none known).",
+        r.epoch,
+    )
+    positions = (
+        ("log_end", "This member's log end (a byte position of the group's log).", r.log_end),
+        ("durable", "This member's durable (flushed) log position.", r.durable),
+        (
+            "committed",
+            "The group's committed position as this member knows it: every in-sync member "
+            "holds the log before it.",
+            r.committed,
+        ),
+        (
+            "lag",
+            "Bytes this member's log is behind the leader's end (a follower: the end at the "
+            "leader's last answer; 0 on the leader).",
+            r.lag_bytes,
+        ),
+    )
+    for name, help_text, value in positions:
+        if value is not None:
+            yield GaugeMetricFamily(f"tidemq_replica_{name}_bytes", help_text, value)
+    if r.role is ReplicaRole.FOLLOWER:
+        yield from _following(r)
+    elif r.role is ReplicaRole.LEADER:
+        yield GaugeMetricFamily(
+            "tidemq_replica_in_sync_members", "Members in the group's in-sync set.", len(r.in_sync)
+        )
+        yield GaugeMetricFamily(
+            "tidemq_replica_min_insync_replicas",
+            "Members that must hold a record before it is acknowledged.",
+            r.min_insync_replicas,
+        )
+        yield _labeled(
+            GaugeMetricFamily,
+            "tidemq_replica_follower_lag_bytes",
+            "Bytes each follower's log is behind the leader's end (followers that fetched "
+            "in this term).",
+            ["follower"],
+            r.follower_lag,
+        )
+
+
+def _following(r: ReplicaMetrics) -> Iterator[Metric]:
+    if r.fetch_age_s is not None:
+        yield GaugeMetricFamily(
+            "tidemq_replica_fetch_age_seconds",
+            "Seconds since a leader last answered this follower's fetch.",
+            r.fetch_age_s,
+        )
+    yield CounterMetricFamily(
+        "tidemq_replica_fetch_rounds",
+        "Fetches the leader answered since this member began following.",
+        r.fetch_rounds,
+    )
+    yield CounterMetricFamily(
+        "tidemq_replica_truncations",
+        "Cuts of this member's log (records the group never committed) since it began following.",
+        r.truncations,
+    )
 
 
 def _labeled(
@@ -269,7 +364,7 @@ def _traffic(s: MetricsSnapshot) -> Iterator[Metric]:
     yield from families.values()
 
 
-def metrics_routes(snapshot: Callable[[], MetricsSnapshot]) -> list[Route]:
+def metrics_routes(snapshot: Callable[[], Snapshot]) -> list[Route]:
     """The `/metrics` route, reading `snapshot()` at each scrape."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_BrokerCollector(snapshot))

@@ -7,6 +7,11 @@ write acknowledged before the request. A write is planned on that state, appende
 read back: if another node's record came first and took its id or version, the state
 ignored ours; then its tombstone is written and the write planned again (at most
 `_WRITE_ATTEMPTS` times). One lock per node serializes its requests.
+
+A node that must serve before the cluster can be reached (a replica group member,
+whose group may have no leader yet) does not call `start()`: the registry then opens
+at its first request, and a request that cannot reach the cluster fails (50001) and
+leaves the next one to try again.
 """
 
 from __future__ import annotations
@@ -58,6 +63,13 @@ class RegistryService:
 
     async def start(self) -> None:
         """Create `_schemas` (a compact topic of one queue) when missing, and read it."""
+        async with self._lock:
+            await self._open()
+            await self._catch_up()
+
+    async def _open(self) -> None:
+        if self._started:
+            return
         async with AsyncAdmin(self._bootstrap, client_config=self._config) as admin:
             with contextlib.suppress(TopicAlreadyExists):  # another node was first
                 await admin.create_topic(
@@ -77,8 +89,6 @@ class RegistryService:
         self._producer = AsyncProducer(self._bootstrap, client_config=self._config)
         self._consumer.assign([(SCHEMAS_TOPIC, 0)])
         self._started = True
-        async with self._lock:
-            await self._catch_up()
 
     async def close(self) -> None:
         if self._producer is not None:
@@ -107,6 +117,7 @@ class RegistryService:
     async def read(self, fn: Callable[[RegistryState], T]) -> T:
         """`fn(state)` on the state as of now (every acknowledged write applied)."""
         async with self._lock:
+            await self._guarded(self._open())
             await self._guarded(self._catch_up())
             return fn(self.state)
 
@@ -124,6 +135,7 @@ class RegistryService:
         """Plan on the current state, append the records, read them back; again if
         another node's records won the race."""
         async with self._lock:
+            await self._guarded(self._open())
             for _ in range(_WRITE_ATTEMPTS):
                 await self._guarded(self._catch_up())
                 answer, records = plan(self.state)
