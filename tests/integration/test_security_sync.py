@@ -31,7 +31,13 @@ from tidemq.cluster.membership import check_secret
 from tidemq.cluster.security_link import cluster_login
 from tidemq.cluster.service import NameServerService
 from tidemq.core.clock import SystemClock
-from tidemq.core.errors import AuthenticationFailed, AuthorizationFailed, ConfigError, TidemqError
+from tidemq.core.errors import (
+    AuthenticationFailed,
+    AuthorizationFailed,
+    BrokerNotAvailable,
+    ConfigError,
+    TidemqError,
+)
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.acl_messages import AclListRequest, AclListResponse
 from tidemq.protocol.commands import (
@@ -309,6 +315,32 @@ def test_a_standalone_name_server_logs_clients_in_as_cluster_users(
             await anonymous.close()
 
     loop.run(run())
+
+
+def test_a_name_server_that_has_not_learned_the_users_asks_logins_to_retry(
+    loop: Loop, secure: SecureCluster
+) -> None:
+    """A name server keeps nothing on disk: from its start until a broker's registration
+    brings the users, a login is answered "retry" (BrokerNotAvailable, which clients
+    retry), not "unknown user or wrong password" (which they do not); then it works."""
+
+    async def before() -> None:
+        with pytest.raises(BrokerNotAvailable, match="cannot check logins yet"):
+            await _login(secure.bootstrap, ADMIN, ADMIN_PASSWORD)
+
+    loop.run(before())
+    secure.start("broker-a")
+
+    async def after() -> None:
+        client = ClusterClient(secure.bootstrap, _admin_login())  # retries meanwhile
+        try:
+            await client.refresh_routes(force=True)
+        finally:
+            await client.close()
+        conn = await _login(secure.bootstrap, ADMIN, ADMIN_PASSWORD)
+        conn.close()
+
+    loop.run(after())
 
 
 def _group_ranked(ranking: list[str]) -> str:

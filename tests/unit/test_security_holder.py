@@ -75,3 +75,17 @@ def test_one_broker_is_asked_to_push_a_version_until_it_is_overdue() -> None:
     assert holder.report("b2", version, now_ms=200 + PUSH_ASK_MS)  # b1 never pushed
     assert not holder.report("b3", (0, 0), now_ms=0)  # older than held: nothing to push
     assert holder.reported("b2") == version
+
+
+def test_the_users_are_current_once_a_broker_reported_no_newer_version() -> None:
+    """A name server keeps nothing on disk: until a broker's registration says which
+    version is current, and it holds that version, it cannot check a login."""
+    holder = SecurityHolder()
+    assert not holder.current  # just started: no broker has reported
+    snapshot = _snapshot(4, "alice")
+    assert holder.report("broker-a", (snapshot.counter, snapshot.digest), 0)  # asked to push
+    assert not holder.current
+    assert holder.offer(snapshot)
+    assert holder.current
+    holder.report("broker-b", (0, 0), 0)  # a broker behind does not make it stale
+    assert holder.current

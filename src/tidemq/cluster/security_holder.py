@@ -72,6 +72,14 @@ class SecurityHolder:
         self._asked = (broker, version, now_ms)
         return True
 
+    @property
+    def current(self) -> bool:
+        """Whether the users held are as new as some broker's: a name server keeps
+        nothing on disk, so from its start until a broker's registration says which
+        version is current (and, if newer, pushes it), it cannot check a user's login."""
+        held = self.held
+        return any(version <= held for version in self._reported.values())
+
     def reported(self, broker: str) -> Version:
         return self._reported.get(broker, (0, 0))
 

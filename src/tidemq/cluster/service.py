@@ -339,6 +339,7 @@ class NameServerService:
                 clock=self._clock,
                 what="name server",
                 cluster_login=cluster_login,
+                not_ready=self._users_unknown,
             )
         elif cluster_login is not None:
             handlers.cluster_gate = LoginGate(
@@ -348,6 +349,14 @@ class NameServerService:
                 what="name server",
                 cluster_login=cluster_login,
             )
+
+    def _users_unknown(self) -> str | None:
+        if self._handlers.security.current:
+            return None
+        return (
+            "it has not learned the cluster's users from a broker since it started (a "
+            "broker's next registration brings them); retry"
+        )
 
     async def start(self) -> str:
         host, port = await self._server.start(self._host, self._port)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from tidemq.core.clock import Clock
-from tidemq.core.errors import AuthenticationFailed
+from tidemq.core.errors import AuthenticationFailed, BrokerNotAvailable
 from tidemq.core.scram import MECHANISM, Credentials, ScramError, ScramServer
 from tidemq.net.login_limit import LoginLimit
 from tidemq.net.server import ServerConnection
@@ -70,15 +70,20 @@ class LoginGate:
         clock: Clock,
         what: str = "broker",
         cluster_login: Callable[[bytes], str] | None = None,
+        not_ready: Callable[[], str | None] | None = None,
     ) -> None:
         """`users`: a user's credentials (None: unknown). `mock_secret`: what unknown
         users' fake credentials derive from. `what` names the server in refusals.
         `cluster_login`: checks a `ClusterLogin` message and returns the principal
-        (raises AuthenticationFailed); None: the cluster mechanism is not offered."""
+        (raises AuthenticationFailed); None: the cluster mechanism is not offered.
+        `not_ready()`: why users' logins cannot be checked yet (None: they can); such a
+        login is answered BrokerNotAvailable (retriable), not refused as a wrong
+        password."""
         self._users = users
         self._mock_secret = mock_secret
         self._what = what
         self._cluster_login = cluster_login
+        self._not_ready = not_ready
         self.limit = LoginLimit(clock)
 
     async def before_login(self, frame: Frame, conn: ServerConnection) -> Any:
@@ -114,6 +119,10 @@ class LoginGate:
                 f"mechanism {mechanism!r} is not supported; this {self._what} offers "
                 f"{', '.join(offered)}"
             )
+        if mechanism == MECHANISM and self._not_ready is not None:
+            reason = self._not_ready()
+            if reason is not None:
+                raise BrokerNotAvailable(f"this {self._what} cannot check logins yet: {reason}")
         conn.auth_exchange = _CLUSTER_PENDING if mechanism == CLUSTER_MECHANISM else None
         return SaslHandshakeResponse(mechanisms=offered)
 
