@@ -239,11 +239,7 @@ def test_a_new_leader_resumes_the_services_from_the_state_its_leader_saved(
     async def run() -> None:
         async with group(tmp_path, etcd_single) as g:
             g.broker = {"service_checkpoint_interval_ms": 100, "timer_precision_ms": 50}
-            for name in ("m0", "m1", "m2"):
-                await g.start(name)
-            first = await g.wait_leader()
-            async with AsyncAdmin(g.bootstrap) as admin:
-                await admin.create_topic("t", 1)
+            first = await g.start_three("t", 1)
             producer = AsyncProducer(g.bootstrap)
             try:
                 await producer.send("t", b"now", queue=0)
@@ -383,11 +379,7 @@ def test_committed_offsets_survive_a_failover(
 
     async def run() -> None:
         async with group(tmp_path, etcd_single) as g:
-            for name in ("m0", "m1", "m2"):
-                await g.start(name)
-            first = await g.wait_leader()
-            async with AsyncAdmin(g.bootstrap) as admin:
-                await admin.create_topic("t", 2)
+            first = await g.start_three("t", 2)
             producer = AsyncProducer(g.bootstrap)
             try:
                 await _send(producer, [b"a%d" % i for i in range(40)])
@@ -441,11 +433,7 @@ def test_followers_compact_their_copy_of_compact_topics(
     async def run() -> None:
         async with group(tmp_path, etcd_single) as g:
             g.broker = {"compaction_check_interval_ms": 100}
-            for name in ("m0", "m1", "m2"):
-                await g.start(name)
-            first = await g.wait_leader()
-            async with AsyncAdmin(g.bootstrap) as admin:
-                await admin.create_topic("kv", 1, config={"cleanup.policy": "compact"})
+            first = await g.start_three("kv", 1, config={"cleanup.policy": "compact"})
             producer = AsyncProducer(g.bootstrap)
             try:
                 for i in range(300):

@@ -25,6 +25,7 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.broker.replica_node import ReplicaNode
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.cli.replica_http import ReplicaHttpNode
+from tidemq.client.admin import AsyncAdmin
 from tidemq.cluster.service import NameServerService
 from tidemq.http.config import HttpConfig
 from tidemq.testing.replication import ReplicaFaultSwitch
@@ -125,6 +126,17 @@ class Group:
         member = self.http_nodes.pop(name, None)
         node = self.nodes.pop(name)
         await (member.stop() if member is not None else node.stop())
+
+    async def start_three(
+        self, topic: str, queues: int, config: dict[str, str] | None = None
+    ) -> ReplicaNode:
+        """Start members m0, m1 and m2, wait for a leader, create `topic`; the leader."""
+        for name in ("m0", "m1", "m2"):
+            await self.start(name)
+        first = await self.wait_leader()
+        async with AsyncAdmin(self.bootstrap) as admin:
+            await admin.create_topic(topic, queues, config=config)
+        return first
 
     def leader(self) -> ReplicaNode | None:
         leading = [n for n in self.nodes.values() if n.broker is not None]
