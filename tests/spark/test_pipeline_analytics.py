@@ -160,7 +160,10 @@ def test_analytics_end_to_end_and_resume(
             results_topic=results,
             name=topic_name,
             config=CONFIG,
-            max_offsets_per_trigger=1002,  # 2 batches, then 1
+            # 4 batches, then 2. Each reads the same share of every queue (in proportion),
+            # so the watermark after batch N trails N quarters of the events' time span:
+            # the last batch's is past the first windows.
+            max_offsets_per_trigger=501,
         )
 
     done = run()
@@ -296,3 +299,40 @@ def test_a_checkpoint_of_the_four_query_analytics_is_refused(
             checkpoint=checkpoint, results_topic=None,
         )  # fmt: skip
     assert not (checkpoint / "query").exists()
+
+
+def test_a_skewed_backlog_loses_no_event_to_the_watermark(
+    spark: SparkSession, options: Options, topic_name: str, tmp_path: Path
+) -> None:
+    """Queues of very different sizes over the same event time: the batch limit is split
+    in proportion, so every queue moves through its backlog at the same pace. With an
+    even split the small queue was read whole first, its newest events moved the
+    watermark past the big queue's older ones, and Spark dropped those as late."""
+    bootstrap = options()["bootstrap"]
+    events = generate_events(
+        2000, users=100, items=20, seed=3, idle_s=120, session_pause_s=20, disorder_s=5
+    )
+    # User 1's events alone on queue 1, everyone else's on queue 0 (keys pick queues, so
+    # send by queue here).
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic_name, 2)
+    with Producer(bootstrap) as producer:
+        for e in events:
+            producer.send(topic_name, e.to_json(), queue=1 if e.user_id == 1 else 0)
+    run = run_analytics(
+        spark,
+        bootstrap=bootstrap,
+        topics=[topic_name],
+        output=tmp_path / "out",
+        checkpoint=tmp_path / "cp",
+        results_topic=None,
+        name=topic_name,
+        config=AnalyticsConfig(
+            tumbling_s=60, sliding_s=120, slide_s=60, session_gap_s=60, watermark_s=120
+        ),
+        max_offsets_per_trigger=400,
+    )
+    progress = run.query.recentProgress
+    assert run.rows() == len(events)
+    dropped = sum(op["numRowsDroppedByWatermark"] for p in progress for op in p["stateOperators"])
+    assert dropped == 0

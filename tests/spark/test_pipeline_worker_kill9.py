@@ -153,11 +153,10 @@ def test_archive_with_python_workers_killed_mid_task_is_exactly_once(
 def test_analytics_with_python_workers_killed_mid_task_is_exactly_once(
     admin: Admin, options: Options, consume: Consume, topic_name: str, tmp_path: Path
 ) -> None:
-    # Under soak, more rounds rather than more or smaller micro-batches: the watermark
-    # trails the largest event time by 120 s, and the source shares a batch's limit
-    # equally over the queues, so a queue with sparser events gets ahead in event time;
-    # with 3,000 events per queue (instead of 750), or micro-batches of 240 (instead of
-    # 600), Spark dropped late rows (8,144 and 70) without any kill.
+    # Under soak, more rounds rather than bigger ones. (When the source shared a batch's
+    # limit equally over the queues, a queue with sparser events got ahead in event time,
+    # and with 3,000 events per queue or micro-batches of 240 Spark dropped late rows,
+    # 8,144 and 70, without any kill; the limit is now split in proportion.)
     for n in range(KILLS // 10):
         round_dir = tmp_path / f"round-{n}"
         round_dir.mkdir()

@@ -13,9 +13,9 @@ from tidemq.spark.offsets import (
     Bounds,
     TopicQueue,
     dumps,
-    fair_share,
     from_json,
     next_end,
+    proportional_share,
     resolve_positions,
     to_json,
 )
@@ -63,26 +63,40 @@ def test_bad_offsets_are_refused(bad: object) -> None:
 
 
 @given(st.dictionaries(queues, st.integers(0, 1000), max_size=10), st.integers(0, 5000))
-def test_fair_share_is_max_min_fair(available: dict[TopicQueue, int], limit: int) -> None:
-    share = fair_share(available, limit)
+def test_the_limit_is_split_in_proportion(available: dict[TopicQueue, int], limit: int) -> None:
+    share = proportional_share(available, limit)
+    total = sum(available.values())
     assert set(share) == set(available)
-    assert sum(share.values()) == min(limit, sum(available.values()))
+    assert sum(share.values()) == min(limit, total)
     for tq, n in share.items():
         assert 0 <= n <= available[tq]
-    # Max-min fairness: a queue that got less than another got all it had (or within one
-    # row of the other, the remainder).
-    for a, na in share.items():
-        for _b, nb in share.items():
-            if na + 1 < nb:
-                assert na == available[a]
-    assert fair_share(dict(reversed(list(available.items()))), limit) == share
+        if total > limit:
+            # Within one row of the exact proportion.
+            assert abs(n * total - limit * available[tq]) < total
+    assert proportional_share(dict(reversed(list(available.items()))), limit) == share
 
 
-def test_fair_share_examples() -> None:
+def test_proportional_share_examples() -> None:
     available = {("t", 0): 10, ("t", 1): 1000, ("t", 2): 1000}
-    assert fair_share(available, 310) == {("t", 0): 10, ("t", 1): 150, ("t", 2): 150}
-    assert fair_share(available, 5) == {("t", 0): 2, ("t", 1): 2, ("t", 2): 1}
-    assert fair_share(available, 0) == {("t", 0): 0, ("t", 1): 0, ("t", 2): 0}
+    assert proportional_share(available, 310) == {("t", 0): 2, ("t", 1): 154, ("t", 2): 154}
+    assert proportional_share(available, 5) == {("t", 0): 0, ("t", 1): 3, ("t", 2): 2}
+    assert proportional_share(available, 0) == {("t", 0): 0, ("t", 1): 0, ("t", 2): 0}
+    assert proportional_share(available, 5000) == available
+
+
+def test_queues_go_through_a_skewed_backlog_together() -> None:
+    """The event-time case: with a max-min split the small queue was read whole in the
+    first batch; in proportion each batch takes the same share of every queue."""
+    start = {("t", 0): 0, ("t", 1): 0}
+    bounds = {("t", 0): Bounds(0, 10_000), ("t", 1): Bounds(0, 100)}
+    seen = []
+    while start != {tq: bq.max_offset for tq, bq in bounds.items()}:
+        end = next_end(start, bounds, max_rows=1_000)
+        seen.append((end[("t", 0)] / 10_000, end[("t", 1)] / 100))
+        start = end
+    assert len(seen) == 11
+    for done_big, done_small in seen:
+        assert abs(done_big - done_small) <= 0.011
 
 
 def b(lo: int, hi: int) -> Bounds:
@@ -95,11 +109,11 @@ def test_next_end_reads_everything_without_limit() -> None:
     assert end == {("t", 0): 50, ("t", 1): 7}
 
 
-def test_next_end_honours_max_rows_fairly() -> None:
+def test_next_end_honours_max_rows_in_proportion() -> None:
     start = {("t", 0): 0, ("t", 1): 0, ("t", 2): 95}
     bounds = {("t", 0): b(0, 1000), ("t", 1): b(0, 1000), ("t", 2): b(0, 100)}
     end = next_end(start, bounds, max_rows=105)
-    assert end == {("t", 0): 50, ("t", 1): 50, ("t", 2): 100}
+    assert end == {("t", 0): 53, ("t", 1): 52, ("t", 2): 95}
     assert sum(end[tq] - start[tq] for tq in start) == 105
 
 
@@ -122,9 +136,9 @@ def test_available_now_targets_freeze_the_end() -> None:
     bounds = {("t", 0): b(0, 100), ("t", 1): b(0, 100), ("t", 2): b(0, 100)}
     targets = {("t", 0): 30, ("t", 1): 100}  # t/2 appeared after the targets were set
     first = next_end(start, bounds, targets=targets, max_rows=40)
-    assert first == {("t", 0): 20, ("t", 1): 20}
+    assert first == {("t", 0): 9, ("t", 1): 31}  # 30 and 100 to read: 40 in proportion
     second = next_end(first, bounds, targets=targets, max_rows=40)
-    assert second == {("t", 0): 30, ("t", 1): 50}
+    assert second == {("t", 0): 18, ("t", 1): 62}
     end = second
     while True:
         following = next_end(end, bounds, targets=targets, max_rows=40)

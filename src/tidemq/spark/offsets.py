@@ -28,9 +28,9 @@ __all__ = [
     "Positions",
     "TopicQueue",
     "dumps",
-    "fair_share",
     "from_json",
     "next_end",
+    "proportional_share",
     "resolve_positions",
     "to_json",
 ]
@@ -131,35 +131,34 @@ def resolve_positions(
     return out
 
 
-def fair_share(available: Mapping[TopicQueue, int], limit: int) -> dict[TopicQueue, int]:
-    """Split `limit` rows over queues with `available` rows each, max-min fairly: no queue
-    gets more than it has, and what a small queue leaves over goes to the others. Rows
-    left when a share does not divide go one each to the first queues in sorted order, so
-    the result depends on the arguments only."""
-    out = dict.fromkeys(available, 0)
-    remaining = max(0, limit)
-    # Ascending by what is available: the queue that fills first comes first.
-    pending = sorted(
-        (tq for tq, n in available.items() if n > 0), key=lambda tq: (available[tq], tq)
-    )
-    while pending and remaining > 0:
-        share = remaining // len(pending)
-        if share == 0:
-            for tq in sorted(pending)[:remaining]:
-                out[tq] += 1
-            break
-        smallest = pending[0]
-        need = available[smallest] - out[smallest]
-        if need <= share:
-            # The smallest queue's rest fits in an equal share: it is done, the others wait
-            # for the next round's (larger) share.
-            out[smallest] += need
-            remaining -= need
-            pending.pop(0)
-            continue
-        for tq in pending:
-            out[tq] += share
-        remaining -= share * len(pending)
+def proportional_share(available: Mapping[TopicQueue, int], limit: int) -> dict[TopicQueue, int]:
+    """Split `limit` rows over queues with `available` rows each, in proportion to what
+    each has (as Kafka's source splits `maxOffsetsPerTrigger`): every queue gets the whole
+    part of its share, and the rows those parts leave go one each to the largest
+    remainders (ties: sorted order), so the result depends on the arguments only, no
+    queue gets more than it has, and the total is `min(limit, sum(available))`.
+
+    Why not max-min fairness (a queue with little to read takes all of it, the others
+    share the rest): queues then move through a backlog at different paces, and in an
+    event-time pipeline the queue that finishes first moves the watermark past the older
+    events of the others, which Spark drops as late. In proportion, every queue is the
+    same share of the way through its backlog after each batch."""
+    counts = {tq: max(0, n) for tq, n in available.items()}
+    total = sum(counts.values())
+    if total <= limit:
+        return counts
+    limit = max(0, limit)
+    out: dict[TopicQueue, int] = {}
+    remainders: list[tuple[int, TopicQueue]] = []
+    for tq, n in counts.items():
+        whole, remainder = divmod(limit * n, total)
+        out[tq] = whole
+        remainders.append((-remainder, tq))
+    left = limit - sum(out.values())
+    # Each remainder is below `total` and they add up to `left * total`: at least `left`
+    # of them are positive, so a queue with nothing available never gets a row.
+    for _, tq in sorted(remainders)[:left]:
+        out[tq] += 1
     return out
 
 
@@ -175,8 +174,9 @@ def next_end(
 
     `bounds`: the queues that exist now (a queue of `start` missing from it, its broker
     away or its topic unsubscribed, keeps its position). `max_rows`: at most this many rows
-    in all, shared fairly. `targets` (Trigger.AvailableNow): read no queue past its target,
-    and no queue that has none. A queue new to `start` enters at its earliest offset (no
+    in all, split in proportion to what each queue has to read (`proportional_share`).
+    `targets` (Trigger.AvailableNow): read no queue past its target, and no queue that has
+    none. A queue new to `start` enters at its earliest offset (no
     rows this batch). A queue whose end fell below its position (deleted and re-created)
     is data loss: raised, or with `fail_on_data_loss=False` read again from its start.
     """
@@ -201,7 +201,7 @@ def next_end(
             limit = min(limit, targets.get(tq, position))
         end[tq] = position
         available[tq] = max(0, limit - position)
-    taken = available if max_rows is None else fair_share(available, max_rows)
+    taken = available if max_rows is None else proportional_share(available, max_rows)
     for tq, n in taken.items():
         end[tq] += n
     for tq, b in bounds.items():

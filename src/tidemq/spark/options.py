@@ -22,8 +22,8 @@ Reading:
                        which takes precedence over ``startingOffsets``)
 ``endingTimestamp``    batch only: the same for the end (exclusive), over
                        ``endingOffsetsByTimestamp`` over ``endingOffsets``
-``maxOffsetsPerTrigger`` rows per micro-batch, spread fairly over queues (alias
-                       ``maxRecordsPerBatch``)
+``maxOffsetsPerTrigger`` rows per micro-batch, split over the queues in proportion
+                       to what each has to read (alias ``maxRecordsPerBatch``)
 ``failOnDataLoss``     ``true`` (default): offsets removed by retention fail the query
 ``includeHeaders``     ``false`` (default): add the ``headers`` column
 ``minPartitions``      split queue ranges until there are at least this many partitions
