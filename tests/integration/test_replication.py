@@ -35,6 +35,7 @@ from tidemq.client.producer import AsyncProducer
 from tidemq.cluster.service import NameServerService
 from tidemq.core.errors import AuthenticationFailed, InvalidRequest, RequestTimeout
 from tidemq.net.client import ClientConnection
+from tidemq.protocol.commands import InitProducerRequest, InitProducerResponse
 from tidemq.protocol.replica_messages import ReplicaFetchRequest, ReplicaFetchResponse
 from tidemq.store.message_store import MessageStore
 from tidemq.testing.replication import ReplicaFaultSwitch
@@ -455,5 +456,46 @@ def test_roles_outlast_the_elections_wait(
             for node in g.nodes.values():
                 assert node._roles_task is not None
                 assert not node._roles_task.done()
+
+    loop.run(run(), timeout_s=60)
+
+
+def test_a_producer_id_a_deposed_leader_gave_out_is_never_given_again(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    """Producer ids are kept across a failover (a retry must carry its id to the next
+    leader), so the next leader must never hand out an id the one before gave, even one
+    its followers never saw in a record: each term takes its ids from its own block."""
+
+    async def init_producer(address: str) -> int:
+        conn = await ClientConnection.open(address, max_frame_bytes=1 << 20)
+        try:
+            answer, _ = await conn.request(
+                InitProducerRequest(), InitProducerResponse, timeout_s=10
+            )
+            return answer.producer_id
+        finally:
+            conn.close()
+
+    async def run() -> None:
+        faults = {n: ReplicaFaultSwitch() for n in ("m0", "m1")}
+        async with group(tmp_path, etcd_single) as g:
+            for name, switch in faults.items():
+                await g.start(name, switch)
+            old = await g.wait_leader()
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.create_topic("t", 2)
+            producer = AsyncProducer(g.bootstrap)
+            try:  # the follower holds the topic, and this producer's id, from the log
+                await _send(producer, [b"v"])
+            finally:
+                await producer.close()
+            given = await init_producer(old.address)
+            faults[old.member].hold_campaigns()
+            faults[old.member].pause_keepalive()
+            new = await g.wait_leader(not_=old)
+            await wait_until(lambda: new.broker is not None, what="the new leader's broker")
+            again = await init_producer(new.address)
+            assert again > given
 
     loop.run(run(), timeout_s=60)
