@@ -259,6 +259,7 @@ class ReplicaNode:
             store=store,
             history=self._history,
             leader=self._leader_record,
+            leader_changed=self._leader_changed,
             faults=self._faults,
             cluster_key=self._key,
             clock=self._clock,
@@ -299,6 +300,12 @@ class ReplicaNode:
     def _leader_record(self) -> LeaderRecord | None:
         election = self.election
         return None if election is None else election.status.leader
+
+    async def _leader_changed(self, record: LeaderRecord) -> None:
+        """Returns once the election names a leader other than `record` (or none)."""
+        election = self.election
+        assert election is not None
+        await _wait_for(election, lambda s: s.leader != record)
 
     async def _eligible(self) -> bool:
         """In the group's in-sync set (or no set yet: a new group), or unclean election."""
