@@ -6,7 +6,8 @@ per queue, sending one message at a time) and a consumer reading both queues fro
 start, all the time.
 
 Each cycle strikes one fault chosen at random (the seed is printed; `--seed N` or
-TIDEMQ_PARTITION_SEED=N replays it):
+TIDEMQ_PARTITION_SEED=N replays the same faults in the same order; which member leads,
+and so which one a leader fault strikes, is up to the elections):
 
 * partition the leader's host: its lease lapses, another member leads, and once healed
   the old leader cuts what it wrote alone and rejoins the in-sync set;
