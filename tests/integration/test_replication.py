@@ -26,6 +26,7 @@ from tidemq.client.admin import AsyncAdmin
 from tidemq.client.producer import AsyncProducer
 from tidemq.core.errors import AuthenticationFailed, InvalidRequest, RequestTimeout
 from tidemq.net.client import ClientConnection
+from tidemq.protocol.commands import InitProducerRequest, InitProducerResponse
 from tidemq.protocol.replica_messages import ReplicaFetchRequest, ReplicaFetchResponse
 from tidemq.store.message_store import MessageStore
 from tidemq.testing.replication import ReplicaFaultSwitch
@@ -472,3 +473,108 @@ def test_followers_compact_their_copy_of_compact_topics(
             assert count < 300  # compacted: superseded values are gone
 
     loop.run(run(), timeout_s=120)
+
+
+def test_an_idempotent_retry_at_the_next_leader_is_stored_once(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    """A send the leader appended and one follower copied, but that was never
+    acknowledged (the other follower, in sync, was cut off), is retried by the producer
+    at the next leader, which holds the copy: the retry carries the same producer id and
+    sequence, so it is answered from the copy, not written again. (Producer ids were kept
+    per broker address: at the new leader's address the producer took a new id, and the
+    retry was stored twice.)"""
+
+    async def run() -> None:
+        faults = {n: ReplicaFaultSwitch() for n in ("m0", "m1", "m2")}
+        async with group(tmp_path, etcd_single) as g:
+            for name, switch in faults.items():
+                await g.start(name, switch, replica_lag_max_ms=15_000)
+            old = await g.wait_leader()
+            keep, held = sorted(
+                (n for n in g.nodes.values() if n is not old), key=lambda n: n.member
+            )
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.create_topic("t", 2)
+            producer = AsyncProducer(g.bootstrap)
+            try:
+                sent = [b"a%d" % i for i in range(10)]
+                await _send(producer, sent)
+                # Both followers in the in-sync set first (each joins once caught up):
+                # the held one must be, or the late send is acknowledged without it.
+                leading = old.leader
+                assert leading is not None
+                await wait_until(
+                    lambda: leading.in_sync == ("m0", "m1", "m2"), what="all three in sync"
+                )
+                faults[held.member].hold_fetches()
+                faults[held.member].hold_campaigns()
+                assert old.broker is not None
+                store = old.broker._gateway.store
+                end = store.end_position
+                late = asyncio.ensure_future(producer.send("t", b"late", queue=0))
+                await wait_until(lambda: store.end_position > end, what="the late append")
+                copy = keep.follower
+                assert copy is not None
+                await wait_until(
+                    lambda: copy.store.flushed_position >= store.end_position,
+                    what="the follower's durable copy",
+                )
+                assert not late.done()  # the held follower is still in the in-sync set
+                faults[old.member].hold_campaigns()
+                faults[old.member].pause_keepalive()  # deposed at its lease deadline
+                new = await g.wait_leader(not_=old)
+                assert new is keep
+                faults[held.member].release_fetches()
+                receipt = await late
+                assert receipt.queue == 0
+            finally:
+                await producer.close()
+            for node in (held, old, new):
+                await node.stop()
+            got = _stored(new.config.store.data_dir)
+            assert got[0].count(b"late") == 1, got[0]
+            assert got[0] == [*(v for i, v in enumerate(sent) if i % 2 == 0), b"late"]
+
+    loop.run(run(), timeout_s=120)
+
+
+def test_a_producer_id_a_deposed_leader_gave_out_is_never_given_again(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    """Producer ids are kept across a failover (a retry must carry its id to the next
+    leader), so the next leader must never hand out an id the one before gave, even one
+    its followers never saw in a record: each term takes its ids from its own block."""
+
+    async def init_producer(address: str) -> int:
+        conn = await ClientConnection.open(address, max_frame_bytes=1 << 20)
+        try:
+            answer, _ = await conn.request(
+                InitProducerRequest(), InitProducerResponse, timeout_s=10
+            )
+            return answer.producer_id
+        finally:
+            conn.close()
+
+    async def run() -> None:
+        faults = {n: ReplicaFaultSwitch() for n in ("m0", "m1")}
+        async with group(tmp_path, etcd_single) as g:
+            for name, switch in faults.items():
+                await g.start(name, switch)
+            old = await g.wait_leader()
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.create_topic("t", 2)
+            producer = AsyncProducer(g.bootstrap)
+            try:  # the follower holds the topic, and this producer's id, from the log
+                await _send(producer, [b"v"])
+            finally:
+                await producer.close()
+            given = await init_producer(old.address)
+            faults[old.member].hold_campaigns()
+            faults[old.member].pause_keepalive()
+            new = await g.wait_leader(not_=old)
+            await wait_until(lambda: new.broker is not None, what="the new leader's broker")
+            again = await init_producer(new.address)
+            assert again > given
+
+    loop.run(run(), timeout_s=60)

@@ -31,7 +31,7 @@ from tests.support.server_process import START_TIMEOUT_S, ServerProcess
 
 import tidemq
 from tidemq.client.cluster import ClientConfig
-from tidemq.cluster.etcd_client import EtcdClient, Get
+from tidemq.cluster.etcd_client import EtcdClient, EventKind, Get
 from tidemq.cluster.group_keys import GroupKeys, decode_leader
 
 __all__ = ["etcd_single"]  # a fixture, used by name below
@@ -94,7 +94,9 @@ def _leader(etcd: list[str]) -> str:
 
 def _wait_leader(etcd: list[str], *, other_than: str | None = "") -> str:
     """The member etcd names leader, once it is not `other_than` ("": any member; None:
-    whatever is there now, "" for none). Woken by etcd's watch of the key, not a poll."""
+    whatever is there now, "" for none). Woken by etcd's watch of the key, from the
+    revision after the value read (a read-only transaction reports no revision: watching
+    from it replayed the key's first change at once, again and again)."""
 
     async def wait() -> str:
         client = EtcdClient(etcd)
@@ -102,20 +104,26 @@ def _wait_leader(etcd: list[str], *, other_than: str | None = "") -> str:
         keys = GroupKeys(GROUP)
         deadline = time.monotonic() + FAILOVER_LIMIT_S
         try:
-            while True:
-                read = await client.txn(compare=[], success=[Get(keys.leader)])
-                found = read.gets[0]
-                member = "" if found is None else decode_leader(keys.leader, found.value).member
-                if other_than is None or (member and member != other_than):
-                    return member
+            read = await client.txn(compare=[], success=[Get(keys.leader), Get(keys.epoch)])
+            found, epoch = read.gets
+            member = "" if found is None else decode_leader(keys.leader, found.value).member
+            # No leader now: it was deleted after the epoch key was last written.
+            seen = found or epoch
+            start = 1 if seen is None else seen.mod_revision + 1
+            while other_than is not None and not (member and member != other_than):
                 left_ms = int((deadline - time.monotonic()) * 1000)
                 if left_ms <= 0:
                     raise AssertionError(
                         f"no leader other than {other_than!r} within {FAILOVER_LIMIT_S} s"
                     )
-                await client.watch_once(
-                    keys.leader, start_revision=read.revision + 1, timeout_ms=left_ms
+                event = await client.watch_once(
+                    keys.leader, start_revision=start, timeout_ms=left_ms
                 )
+                if event is not None:
+                    start = event.kv.mod_revision + 1
+                    deleted = event.kind is EventKind.DELETE
+                    member = "" if deleted else decode_leader(keys.leader, event.kv.value).member
+            return member
         finally:
             await client.close()
 

@@ -1,6 +1,7 @@
 """Real etcd processes for tests: Debian's `etcd` binary (`make etcd` installs it), one
 member or a cluster of three, each on free client and peer ports of 127.0.0.1 with its data
-in a temporary directory, stopped by PID at the end.
+in a temporary directory, stopped by PID at the end. `etcd_cluster(..., host=ADDRESS)` listens
+on another local address instead (a test network's bridge, `tidemq.testing.netns`).
 
 Readiness is a bounded poll of the member's `/health` endpoint (every `READY_POLL_S`, for at
 most `START_TIMEOUT_S`), never a fixed sleep. For fault tests a member can be killed
@@ -25,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -60,9 +61,9 @@ def etcd_binary() -> str:
     return path
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
@@ -74,19 +75,26 @@ class EtcdMember:
 
     name: str
     data_dir: Path
-    client_port: int = field(default_factory=_free_port)
-    peer_port: int = field(default_factory=_free_port)
+    #: The local address it listens on (clients and peers).
+    host: str = "127.0.0.1"
+    #: 0: a free port of `host`, chosen at creation.
+    client_port: int = 0
+    peer_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     #: The `--initial-cluster` value (every member's name=peer URL).
     initial_cluster: str = ""
 
+    def __post_init__(self) -> None:
+        self.client_port = self.client_port or _free_port(self.host)
+        self.peer_port = self.peer_port or _free_port(self.host)
+
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"http://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"http://{self.host}:{self.peer_port}"
 
     @property
     def log(self) -> Path:
@@ -199,9 +207,10 @@ class EtcdStartError(Exception):
         self.exited = exited
 
 
-def _new_cluster(root: Path, size: int, attempt: int) -> EtcdCluster:
+def _new_cluster(root: Path, size: int, attempt: int, host: str) -> EtcdCluster:
     members = [
-        EtcdMember(name=f"etcd{i}", data_dir=root / f"etcd{i}-try{attempt}") for i in range(size)
+        EtcdMember(name=f"etcd{i}", data_dir=root / f"etcd{i}-try{attempt}", host=host)
+        for i in range(size)
     ]
     initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
     for member in members:
@@ -210,15 +219,15 @@ def _new_cluster(root: Path, size: int, attempt: int) -> EtcdCluster:
 
 
 @contextlib.contextmanager
-def etcd_cluster(root: Path, size: int = 1) -> Iterator[EtcdCluster]:
-    """`size` members (1 or 3) under `root`, healthy when the block starts, stopped when
-    it ends."""
+def etcd_cluster(root: Path, size: int = 1, *, host: str = "127.0.0.1") -> Iterator[EtcdCluster]:
+    """`size` members (1 or 3) under `root`, listening on `host`, healthy when the block
+    starts, stopped when it ends."""
     assert size in (1, 3), "an etcd cluster here has one member or three"
     etcd_binary()
     root.mkdir(parents=True, exist_ok=True)
     cluster: EtcdCluster | None = None
     for attempt in range(START_ATTEMPTS):
-        cluster = _new_cluster(root, size, attempt)
+        cluster = _new_cluster(root, size, attempt, host)
         for member in cluster.members:
             member.start()
         try:

@@ -295,3 +295,39 @@ def test_a_diverged_suffix_is_cut_and_the_leaders_records_take_its_place(
     finally:
         leader.close()
         old.close()
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_cut_suffix_newer_than_the_leaders_records_does_not_block_the_copy(
+    tmp_path: Path, restart: bool
+) -> None:
+    """The suffix a deposed leader cut was written after the new leader's first records
+    (it appended once resumed from a pause, or its clock runs ahead): its store times
+    leave with it. They stayed as the log's newest, and every record copied from the new
+    leader, older by the clock, was refused ("store time ... is before this log's last"),
+    so the member never caught up again, not even after a restart."""
+    rng = random.Random(7)
+    clock = ManualClock(T0)
+    leader, old = _open(tmp_path, "leader", clock), _open(tmp_path, "old", clock)
+    try:
+        leader.create_topic("t", 2)
+        for i in range(6):
+            leader.append("t", i % 2, _batch(rng, keyed=False))
+        _catch_up(leader, old, rng)
+        common = old.end_position
+        clock.advance(10)
+        for i in range(4):  # the new leader's records, at T0 + 10
+            leader.append("t", i % 2, _batch(rng, keyed=False))
+        clock.advance(5_000)
+        for i in range(3):  # the old leader's, later, never committed
+            old.append("t", i % 2, _batch(rng, keyed=False))
+        old.replica.truncate(common)
+        if restart:
+            old.close()
+            old = _open(tmp_path, "old", clock)
+        _catch_up(leader, old, rng)
+        assert _log_bytes(old) == _log_bytes(leader)
+        assert _everything(old) == _everything(leader)
+    finally:
+        leader.close()
+        old.close()

@@ -9,6 +9,9 @@ two logs stopped agreeing, with the position to cut at (`ReplicaView.truncate`).
 
 Failures never stop the loop: a leader that cannot be reached, answers NotLeader, or
 is replaced in etcd is asked again (after `_RETRY_MS`) once the election names a leader.
+A fetch waiting on a leader the election has replaced is given up at once: that leader
+may never answer (cut off by a partition, or paused), and the next one needs this
+member's reports to commit anything.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
 
 from tidemq.broker.compaction_runner import CompactionRunner
@@ -28,7 +31,7 @@ from tidemq.cluster.election import ElectionFaults
 from tidemq.cluster.group_keys import LeaderRecord
 from tidemq.cluster.security_link import cluster_login
 from tidemq.core.clock import Clock, SystemClock
-from tidemq.core.errors import TidemqError
+from tidemq.core.errors import NotLeader, TidemqError
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import (
     ReplicaFetchRequest,
@@ -100,12 +103,16 @@ class ReplicaFollower:
         store: MessageStore,
         history: EpochHistory,
         leader: Callable[[], LeaderRecord | None],
+        leader_changed: Callable[[LeaderRecord], Awaitable[None]] | None = None,
         faults: ReplicaFaults | None = None,
         cluster_key: bytes | None = None,
         clock: Clock | None = None,
         compaction_interval_ms: int = 15_000,
     ) -> None:
-        """`cluster_key`: log in to the leader's replication listener with the cluster
+        """`leader()`: the leader the election names now. `leader_changed(record)`:
+        returns once it names another than `record` (a fetch still waiting on `record`
+        is then given up; without it, a fetch waits for its answer or its timeout).
+        `cluster_key`: log in to the leader's replication listener with the cluster
         secret. `compaction_interval_ms`: how often the follower compacts its own copy
         of the compact topics (below the committed position), as a broker does."""
         self._config = config
@@ -116,6 +123,7 @@ class ReplicaFollower:
         self._store = store
         self._history = history
         self._leader = leader
+        self._leader_changed = leader_changed
         #: The leader's committed position as last heard (a promoted member starts there).
         self.committed = 0
         #: Rounds answered, and truncations done (for tests and status).
@@ -231,11 +239,7 @@ class ReplicaFollower:
             topics_version=self._topics_version,
             state_version=self._state_version,
         )
-        answer, body = await conn.request(
-            request,
-            ReplicaFetchResponse,
-            timeout_s=self._config.fetch_wait_ms / 1000 + _ANSWER_SLACK_S,
-        )
+        answer, body = await self._ask(conn, request, leader)
         if self._faults is not None and self._faults.fetch_held():
             return  # cut off while the answer travelled: it never arrives
         self.rounds += 1
@@ -290,6 +294,34 @@ class ReplicaFollower:
             # leader (a follower without them would keep every segment).
             with contextlib.suppress(TidemqError):
                 store.enforce_retention()
+
+    async def _ask(
+        self, conn: ClientConnection, request: ReplicaFetchRequest, leader: LeaderRecord
+    ) -> tuple[ReplicaFetchResponse, bytes]:
+        """The leader's answer to `request`; NotLeader as soon as the election names
+        another leader first (this one may never answer: partitioned, or paused)."""
+        asked = asyncio.ensure_future(
+            conn.request(
+                request,
+                ReplicaFetchResponse,
+                timeout_s=self._config.fetch_wait_ms / 1000 + _ANSWER_SLACK_S,
+            )
+        )
+        if self._leader_changed is None:
+            return await asked
+        moved = asyncio.ensure_future(self._leader_changed(leader))
+        try:
+            await asyncio.wait({asked, moved}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (asked, moved):
+                task.cancel()
+        if asked.done() and not asked.cancelled():
+            return asked.result()
+        raise NotLeader(
+            f"group {self._config.group}: the election replaced {leader.member} (epoch "
+            f"{leader.epoch}) while this member's fetch waited; following the next leader",
+            group=self._config.group,
+        )
 
     def _apply_state(self) -> None:
         """Apply the pending service state once it holds for this log: the log reaches

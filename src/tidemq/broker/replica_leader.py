@@ -55,12 +55,17 @@ if TYPE_CHECKING:
     from tidemq.broker.store_gateway import StoreGateway
     from tidemq.cluster.group_keys import LeaderRecord
 
-__all__ = ["ReplicaLeader"]
+__all__ = ["PRODUCER_ID_TERM_SHIFT", "ReplicaLeader"]
 
 log = logging.getLogger(__name__)
 
 #: How often the leader looks at its followers' lag and at waiting appends.
 _CHECK_INTERVAL_MS: Final = 100
+#: Term E hands out producer ids above E << this. A producer keeps its id across a
+#: failover (its retries must dedupe at the next leader), and the next leader may never
+#: have seen the ids this term gave out (an id reaches followers only in a record or with
+#: the topic table), so each term takes its ids from a block of its own: 2^32 ids a term.
+PRODUCER_ID_TERM_SHIFT: Final = 32
 
 
 @dataclass(slots=True)
@@ -182,6 +187,7 @@ class ReplicaLeader:
         and hold acknowledgements and reads to the committed position."""
         store = gateway.store
         self._history.begin(self._record.epoch, store.end_position)
+        store.note_producer_id(self._record.epoch << PRODUCER_ID_TERM_SHIFT)
         self._committed = min(self._committed, store.end_position)
         store.commit_limit = self._committed
         gateway.commit = self._commit

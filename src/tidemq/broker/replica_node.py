@@ -274,6 +274,7 @@ class ReplicaNode:
             store=store,
             history=self._history,
             leader=self.leader_record,
+            leader_changed=self._leader_changed,
             faults=self._faults,
             cluster_key=self._key,
             clock=self._clock,
@@ -330,6 +331,12 @@ class ReplicaNode:
             role=ReplicaRole.NONE,
             epoch=0 if leader is None else leader.epoch,
         )
+
+    async def _leader_changed(self, record: LeaderRecord) -> None:
+        """Returns once the election names a leader other than `record` (or none)."""
+        election = self.election
+        assert election is not None
+        await _wait_for(election, lambda s: s.leader != record)
 
     async def _eligible(self) -> bool:
         """In the group's in-sync set (or no set yet: a new group), or unclean election."""

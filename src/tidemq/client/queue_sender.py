@@ -9,6 +9,10 @@
   window to settle, backs off, re-reads routes and resends every unacknowledged batch in
   order; with idempotence each carries (producer id, epoch, sequence), so a resent batch
   that was in fact stored gets its first offsets back instead of being written twice.
+* Producer ids belong to a broker by its name, not its address: a broker that comes back
+  at another address (a replica group's next leader serves under the group's name) has
+  the same store, so resent batches keep their id and sequence there and are deduplicated
+  against the copies the group already holds.
 * A special batch (delayed or transactional) is a barrier: it leaves once every batch
   before it is answered, and nothing after it leaves before its answer. It is not
   retried: a timeout leaves its outcome unknown (a delayed one shows in the timer status).
@@ -30,6 +34,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tidemq.client.cluster import ClusterClient
 from tidemq.client.producer_config import ProducerConfig
@@ -53,6 +58,7 @@ __all__ = [
     "ReceiptFuture",
     "SenderContext",
     "Special",
+    "Stamp",
     "WholeFuture",
 ]
 
@@ -80,6 +86,17 @@ class Special:
     txn: Callable[[str], Awaitable[str]] | None = None
 
 
+class Stamp(NamedTuple):
+    """Where a batch goes, and (idempotence) under which producer id and sequence: the id
+    is the named broker's, whatever address it serves at now."""
+
+    address: str
+    broker: str
+    producer_id: int
+    epoch: int
+    sequence: int
+
+
 @dataclass(slots=True)
 class Batch:
     topic: str
@@ -89,7 +106,7 @@ class Batch:
     futures: list[ReceiptFuture] | None  # one per message; None for a whole-batch future
     whole: WholeFuture | None
     deadline: float  # time.monotonic() seconds: the delivery timeout
-    stamp: tuple[str, int, int, int] | None = None  # (address, producer id, epoch, sequence)
+    stamp: Stamp | None = None
     special: Special | None = None
 
     def resolve(self, response: ProduceResponse) -> None:
@@ -135,9 +152,13 @@ class SenderContext:
     def __init__(self, config: ProducerConfig, cluster: ClusterClient) -> None:
         self.config = config
         self.cluster = cluster
+        #: Per broker name: this producer's (id, epoch) there.
         self._ids: dict[str, tuple[int, int]] = {}
-        #: Per broker: how many batches it remembers per (producer, queue).
+        #: Per broker name: how many batches it remembers per (producer, queue).
         self._windows: dict[str, int] = {}
+        #: The routes' broker directory reversed (address -> name), and the directory it
+        #: was made from.
+        self._names: tuple[object, dict[str, str]] = (None, {})
         self._routes_trusted_until = 0.0
 
     def routes_checked(self) -> None:
@@ -147,15 +168,26 @@ class SenderContext:
     def routes_trusted(self) -> bool:
         return time.monotonic() < self._routes_trusted_until
 
+    def broker_at(self, address: str) -> str:
+        """The name of the broker serving at `address` by the current routes (the address
+        itself when they name none there): the key of its producer ids."""
+        directory = self.cluster.routes.brokers
+        made_from, names = self._names
+        if made_from is not directory:
+            names = {at: name for name, at in directory.items()}
+            self._names = (directory, names)
+        return names.get(address, address)
+
     def ids_now(self, address: str) -> tuple[int, int] | None:
-        return self._ids.get(address)
+        return self._ids.get(self.broker_at(address))
 
     async def producer_id(self, address: str, *, renew: bool = False) -> tuple[int, int]:
-        if renew or address not in self._ids:
+        broker = self.broker_at(address)
+        if renew or broker not in self._ids:
             resp = await self.cluster.call(address, InitProducerRequest(), InitProducerResponse)
-            self._ids[address] = (resp.producer_id, resp.epoch)
-            self._windows[address] = max(1, resp.window)
-        return self._ids[address]
+            self._ids[broker] = (resp.producer_id, resp.epoch)
+            self._windows[broker] = max(1, resp.window)
+        return self._ids[broker]
 
     def window_for(self, address: str) -> int:
         """Batches in flight per queue on this broker: as many as asked, and for an
@@ -163,7 +195,7 @@ class SenderContext:
         window = self.config.max_in_flight_per_queue
         if not self.config.idempotent:
             return window
-        return min(window, self._windows.get(address, 5))
+        return min(window, self._windows.get(self.broker_at(address), 5))
 
     def new_deadline(self) -> float:
         return time.monotonic() + self.config.delivery_timeout_s
@@ -192,8 +224,8 @@ class QueueSender:
         #: The connection of the last request, for the fast path.
         self._conn: ClientConnection | None = None
         self._sequence = 0
-        self._stamp_key: tuple[str, int, int] | None = None  # (address, pid, epoch)
-        #: The (address, pid, epoch) keys this sender left for another broker. A queue
+        self._stamp_key: tuple[str, int, int] | None = None  # (broker, pid, epoch)
+        #: The (broker, pid, epoch) keys this sender left for another broker. A queue
         #: that moves away and comes back (a static topic's remap) gets a fresh producer
         #: id there: the broker remembers the batches sent under the old one, so starting
         #: over at 0 would have new batches taken for retries of old ones (and dropped),
@@ -235,7 +267,7 @@ class QueueSender:
             return conn, -1, -1, -1
         # As `_stamp` would, without awaiting: the same producer id, the next number.
         ids = ctx.ids_now(conn.address)
-        if ids is None or self._stamp_key != (conn.address, *ids):
+        if ids is None or self._stamp_key != (ctx.broker_at(conn.address), *ids):
             return None
         return conn, ids[0], ids[1], self._sequence
 
@@ -252,7 +284,7 @@ class QueueSender:
             ids = ctx.ids_now(conn.address)
             if ids is None:
                 return
-            self._stamp_key = (conn.address, *ids)  # as `_stamp` does: sequence 0
+            self._stamp_key = (ctx.broker_at(conn.address), *ids)  # as `_stamp`: sequence 0
         self._conn = conn
 
     def send_direct(self, record: MessageRecord, future: ReceiptFuture) -> bool:
@@ -267,7 +299,7 @@ class QueueSender:
         payload = encode_batch(
             [record], codec=ctx.config.codec, max_batch_bytes=ctx.config.max_request_bytes
         )
-        stamp = (conn.address, pid, epoch, seq)
+        stamp = Stamp(conn.address, ctx.broker_at(conn.address), pid, epoch, seq)
         batch = Batch(
             self._topic, self._queue, payload, 1, [future], None, ctx.new_deadline(), stamp
         )
@@ -399,10 +431,15 @@ class QueueSender:
         inflight = self._inflight
         while self._waiting and len(inflight) < window and self._waiting[0].special is None:
             batch = self._waiting[0]
-            if batch.stamp is None or batch.stamp[0] != address or self._restamp:
+            stamp = batch.stamp
+            if stamp is None or stamp.broker != ctx.broker_at(address) or self._restamp:
                 async with _bounded(batch.attempt_s(ctx.request_timeout_s), "InitProducer"):
                     await self._stamp(batch, address, renew=self._restamp)
                 self._restamp = False
+            elif stamp.address != address:
+                # The same broker at a new address (a replica group's next leader): the
+                # same id and sequence, so a batch it already holds is not written twice.
+                batch.stamp = stamp._replace(address=address)
             self._waiting.popleft()
             task = asyncio.get_running_loop().create_task(self._send(batch))
             inflight.append((batch, task))
@@ -429,23 +466,24 @@ class QueueSender:
         return attempt
 
     async def _stamp(self, batch: Batch, address: str, *, renew: bool = False) -> None:
+        broker = self._ctx.broker_at(address)
         if not self._ctx.config.idempotent:
-            batch.stamp = (address, -1, -1, -1)
+            batch.stamp = Stamp(address, broker, -1, -1, -1)
             return
         pid, epoch = await self._ctx.producer_id(address, renew=renew)
-        if (address, pid, epoch) in self._left:
+        if (broker, pid, epoch) in self._left:
             pid, epoch = await self._ctx.producer_id(address, renew=True)
-        if self._stamp_key != (address, pid, epoch):
+        if self._stamp_key != (broker, pid, epoch):
             if self._stamp_key is not None:
                 self._left.add(self._stamp_key)
-            self._stamp_key = (address, pid, epoch)
+            self._stamp_key = (broker, pid, epoch)
             self._sequence = 0
-        batch.stamp = (address, pid, epoch, self._sequence)
+        batch.stamp = Stamp(address, broker, pid, epoch, self._sequence)
         self._sequence += batch.count
 
     async def _send(self, batch: Batch) -> ProduceResponse:
         assert batch.stamp is not None
-        address, pid, epoch, seq = batch.stamp
+        address, _, pid, epoch, seq = batch.stamp
         request = ProduceRequest(
             topic=self._topic, queue=self._queue, producer_id=pid, epoch=epoch, base_sequence=seq
         )

@@ -284,11 +284,16 @@ class CommitLog:
             self._segments.sync()
         self._flushed = position
 
-    def truncate_from(self, position: int) -> None:
-        """Drop every record at or past `position` (a record boundary), durably."""
+    def truncate_from(self, position: int, *, kept_store_time_ms: int) -> None:
+        """Drop every record at or past `position` (a record boundary), durably.
+        `kept_store_time_ms`: the store time of the newest record kept. Store times go on
+        from it, not from the records cut: a cut suffix may be newer than the records
+        that replace it (written by a deposed leader after the next one began, or by a
+        clock running ahead), and the copies of those must not be refused as older."""
         self._check_usable()
         self._segments.truncate_from(position)
         self._flushed = min(self._flushed, position)
+        self._last_store_time_ms = kept_store_time_ms
 
     def close(self) -> None:
         self._segments.close()

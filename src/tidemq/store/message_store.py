@@ -464,6 +464,13 @@ class MessageStore:
         """The idempotence windows (for replication's truncation)."""
         return self._producers
 
+    def note_producer_id(self, producer_id: int) -> None:
+        """Never hand out an id at or below `producer_id` from now on (a replica group's
+        new term takes its ids from a block of its own)."""
+        if producer_id > self._last_producer_id:
+            self._meta.note_producer_id(producer_id)
+            self._last_producer_id = producer_id
+
     def allocate_producer_id(self) -> int:
         producer_id = self._meta.next_producer_id()
         self._last_producer_id = max(self._last_producer_id, producer_id)

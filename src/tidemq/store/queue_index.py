@@ -318,6 +318,15 @@ class QueueIndex:
             return max(int(arr["base_offset"][i]), self.min_offset)
         return self._next_offset
 
+    def store_time_before(self, log_position: int) -> int:
+        """The store time of the newest entry before `log_position` (0: none)."""
+        for file_index in range(len(self._files) - 1, -1, -1):
+            arr = self._file_array(file_index)
+            kept = int(np.searchsorted(arr["log_position"], log_position, side="left"))
+            if kept > 0:
+                return int(arr["store_time_ms"][kept - 1])
+        return 0
+
     def first_entry(self) -> IndexEntry | None:
         got = self.entries_from(self.min_offset, 1)
         return got[0] if got else None

@@ -222,16 +222,18 @@ class ReplicaView:
                 f"[{log.start_position}, {log.end_position})"
             )
         store.checkpoint()  # pending index entries into their files: the cuts read them
-        # From here until the log is cut, recovery replays the suffix from `position`.
-        write_checkpoint(
-            store.fs, store.config.data_dir, Checkpoint(position, position, log.last_store_time_ms)
-        )
         queues = store.queue_indexes()
+        # The newest store time kept (records of deleted topics, indexed nowhere, aside:
+        # then a little older, which only loosens the check of the next copied record).
+        # The suffix's times go with it, also from the checkpoint recovery starts from.
+        kept_ms = max((index.store_time_before(position) for index in queues.values()), default=0)
+        # From here until the log is cut, recovery replays the suffix from `position`.
+        write_checkpoint(store.fs, store.config.data_dir, Checkpoint(position, position, kept_ms))
         for index in queues.values():
             index.cut_from_position(position)
         store.key_index.cut_from_position(position)
         store.metadata.set_queue_index_ends({k: i.next_offset for k, i in queues.items()})
-        log.truncate_from(position)
+        log.truncate_from(position, kept_store_time_ms=kept_ms)
         store.producer_states.cut_from_position(position)
         store.dirty_keys.clear()
         store.mark_all_queues_dirty()
