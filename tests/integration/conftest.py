@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -42,16 +43,22 @@ CLUSTER_TTL_MS = 1_500
 
 
 async def wait_until(
-    predicate: Callable[[], bool],
+    predicate: Callable[[], bool | Awaitable[bool]],
     *,
     timeout_s: float = 20.0,
     interval_s: float = 0.02,
     what: str = "condition",
 ) -> None:
-    """Poll `predicate` (cheap, in-process state) until it holds; fail after `timeout_s`."""
+    """Poll `predicate` (cheap, in-process state; or a coroutine asking a remote status
+    that has no event to wait on) until it holds; fail after `timeout_s`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while not predicate():
+
+    async def holds() -> bool:
+        answer = predicate()
+        return await answer if inspect.isawaitable(answer) else bool(answer)
+
+    while not await holds():
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(interval_s)

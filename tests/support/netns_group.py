@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from tests.integration.conftest import wait_until
 from tests.support.etcd_server import etcd_cluster
 from tests.support.server_process import START_TIMEOUT_S, ServerProcess
 
@@ -62,13 +63,8 @@ async def poll_until(
     check: Callable[[], Awaitable[bool]], *, timeout_s: float, what: str, interval_s: float = 0.1
 ) -> None:
     """Ask `check` (a remote status: no event to wait on) until it says yes; fail after
-    `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(interval_s)
+    `timeout_s` (the suite's one bounded poll, `wait_until`)."""
+    await wait_until(check, timeout_s=timeout_s, interval_s=interval_s, what=what)
 
 
 @dataclass(frozen=True)
