@@ -15,7 +15,7 @@ import pytest
 import tidemq
 from tidemq import aio
 from tidemq.client.cluster import ClusterClient
-from tidemq.core.errors import InvalidRequest, StaleGeneration, TidemqError
+from tidemq.core.errors import InvalidRequest, StaleGeneration
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import (
     CommitOffsetsRequest,
@@ -283,7 +283,7 @@ def test_member_expired_by_the_coordinator_rejoins(loop: Loop, broker: BrokerEnv
 # ------------------------------------------------------------------ rebalancing under load
 
 
-@dataclass(frozen=True)
+@dataclass
 class _CommitSeen:
     member_id: str
     generation: int
@@ -307,19 +307,14 @@ def _record_commits(env: BrokerEnv, group: str, log: list[_CommitSeen]) -> None:
             (o.queue, o.offset, coordinator.assignment_owner(header.group, o.topic, o.queue))
             for o in header.offsets
         )
-        try:
-            result = await original(header, body)
-        except TidemqError:
-            accepted = False
-            raise
-        else:
-            accepted = True
-            return result
-        finally:
-            if header.group == group:
-                log.append(
-                    _CommitSeen(header.member_id, header.generation, current, offsets, accepted)
-                )
+        # Logged in arrival order, marked accepted once answered: a commit waits for its
+        # record to be durable, so a later refused one can be answered first.
+        seen = _CommitSeen(header.member_id, header.generation, current, offsets, False)
+        if header.group == group:
+            log.append(seen)
+        result = await original(header, body)
+        seen.accepted = True
+        return result
 
     broker._handlers[RequestCode.COMMIT_OFFSETS] = recording
 
