@@ -38,13 +38,14 @@ the driver only publishes them (`analytics_publish`) and never holds a row (issu
 
 Why each output is exactly once: Spark replays micro-batch N after a crash with the same
 offset ranges and the same state version, so it computes the same rows. Tasks stage
-files under hidden temporary names; the driver renames them into place with names that
-depend only on N and the task's rows, after removing any file of batch N that an earlier
-attempt published and this one does not replace: a replay replaces files instead of
-adding any. For the topic, the driver commits batch N's transactions with the marker,
-unless the marker says N was committed already: then they are rolled back. A failed
-batch's transactions are rolled back (those of tasks whose results Spark discarded are
-never committed, and their brokers roll them back after the check-backs).
+files under hidden temporary names, rows sorted; the driver renames them into place with
+names that depend only on N, the kind, the day and the task (a replay computes the same
+rows in the same tasks), after removing any file of batch N that an earlier attempt
+published and this one does not replace: a replay replaces files instead of adding any.
+For the topic, the driver commits batch N's transactions with the marker, unless the
+marker says N was committed already: then they are rolled back. A failed batch's
+transactions are rolled back (those of tasks whose results Spark discarded are never
+committed, and their brokers roll them back after the check-backs).
 
 `output` must be a directory that the executors and the driver see alike: a local one in
 local mode (the default), a shared mount on a cluster. A task holds its share of a
