@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.spark.test_pipeline_analytics import _parquet, _topic_rows, reference
 from tests.spark.test_pipeline_archive import _archived
+from tests.support.analytics_results import parquet_rows, reference, topic_rows
 from tests.support.spark_task_gate import ARMED, CLAIMED_PREFIX, GATE_ENV, KILLED_PREFIX
 
 from tidemq import Admin, Producer
@@ -186,6 +186,6 @@ def _analytics_round(admin: Admin, bootstrap: str, consume: Consume, topic: str,
     for kind in ("tumbling", "sliding", "session"):
         ref = reference(events, kind, watermark_ms)
         assert ref, kind
-        assert _parquet(out / "analytics", kind) == sorted(ref), kind
+        assert parquet_rows(out / "analytics", kind) == sorted(ref), kind
         expected.update((kind, *r) for r in ref)
-    assert _topic_rows(admin, consume, topic + "-out") == expected
+    assert topic_rows(admin, consume, topic + "-out") == expected

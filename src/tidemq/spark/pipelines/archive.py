@@ -72,11 +72,15 @@ __all__ = [
     "META_QUEUE",
     "META_START_OFFSET",
     "META_TOPIC",
+    "STALE_TMP_S",
     "ArchiveFile",
+    "Staged",
     "hour_partition",
     "part_path",
     "publish",
     "run_archive",
+    "skip_temporary",
+    "stage_file",
     "stage_table",
     "write_table",
 ]
@@ -144,8 +148,9 @@ class Staged:
     file: ArchiveFile
 
 
-def _stage(table: pa.Table, target: Path) -> Path:
-    """Write `table` under a hidden temporary name next to `target`; returns that name."""
+def stage_file(table: pa.Table, target: Path) -> Path:
+    """Write `table` (zstd) under a hidden temporary name next to `target`, creating the
+    directory; returns that name. Readers (Spark, DuckDB, pyarrow) skip it."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex}")
     try:
@@ -187,9 +192,7 @@ def _remove_overlapping(directory: Path, files: list[Staged]) -> None:
     now = time.time()
     for existing in directory.iterdir():
         name = existing.name
-        if name.startswith(".") and ".tmp-" in name:
-            if now - existing.stat().st_mtime > STALE_TMP_S:
-                existing.unlink(missing_ok=True)  # left by a crashed attempt
+        if skip_temporary(existing, now):
             continue
         parsed = _parse_part(name)
         if parsed is None or name in new:
@@ -200,6 +203,20 @@ def _remove_overlapping(directory: Path, files: list[Staged]) -> None:
             if f.queue == queue and start < f.end_offset and f.start_offset < end:
                 existing.unlink(missing_ok=True)
                 break
+
+
+def skip_temporary(entry: Path, now: float) -> bool:
+    """Whether `entry` is a staged temporary file (`stage_file`); one older than
+    `STALE_TMP_S`, left by a crashed attempt, is removed."""
+    name = entry.name
+    if not (name.startswith(".") and ".tmp-" in name):
+        return False
+    try:
+        if now - entry.stat().st_mtime > STALE_TMP_S:
+            entry.unlink(missing_ok=True)
+    except FileNotFoundError:
+        pass  # published or removed meanwhile
+    return True
 
 
 def _parse_part(name: str) -> tuple[int, int, int] | None:
@@ -283,7 +300,7 @@ def _stage_group(part: pa.Table, root: Path, g: dict[str, Any]) -> Staged:
     path = part_path(
         root, topic=topic, queue=queue, dt=dt, hour=hour, start_offset=start, end_offset=end
     )
-    tmp = _stage(part, path)
+    tmp = stage_file(part, path)
     return Staged(tmp, ArchiveFile(topic, queue, dt, hour, start, end, part.num_rows, path))
 
 
