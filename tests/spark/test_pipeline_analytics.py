@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import tidemq
 from tidemq import Admin, Producer
 from tidemq.cli.main import app
-from tidemq.spark.pipelines.analytics import AnalyticsRun, run_analytics
+from tidemq.spark.pipelines.analytics import AnalyticsConfig, AnalyticsRun, run_analytics
 from tidemq.spark.pipelines.events import Event, generate_events, produce_events
 
 if TYPE_CHECKING:
