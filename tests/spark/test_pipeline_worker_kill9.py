@@ -6,7 +6,7 @@ task may fail up to 3 times) whose Python workers are `tests/support/spark_task_
 The test arms the gate; the next task attempt to produce output claims it and waits,
 its work done (an archive task has staged its Parquet files) and its result not yet
 sent; the test sees the claim, SIGKILLs that worker and arms the gate again, KILLS times
-(10; 40 under TIDEMQ_SOAK=1: analytics in 4 rounds of 10), at most once per task
+(5; 40 under TIDEMQ_SOAK=1: analytics in 4 rounds of 10), at most once per task
 attempt. Killed tasks are of both kinds that run Python: the tidemq source's reads and
 archive's staging. Then: Spark's
 event log shows one failed task attempt per kill ("Python worker exited unexpectedly")
@@ -39,13 +39,17 @@ if TYPE_CHECKING:
     from tests.spark.conftest import Consume, Options
 
 SOAK = os.environ.get("TIDEMQ_SOAK") == "1"
+#: Analytics runs in rounds of ROUND_KILLS kills (a round's micro-batches have room for
+#: about 10 first task attempts); archive kills as many times in one run.
+ROUNDS = 4 if SOAK else 1
+ROUND_KILLS = 10 if SOAK else 5
 #: Each kill needs a first task attempt of its own: more micro-batches under soak.
-KILLS = 40 if SOAK else 10
+KILLS = ROUNDS * ROUND_KILLS
 #: The longest a job may run (JVM start, the micro-batches, a retry per kill; each Python
 #: worker is a process of its own: see spark_task_gate).
 RUN_TIMEOUT_S = 1800.0 if SOAK else 600.0
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(KILLS // 10 * RUN_TIMEOUT_S + 300)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(ROUNDS * RUN_TIMEOUT_S + 300)]
 
 QUEUES = 4
 JOB = Path(__file__).with_name("worker_kill_job.py")
@@ -157,7 +161,7 @@ def test_analytics_with_python_workers_killed_mid_task_is_exactly_once(
     # limit equally over the queues, a queue with sparser events got ahead in event time,
     # and with 3,000 events per queue or micro-batches of 240 Spark dropped late rows,
     # 8,144 and 70, without any kill; the limit is now split in proportion.)
-    for n in range(KILLS // 10):
+    for n in range(ROUNDS):
         round_dir = tmp_path / f"round-{n}"
         round_dir.mkdir()
         _analytics_round(admin, options()["bootstrap"], consume, f"{topic_name}-{n}", round_dir)
@@ -176,8 +180,8 @@ def _analytics_round(admin: Admin, bootstrap: str, consume: Consume, topic: str,
         "limit": 600,  # 5 batches of a read task per queue
         "name": topic,
     }
-    kills, result = _run_killing_workers(out, args, 10)
-    assert kills == 10
+    kills, result = _run_killing_workers(out, args, ROUND_KILLS)
+    assert kills == ROUND_KILLS
     assert result["rows"] == len(events)
     assert result["dropped"] == 0
     watermark = datetime.fromisoformat(result["watermark"].replace("Z", "+00:00"))
