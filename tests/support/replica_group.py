@@ -152,6 +152,15 @@ class Group:
         return node
 
 
+async def wait_all_in_sync(node: ReplicaNode) -> None:
+    """Until `node` leads with m0, m1 and m2 in its in-sync set (each follower joins once
+    caught up; one slowed by a loaded machine may have left it for a while)."""
+    await wait_until(
+        lambda: node.leader is not None and node.leader.in_sync == ("m0", "m1", "m2"),
+        what="all three in sync",
+    )
+
+
 @asynccontextmanager
 async def group(
     root: Path, etcd: EtcdCluster, secret: str | None = None, *, auth_enabled: bool = False
