@@ -41,6 +41,11 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.spark
 
 QUEUES = 3  # the query's shuffle partitions: one per input queue
+#: The first micro-batch's size: batch 0 (no results yet: no watermark), then batch 1
+#: with the rest. The sources split it over the queues in proportion to their backlogs,
+#: so batch 0 covers about 3/4 of the events' 390 s: its watermark (120 s behind) closes
+#: windows of every kind in batch 1 (half of them, 1,002, left none closed).
+BATCH_0 = 1500
 
 
 class Pipeline:
@@ -63,7 +68,7 @@ class Pipeline:
             results_topic=self.results,
             name=self.topic,
             config=CONFIG,
-            max_offsets_per_trigger=1002,  # batch 0 (no results yet), then batch 1
+            max_offsets_per_trigger=BATCH_0,
         )
 
     def open_transactions(self) -> list[str]:
@@ -154,7 +159,7 @@ def test_a_batch_that_failed_in_its_publish_or_in_a_task_is_replayed_exactly_onc
 
     # 3. The next run replays batch 1 and publishes it, once.
     done = p.run()
-    assert done.rows() == 2003 - 1002  # batch 1 only: batch 0 was committed in the first run
+    assert done.rows() == 2003 - BATCH_0  # batch 1 only: batch 0 was committed in the first run
     check(done, events, p.output, admin=admin, consume=consume, topic=p.results)
     assert p.rejected() == bad
 
@@ -185,7 +190,7 @@ def test_a_batch_replayed_after_its_outputs_were_published_is_not_written_twice(
     (commits / f".{last}.crc").unlink(missing_ok=True)  # its checksum, if any
 
     again = p.run()
-    assert again.rows() == 2003 - 1002  # batch 1, read again
+    assert again.rows() == 2003 - BATCH_0  # batch 1, read again
     assert check(again, events, p.output, admin=admin, consume=consume, topic=p.results) == results
     # The replay renamed identical files over the published ones and added none; its
     # transactions were rolled back (the marker showed batch 1 published).
