@@ -32,6 +32,7 @@ from tidemq.cluster.group_keys import LeaderRecord
 from tidemq.cluster.security_link import cluster_login
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import NotLeader, TidemqError
+from tidemq.core.thread_calls import finish_in_thread
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import (
     ReplicaFetchRequest,
@@ -185,7 +186,7 @@ class ReplicaFollower:
             compaction.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await compaction
-            await asyncio.to_thread(self._compaction.close)
+            await finish_in_thread(self._compaction.close)
 
     async def _follow_leaders(self) -> None:
         while True:
@@ -269,8 +270,9 @@ class ReplicaFollower:
                 self._topics_version = -1  # the next answer carries the table
                 return
             # The fdatasync off the loop: the member's other tasks (the election's
-            # keep-alives) must not wait for the disk.
-            await asyncio.to_thread(store.flush)
+            # keep-alives) must not wait for the disk. A cancellation (the member
+            # stops following, then closes the store) waits for it to end.
+            await finish_in_thread(store.flush)
         entries = [
             EpochEntry(e.epoch, e.start_position)
             for e in answer.epochs

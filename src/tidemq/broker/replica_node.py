@@ -48,6 +48,7 @@ from tidemq.cluster.membership import check_secret
 from tidemq.cluster.security_link import check_cluster_login
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import ConfigError, EtcdUnavailable, InvalidRequest, NotLeader, TidemqError
+from tidemq.core.thread_calls import finish_in_thread
 from tidemq.net.login import LoginGate
 from tidemq.net.server import ServerConnection, TcpServer
 from tidemq.net.tls import is_loopback
@@ -263,7 +264,11 @@ class ReplicaNode:
             return
         self._lock()
         try:
-            store = await asyncio.to_thread(MessageStore.open, self.config.store, clock=self._clock)
+            # A cancellation (the member is stopping) waits for the open and closes it.
+            store = await finish_in_thread(
+                lambda: MessageStore.open(self.config.store, clock=self._clock),
+                discard=MessageStore.close,
+            )
         except BaseException:
             self._unlock()
             raise
