@@ -13,12 +13,19 @@ and so which one a leader fault strikes, is up to the elections):
   the old leader cuts what it wrote alone and rejoins the in-sync set;
 * partition a follower's host; kill -9 a follower (started again);
 * SIGSTOP the leader until another member leads, then SIGCONT (a zombie: whatever it
-  still does must not acknowledge anything); kill -9 the leader (started again).
+  still does must not acknowledge anything); kill -9 the leader (started again);
+* cut the leader off from etcd alone: it still reaches its followers, the name server
+  and the clients, but can renew nothing, so it must stop acknowledging at its lease's
+  end while another member is elected;
+* SIGSTOP etcd: no lease is renewed and no one can campaign, so the leader must stop
+  serving at its lease's end; etcd is resumed once it has, and a leader is elected under
+  a new epoch.
 
 A fault lasts until the group has acknowledged `PER_PHASE` messages sent after it was
-struck (under a new leader, for a leader fault): a condition, not a duration. Then it is
-mended, and the cycle ends when etcd's in-sync set names every member again. At the end
-the members are stopped and their stores read, and the history is checked
+struck (after etcd named a new leader, for a leader fault): a condition, not a
+duration; a paused etcd lasts until the leader has stopped serving. Then it is mended,
+and the cycle ends when etcd's in-sync set names every member again. At the end the
+members are stopped and their stores read, and the history is checked
 (`tests/support/replica_history.py`): every acknowledged message present once, at its
 receipt's offset, in per-queue send order; the same records at the same offsets on every
 member; nothing a consumer read later missing, consumer offsets moving one at a time;
@@ -75,6 +82,8 @@ TOPIC: Final = "t"
 QUEUES: Final = 2
 #: Acknowledgements of sends made after a fault began that end the fault.
 PER_PHASE: Final = 10
+#: A connection to a member's client port not made within this counts as refused.
+CONNECT_TIMEOUT_S: Final = 1.0
 #: The longest a failover or a recovery may take here (lease 2 s, a loaded machine).
 LIMIT_S: Final = 60.0
 #: Clients give up on one request after this and ask the name server again (a
@@ -179,6 +188,9 @@ class Fault:
     #: Applies the fault to a member; `mend` undoes it (both may block: run off the loop).
     strike: Callable[[str], None]
     mend: Callable[[str], None]
+    #: Nothing can be acknowledged while it lasts (etcd is down): it is mended once the
+    #: leader has stopped serving, and writes resume under a new epoch after that.
+    stalls_group: bool = False
 
 
 @dataclass
@@ -201,6 +213,12 @@ class Nemesis:
             "kill-leader": Fault(at_leader=True, strike=group.kill, mend=group.start),
             "partition-follower": Fault(at_leader=False, strike=net.partition, mend=net.heal),
             "kill-follower": Fault(at_leader=False, strike=group.kill, mend=group.start),
+            "cut-leader-from-etcd": Fault(
+                at_leader=True, strike=group.cut_from_etcd, mend=group.join_etcd
+            ),
+            "pause-etcd": Fault(
+                at_leader=True, strike=group.pause_etcd, mend=group.resume_etcd, stalls_group=True
+            ),
         }
 
     async def cycle(self, rng: random.Random) -> Cycle:
@@ -212,16 +230,47 @@ class Nemesis:
         fault = faults[name]
         leader = self.leader()
         member = leader if fault.at_leader else rng.choice([m for m in MEMBERS if m != leader])
+        epoch = self.leaders.leader.epoch if self.leaders.leader is not None else 0
         await asyncio.to_thread(fault.strike, member)
         t0 = time.monotonic()
         elected = None
-        if fault.at_leader:
-            await self.leaders.wait_leader(other_than=member, timeout_s=LIMIT_S)
+        if fault.stalls_group:
+            await self._stopped_serving(member)
+            await asyncio.to_thread(fault.mend, member)
+            resumed = time.monotonic()
+            await self.leaders.wait_leader(other_than="", timeout_s=LIMIT_S, after_epoch=epoch)
             elected = self.leaders.values[-1][2] - t0
-        gap = await self.work.wait_acks_after(t0, PER_PHASE) - t0
-        await asyncio.to_thread(fault.mend, member)
+            gap = await self.work.wait_acks_after(resumed, PER_PHASE) - t0
+        else:
+            since = t0
+            if fault.at_leader:
+                await self.leaders.wait_leader(other_than=member, timeout_s=LIMIT_S)
+                since = self.leaders.values[-1][2]
+                elected = since - t0
+            # Sends made under the new leader: a leader cut off from etcd alone still
+            # acknowledges until its lease ends, which must not end the fault.
+            gap = await self.work.wait_acks_after(since, PER_PHASE) - t0
+            await asyncio.to_thread(fault.mend, member)
         whole = await self.in_sync.wait_members(set(MEMBERS), LIMIT_S) - t0
         return Cycle(name, member, gap, elected, max(whole, 0.0))
+
+    async def _stopped_serving(self, member: str) -> None:
+        """Until `member`'s client port refuses connections: its broker stopped when its
+        lease could not be renewed."""
+        host, port = self.group.address(member).rsplit(":", 1)
+
+        async def refused() -> bool:
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S
+                )
+            except (OSError, TimeoutError):
+                return True
+            writer.close()
+            await writer.wait_closed()
+            return False
+
+        await poll_until(refused, timeout_s=LIMIT_S, what=f"{member} no longer serving")
 
 
 # ---------------------------------------------------------------------- the test
