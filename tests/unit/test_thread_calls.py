@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tidemq.core.thread_calls import finish_in_thread
+from tidemq.broker.thread_calls import finish_in_thread
 
 #: Bound on every wait for the thread (the test fails rather than hang).
 WAIT_S = 10.0

@@ -52,6 +52,7 @@ from tidemq.broker.offset_book import OffsetBook
 from tidemq.broker.offset_pull import PULL_REQUEST_TIMEOUT_MS, OffsetPull
 from tidemq.broker.peer_links import PeerLinks, PeerLogin, check_peer_request, is_peer, others
 from tidemq.broker.pop_service import PopService
+from tidemq.broker.producer_owner_topic import ProducerOwnerTopic
 from tidemq.broker.producer_owners import MAX_PRODUCER_OWNERS, ProducerOwners
 from tidemq.broker.replica_leader import ReplicaLeader
 from tidemq.broker.schema_validation import SchemaCheck
@@ -439,12 +440,8 @@ class Broker:
             cluster_login=None if key is None else lambda m: check_cluster_login(key, m, clock),
         )
         self._auth.bootstrap(cfg.bootstrap_user, self._bootstrap_password)
-        self._producer_owners = ProducerOwners(
-            save=lambda pid, who: store.metadata.set_producer_owner(
-                pid, who, keep=MAX_PRODUCER_OWNERS
-            ),
-            load=store.metadata.producer_owner,
-        )
+        durable = ProducerOwnerTopic(self._gateway, keep=MAX_PRODUCER_OWNERS)
+        self._producer_owners = ProducerOwners(save=durable.save, load=durable.load)
         self._authz = Authorization(
             enabled=cfg.authorization_enabled,
             super_users=self._auth.super_users,
@@ -943,15 +940,20 @@ class Broker:
         principal = conn.principal
         if authz.enabled and code is RequestCode.GET_ROUTES:
             header.known = authz.route_token(header.known, principal, conn.host)
-        if principal is not None and code is RequestCode.PRODUCE and header.producer_id >= 0:
-            self._producer_owners.check(header.producer_id, principal)
+        if (
+            principal is not None
+            and code is RequestCode.PRODUCE
+            and header.producer_id >= 0
+            and not self._producer_owners.known(header.producer_id, principal)
+        ):
+            await self._producer_owners.check(header.producer_id, principal)
         started = time.perf_counter()
         try:
             answer, body = await self._serve(code, header, frame, conn)
         finally:
             self.request_times.observe(code.name, time.perf_counter() - started)
         if principal is not None and code is RequestCode.INIT_PRODUCER:
-            self._producer_owners.issued(answer.producer_id, principal)
+            await self._producer_owners.issued(answer.producer_id, principal)
         if authz.enabled and code in FILTERED_CODES:
             answer = authz.filter(code, header, answer, principal, conn.host)
             if code is RequestCode.GET_ROUTES:

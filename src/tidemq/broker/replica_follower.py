@@ -27,12 +27,12 @@ from tidemq.broker.compaction_runner import CompactionRunner
 from tidemq.broker.metrics import disk_usage
 from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
 from tidemq.broker.replication_config import ReplicationConfig
+from tidemq.broker.thread_calls import finish_in_thread
 from tidemq.cluster.election import ElectionFaults
 from tidemq.cluster.group_keys import LeaderRecord
 from tidemq.cluster.security_link import cluster_login
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import NotLeader, TidemqError
-from tidemq.core.thread_calls import finish_in_thread
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import (
     ReplicaFetchRequest,

@@ -39,6 +39,7 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.broker.replica_follower import ReplicaFaults, ReplicaFollower
 from tidemq.broker.replica_leader import ReplicaLeader
 from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
+from tidemq.broker.thread_calls import finish_in_thread
 from tidemq.cluster.election import Election, ElectionConfig, ElectionStatus
 from tidemq.cluster.election_state import State
 from tidemq.cluster.etcd_client import Delete, EtcdClient, Put, ValueIs
@@ -48,7 +49,6 @@ from tidemq.cluster.membership import check_secret
 from tidemq.cluster.security_link import check_cluster_login
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import ConfigError, EtcdUnavailable, InvalidRequest, NotLeader, TidemqError
-from tidemq.core.thread_calls import finish_in_thread
 from tidemq.net.login import LoginGate
 from tidemq.net.server import ServerConnection, TcpServer
 from tidemq.net.tls import is_loopback

@@ -107,6 +107,7 @@ CREATE TABLE IF NOT EXISTS producer_state (
     epoch INTEGER NOT NULL, window TEXT NOT NULL,
     PRIMARY KEY (topic_id, queue_id, producer_id)
 );
+-- Read only: producer ids' owners as versions before PRODUCERS_TOPIC kept them.
 CREATE TABLE IF NOT EXISTS producer_owners (
     producer_id INTEGER PRIMARY KEY, principal TEXT NOT NULL
 );
@@ -598,19 +599,9 @@ class Metadata:
                 "INSERT OR REPLACE INTO service_state VALUES (?, ?)", list(values.items())
             )
 
-    @_writes
-    def set_producer_owner(self, producer_id: int, principal: str, *, keep: int) -> None:
-        """The user a producer id was issued to (authentication on); only the `keep`
-        newest ids are kept (ids are issued in increasing order)."""
-        with self._tx():
-            self._db.execute(
-                "INSERT OR REPLACE INTO producer_owners VALUES (?, ?)", (producer_id, principal)
-            )
-            self._db.execute(
-                "DELETE FROM producer_owners WHERE producer_id <= ?", (producer_id - keep,)
-            )
-
     def producer_owner(self, producer_id: int) -> str | None:
+        """The user a producer id was issued to, as versions before the compact topic of
+        owners (`broker/producer_owner_topic.py`) kept it; read only, for those ids."""
         row = self._db.execute(
             "SELECT principal FROM producer_owners WHERE producer_id = ?", (producer_id,)
         ).fetchone()
