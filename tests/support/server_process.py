@@ -75,6 +75,13 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(timeout=STOP_TIMEOUT_S)
         self._copier.join(STOP_TIMEOUT_S)
+        if self._copier.is_alive():
+            # Another process holds the pipe open: a child the process left behind.
+            # Closing it would wait for the copier's read for ever.
+            raise AssertionError(
+                f"process {self.proc.pid} exited, but its stderr is still open in another "
+                "process (a child left running?)"
+            )
         if self.proc.stderr is not None:
             self.proc.stderr.close()
 

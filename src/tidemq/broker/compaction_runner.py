@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from tidemq.broker.worker_lifetime import die_with_parent
 from tidemq.core.errors import DiskFull
 from tidemq.store.compaction import CompactionResult, run_compaction
 from tidemq.store.message_store import MessageStore
@@ -43,10 +45,13 @@ class CompactionRunner:
 
     def _executor(self) -> ProcessPoolExecutor:
         """The worker process, started on the first run ("spawn": never a fork of a
-        process with threads and open sockets)."""
+        process with threads and open sockets), killed when this process dies."""
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
-                max_workers=1, mp_context=multiprocessing.get_context("spawn")
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=die_with_parent,
+                initargs=(os.getpid(),),
             )
         return self._pool
 
