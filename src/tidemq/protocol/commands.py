@@ -455,6 +455,9 @@ class RegisterBrokerRequest(_Msg):
     #: one it holds for the name: a deposed leader that has not noticed yet cannot take
     #: the group's routes back.
     leader_epoch: int = 0
+    #: The security writer's term this broker holds a lease for (docs/adr/0020; 0:
+    #: none): a name server that restarted learns the writer from it.
+    writer_term: int = 0
 
 
 class RegisterBrokerResponse(_Msg):
@@ -473,6 +476,10 @@ class RegisterBrokerResponse(_Msg):
     #: writer: the oldest live broker, ADR 15); a change sent to another broker is
     #: refused (NotCoordinator).
     security_writer: str = ""
+    #: The term `security_writer` holds (docs/adr/0020): to that broker, a lease on the
+    #: role for `broker_ttl_ms` from when it sent the registration; 0: no lease now (the
+    #: name server is new and still learning who held the role).
+    writer_term: int = 0
 
 
 class UnregisterBrokerRequest(_Msg):
