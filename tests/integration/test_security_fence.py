@@ -255,6 +255,9 @@ def test_a_paused_writer_is_fenced_and_ends_on_the_newer_writers_tables(
         await wait_until(converged, timeout_s=CONVERGE_S, what="both brokers on term 2")
         assert await _users(a) == await _users(b) == {ADMIN, "bob", "carol"}
         assert await _writer(bootstrap) == b  # the role stays with broker-b
+        async with tidemq.aio.Admin(bootstrap, client_config=_login()) as admin:
+            status = await admin.cluster_status()
+        assert {s.name: s.writer_term for s in status} == {"broker-a": 0, "broker-b": 2}
         # A late push of tables written under term 1 is refused by the name server.
         with pytest.raises(WriterFenced, match="writer term 1"):
             await _forged_push(bootstrap, "broker-a", counter_of(1, 1_000))

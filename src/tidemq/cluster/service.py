@@ -226,8 +226,11 @@ class NameServerHandlers:
 
     def _status(self) -> ClusterStatusResponse:
         brokers = self.nameserver.status()
+        writer, term = self.nameserver.security_writer_term()
         for b in brokers:
             b.security_counter, b.security_digest = self.security.reported(b.name)
+            if b.address == writer:
+                b.writer_term = term
         counter, digest = self.security.held
         return ClusterStatusResponse(
             brokers=brokers, security_counter=counter, security_digest=digest

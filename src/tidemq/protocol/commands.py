@@ -526,6 +526,9 @@ class BrokerStatus(_Msg):
     #: The version of its users and ACL entries, as it last reported it.
     security_counter: int = 0
     security_digest: int = 0
+    #: The security writer's term, if this broker holds the role here (0: it does not;
+    #: docs/adr/0020).
+    writer_term: int = 0
 
 
 class ClusterStatusResponse(_Msg):
