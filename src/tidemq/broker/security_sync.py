@@ -43,6 +43,7 @@ from tidemq.protocol.security_messages import (
     UserRow,
     acl_key,
     counter_of,
+    counter_text,
     snapshot_digest,
     term_of,
 )
@@ -156,7 +157,7 @@ class SecuritySync:
         if self.behind():
             raise BrokerNotAvailable(
                 f"this broker is catching up with users and ACL entries version "
-                f"{self._newest[0]} (it has {self._counter}); retry"
+                f"{counter_text(self._newest[0])} (it has {counter_text(self._counter)}); retry"
             )
         return max(counter_of(term, 0), self._counter, self._newest[0]) + 1
 
@@ -216,9 +217,9 @@ class SecuritySync:
         self._digest = self.snapshot().digest
         if self._digest != snapshot.digest:  # an entry this version cannot read
             log.error(
-                "users and ACL entries version %d: stored, but some entries were not "
+                "users and ACL entries version %s: stored, but some entries were not "
                 "understood (see above); this broker reports digest %x",
-                counter,
+                counter_text(counter),
                 self._digest,
             )
         return True

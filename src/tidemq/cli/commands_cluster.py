@@ -21,7 +21,7 @@ from tidemq.cli.common import (
 )
 from tidemq.client.sync import Admin
 from tidemq.core.errors import TidemqError
-from tidemq.protocol.security_messages import TERM_SHIFT, term_of
+from tidemq.protocol.security_messages import counter_text
 
 __all__ = ["app"]
 
@@ -180,9 +180,7 @@ def _security(row: dict[str, Any]) -> str:
     digest = row.get("security_digest", "")
     if not digest:
         return "-"
-    counter = int(row.get("security_counter", 0))
-    seq = counter & ((1 << TERM_SHIFT) - 1)
-    text = f"{term_of(counter)}.{seq} ({digest[:8]})"
+    text = f"{counter_text(int(row.get('security_counter', 0)))} ({digest[:8]})"
     writer_term = row.get("writer_term", 0)
     return f"{text}, writer (term {writer_term})" if writer_term else text
 

@@ -31,6 +31,7 @@ from tidemq.protocol.security_messages import (
     SecurityPushRequest,
     SecurityPushResponse,
     SecuritySnapshot,
+    counter_text,
 )
 
 __all__ = [
@@ -197,7 +198,7 @@ async def _pull(
     snapshot, _ = await conn.request(pull, SecuritySnapshot, timeout_s=timeout_s)
     if await tables.apply(snapshot, fenced=fenced):
         log.info(
-            "took users and ACL entries version %d from name server %s",
-            snapshot.counter,
+            "took users and ACL entries version %s from name server %s",
+            counter_text(snapshot.counter),
             conn.address,
         )

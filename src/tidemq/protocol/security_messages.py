@@ -48,6 +48,7 @@ __all__ = [
     "UserRow",
     "acl_key",
     "counter_of",
+    "counter_text",
     "snapshot_digest",
     "term_of",
 ]
@@ -75,6 +76,11 @@ def term_of(counter: int) -> int:
     """The writer term a counter was made under (0: before terms, or a broker's own
     tables before any cluster-wide change)."""
     return counter >> TERM_SHIFT
+
+
+def counter_text(counter: int) -> str:
+    """A counter as people read it: "<term>.<change within the term>"."""
+    return f"{term_of(counter)}.{counter & _SEQ_MASK}"
 
 
 class _Msg(msgspec.Struct, kw_only=True, omit_defaults=True):
