@@ -1,7 +1,8 @@
-"""The security writer's term at the name server (ADR 20): registration answers grant it
-with a term (none in the name server's first TTL), tables written under an older term
+"""The security writer's term (ADR 20). At the name server: registration answers grant
+it with a term (none in the name server's first TTL), tables written under an older term
 than those held are refused, and a standalone name server cuts routes by the ACL entries
-it holds. The name server's handlers, called directly: no sockets, a manual clock."""
+it holds (its handlers called directly). At the broker: the writer's lease, from a
+majority of its name servers, runs out on its own clock. No sockets, a manual clock."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from tidemq.cluster.nameserver import NameServer
 from tidemq.cluster.route_acls import RouteAcls
 from tidemq.cluster.service import NameServerHandlers
-from tidemq.core.errors import WriterFenced
+from tidemq.cluster.writer_lease import WriterLeases
+from tidemq.core.errors import BrokerNotAvailable, NotCoordinator, WriterFenced
 from tidemq.protocol.acl_messages import AclEntryMsg
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import (
@@ -135,3 +137,49 @@ def test_a_user_gets_only_the_routes_it_may_describe(handlers: NameServerHandler
     assert _push(handlers, counter_of(1, 2), (_acl("User:bob", "read", "payroll"),))
     assert ask("User:bob").generation != before
     assert acls.token(acls.token(before, "User:bob", "h"), "User:bob", "h") == before
+
+
+# ------------------------------------------------------------------ the writer's lease
+
+ME = "127.0.0.1:1"
+
+
+def test_a_lease_lasts_the_ttl_from_when_the_registration_was_sent(clock: ManualClock) -> None:
+    leases = WriterLeases(ME, 1, clock)
+    assert isinstance(leases.refusal(), BrokerNotAvailable)  # nothing granted yet
+    sent = clock.monotonic_ms()
+    clock.advance(300)  # the answer took a while: the lease still counts from the send
+    leases.seen("ns-1", ME, 1, sent + TTL)
+    assert leases.held_term() == 1
+    clock.advance(TTL - 301)
+    assert leases.held_term() == 1
+    clock.advance(1)  # paused past its end: fenced, on this broker's own clock
+    assert leases.held_term() == 0
+    refusal = leases.refusal()
+    assert isinstance(refusal, WriterFenced)
+    assert "(term 1) ran out" in str(refusal)
+
+
+def test_a_writer_named_elsewhere_is_not_coordinator(clock: ManualClock) -> None:
+    leases = WriterLeases(ME, 1, clock)
+    leases.seen("ns-1", ME, 1, clock.monotonic_ms() + TTL)
+    leases.seen("ns-1", "127.0.0.1:2", 2, clock.monotonic_ms() + TTL)
+    assert leases.held_term() == 0
+    refusal = leases.refusal()
+    assert isinstance(refusal, NotCoordinator)
+    assert not isinstance(refusal, WriterFenced)
+    assert "127.0.0.1:2" in str(refusal)
+
+
+def test_a_lease_needs_a_majority_of_the_name_servers(clock: ManualClock) -> None:
+    leases = WriterLeases(ME, 3, clock)
+    until = clock.monotonic_ms() + TTL
+    leases.seen("ns-1", ME, 4, until)
+    assert leases.held_term() == 0
+    assert isinstance(leases.refusal(), BrokerNotAvailable)
+    leases.seen("ns-2", ME, 5, until)
+    assert leases.held_term() == 5  # the newest of the majority's terms
+    leases.seen("ns-3", "127.0.0.1:2", 6, until)
+    assert leases.held_term() == 5
+    leases.seen("ns-1", ME, 0, until)  # a name server in its first TTL grants none
+    assert leases.held_term() == 0

@@ -35,8 +35,9 @@ from tidemq.broker.auth import Authenticator
 from tidemq.broker.authorization import Authorization
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.cluster.security_holder import check_snapshot, users_of
+from tidemq.cluster.writer_lease import WriterLeases
 from tidemq.core.clock import Clock, SystemClock
-from tidemq.core.errors import BrokerNotAvailable, InvalidRequest, NotCoordinator, WriterFenced
+from tidemq.core.errors import BrokerNotAvailable, InvalidRequest, WriterFenced
 from tidemq.protocol.acl_messages import AclEntryMsg
 from tidemq.protocol.security_messages import (
     SecuritySnapshot,
@@ -74,20 +75,19 @@ class SecuritySync:
         self._auth = auth
         self._authz = authz
         self._gateway = gateway
-        self._address = address
         self._changed = changed
         self._counter = gateway.store.metadata.security_counter()
         self._digest = 0
         self._digest = self.snapshot().digest
         #: The newest version a name server holds, as far as this broker knows.
         self._newest = (0, 0)
-        #: The writer's address, as the name servers last named it ("": unknown).
-        self._writer = ""
-        self._name_servers = name_servers
-        self._clock = clock or SystemClock()
-        #: Name server -> (writer's address, its term, lease end in monotonic ms) from
-        #: its last registration answer; a lease of this broker's when it names it.
-        self._leases: dict[str, tuple[str, int, float]] = {}
+        #: The writer role as the name servers grant it (None: an embedded name server,
+        #: this broker is the cluster and needs no lease).
+        self._leases = (
+            None
+            if name_servers == 0
+            else WriterLeases(address, name_servers, clock or SystemClock())
+        )
         auth.next_counter = authz.next_counter = self.next_counter
         auth.on_change = authz.on_change = self._after_change
 
@@ -119,21 +119,11 @@ class SecuritySync:
         lease_until_ms: float,
     ) -> None:
         self._newest = max(self._newest, newest)
-        self._writer = writer
-        self._leases[server] = (writer, term, lease_until_ms)
+        if self._leases is not None:
+            self._leases.seen(server, writer, term, lease_until_ms)
 
     def held_term(self) -> int:
-        """The writer term this broker holds a live lease for from a majority of its
-        name servers (the newest of theirs); 0: none."""
-        now = self._clock.monotonic_ms()
-        terms = [
-            term
-            for writer, term, until in self._leases.values()
-            if writer == self._address and term > 0 and now < until
-        ]
-        if len(terms) * 2 <= self._name_servers:
-            return 0
-        return max(terms, default=0)
+        return 0 if self._leases is None else self._leases.held_term()
 
     def behind(self) -> bool:
         """A name server holds a newer cluster-wide version than this broker's."""
@@ -144,10 +134,10 @@ class SecuritySync:
         is not the writer, WriterFenced if its lease ran out or a newer term wrote,
         BrokerNotAvailable (retriable) while it is catching up or not yet granted."""
         term = 0
-        if self._name_servers:
-            term = self.held_term()
+        if self._leases is not None:
+            term = self._leases.held_term()
             if term == 0:
-                raise self._no_lease()
+                raise self._leases.refusal()
             newest_term = term_of(max(self._newest[0], self._counter))
             if newest_term > term:
                 raise WriterFenced(
@@ -160,29 +150,6 @@ class SecuritySync:
                 f"{counter_text(self._newest[0])} (it has {counter_text(self._counter)}); retry"
             )
         return max(counter_of(term, 0), self._counter, self._newest[0]) + 1
-
-    def _no_lease(self) -> NotCoordinator | BrokerNotAvailable:
-        """Why this broker may not change the tables now, as the error to answer."""
-        if self._writer and self._writer != self._address:
-            return NotCoordinator(
-                f"users and ACL entries are changed on the cluster's writer {self._writer}, "
-                f"not on {self._address}"
-            )
-        now = self._clock.monotonic_ms()
-        mine = [(term, until) for w, term, until in self._leases.values() if w == self._address]
-        lapsed = [(term, until) for term, until in mine if term > 0 and until <= now]
-        if lapsed:
-            term, until = max(lapsed)
-            return WriterFenced(
-                f"this broker's lease on the security writer role (term {term}) ran out "
-                f"{now - until:.0f} ms ago: no name server renewed it (this broker was "
-                "paused or cut off), so another broker may hold a newer term; the change "
-                "was not made; retry on the current writer"
-            )
-        return BrokerNotAvailable(
-            "no majority of the name servers has granted this broker the security writer "
-            "role yet (a name server grants none in its first broker TTL); retry"
-        )
 
     def _after_change(self, counter: int | None) -> None:
         if counter is not None:
