@@ -390,6 +390,20 @@ def test_the_writer_keeps_its_term_while_live_and_the_next_oldest_takes_the_next
     assert ns.security_writer_term() == ("", 0)
 
 
+def test_a_writer_back_from_another_address_takes_a_new_term(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    """A replica group's new leader registers the group's name from its own address: the
+    previous leader's lease may still run, so the role moves to the next term."""
+    clock.advance(TTL)
+    ns.register("group-1", "h:1", [], created_ms=1_000)
+    assert ns.security_writer_term() == ("h:1", 1)
+    ns.register("group-1", "h:1", [], created_ms=1_000)
+    assert ns.security_writer_term() == ("h:1", 1)
+    ns.register("group-1", "h:9", [], created_ms=1_000)
+    assert ns.security_writer_term() == ("h:9", 2)
+
+
 def test_a_new_name_server_learns_the_writer_and_its_term_from_the_brokers(
     ns: NameServer, clock: ManualClock
 ) -> None:

@@ -270,6 +270,8 @@ class NameServer:
             broker = None
         if broker is not None:
             _check_leader_epoch(broker, leader_epoch)
+            if broker.address != address:
+                self._terms.release(broker_name)
         new = broker is None
         if broker is None:
             if len(self._brokers) >= self._max_brokers:

@@ -52,6 +52,13 @@ class WriterTerms:
             return True
         return False
 
+    def release(self, broker: str) -> None:
+        """`broker` is another process now (it registered from another address: a
+        replica group's new leader under the group's name): whatever lease its previous
+        process holds may still run, so the role goes to a next term."""
+        if self.holder == broker:
+            self.holder = ""
+
     def writer(self, live: Iterable[tuple[int, str]], now_ms: float) -> tuple[str, int]:
         """(the writer's broker name, its term) among the `live` brokers, given as
         (creation time, name); term 0: no lease may be granted now. ("", 0): none live."""
