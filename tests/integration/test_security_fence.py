@@ -67,6 +67,10 @@ TTL_MS = 1_500
 #: Longest a change may take to reach every broker and name server on a loaded machine.
 CONVERGE_S = 30.0
 _REQUEST_TIMEOUT_S = 20.0
+#: Longest one phase of a test may run (a few convergence waits), far below "hangs".
+_PHASE_TIMEOUT_S = 120.0
+#: Name server and admin answers are small.
+_FRAME_BYTES = 1 << 20
 _SECURE = (
     "--set", "broker.auth_enabled=true", "--set", "broker.authorization_enabled=true",
     "--set", f"broker.bootstrap_user={ADMIN}",
@@ -120,7 +124,7 @@ async def _connect(
     address: str, user: str = ADMIN, password: str = ADMIN_PASSWORD
 ) -> ClientConnection:
     return await ClientConnection.open(
-        address, max_frame_bytes=1 << 20, username=user, password=password
+        address, max_frame_bytes=_FRAME_BYTES, username=user, password=password
     )
 
 
@@ -141,6 +145,17 @@ async def _versions(bootstrap: str) -> dict[str, int]:
         return {b.name: b.security_counter for b in await admin.cluster_status()}
 
 
+async def _all_on_term(bootstrap: str, term: int) -> None:
+    """Wait (bounded) until every live broker reports the same users-and-ACLs version,
+    written under writer term `term`."""
+
+    async def converged() -> bool:
+        counters = set((await _versions(bootstrap)).values())
+        return len(counters) == 1 and term_of(counters.pop()) == term
+
+    await wait_until(converged, timeout_s=CONVERGE_S, what=f"every broker on term {term}")
+
+
 async def _writer(bootstrap: str) -> str:
     client = ClusterClient(bootstrap, _login())
     try:
@@ -152,14 +167,17 @@ async def _writer(bootstrap: str) -> str:
 async def _users(address: str) -> set[str]:
     conn = await _connect(address)
     try:
-        answer, _ = await conn.request(UserListRequest(), UserListResponse, timeout_s=10)
+        answer, _ = await conn.request(
+            UserListRequest(), UserListResponse, timeout_s=_REQUEST_TIMEOUT_S
+        )
     finally:
         conn.close()
     return {u.name for u in answer.users}
 
 
 def _upsert(name: str) -> UserUpsertRequest:
-    """A user with valid (if unusable) SCRAM keys."""
+    """A user with keys of the right sizes (salt 16 bytes, SHA-256 keys 32, RFC 7677's
+    minimum of 4096 iterations) that no password matches."""
     return UserUpsertRequest(
         name=name, salt=b"s" * 16, iterations=4096, stored_key=b"k" * 32, server_key=b"v" * 32
     )
@@ -186,7 +204,7 @@ async def _forged_push(bootstrap: str, broker: str, counter: int) -> None:
     the cluster secret as `broker`."""
     key = check_secret(SECRET)
     clock = SystemClock()
-    conn = await ClientConnection.open(bootstrap, max_frame_bytes=1 << 20)
+    conn = await ClientConnection.open(bootstrap, max_frame_bytes=_FRAME_BYTES)
     try:
         await cluster_login(conn, broker, key, clock, _REQUEST_TIMEOUT_S)
         snapshot = SecuritySnapshot(counter=counter, digest=snapshot_digest([], []))
@@ -215,12 +233,7 @@ def test_a_paused_writer_is_fenced_and_ends_on_the_newer_writers_tables(
         async with tidemq.aio.Admin(bootstrap, client_config=_login()) as admin:
             await admin.create_user("bob", "bob-password-long")
         assert await _writer(bootstrap) == a
-
-        async def both_on_term_1() -> bool:
-            counters = set((await _versions(bootstrap)).values())
-            return len(counters) == 1 and term_of(counters.pop()) == 1
-
-        await wait_until(both_on_term_1, timeout_s=CONVERGE_S, what="bob on both brokers")
+        await _all_on_term(bootstrap, 1)
         return await _connect(a)  # logged in before the pause: no login needed after
 
     to_a = loop.run(before())
@@ -247,12 +260,7 @@ def test_a_paused_writer_is_fenced_and_ends_on_the_newer_writers_tables(
         ):
             decode_response(await late, Empty)
         to_a.close()
-
-        async def converged() -> bool:
-            counters = set((await _versions(bootstrap)).values())
-            return len(counters) == 1 and term_of(counters.pop()) == 2
-
-        await wait_until(converged, timeout_s=CONVERGE_S, what="both brokers on term 2")
+        await _all_on_term(bootstrap, 2)
         assert await _users(a) == await _users(b) == {ADMIN, "bob", "carol"}
         assert await _writer(bootstrap) == b  # the role stays with broker-b
         async with tidemq.aio.Admin(bootstrap, client_config=_login()) as admin:
@@ -262,7 +270,7 @@ def test_a_paused_writer_is_fenced_and_ends_on_the_newer_writers_tables(
         with pytest.raises(WriterFenced, match="writer term 1"):
             await _forged_push(bootstrap, "broker-a", counter_of(1, 1_000))
 
-    loop.run(after(), timeout_s=90)
+    loop.run(after(), timeout_s=_PHASE_TIMEOUT_S)
 
 
 async def _writer_is(bootstrap: str, address: str) -> bool:
@@ -331,4 +339,4 @@ def test_a_standalone_name_server_gives_a_user_only_the_routes_it_may_describe(
         await wait_until(lambda: bob_sees("audit"), timeout_s=CONVERGE_S, what="audit's entry")
         assert await _routes(bootstrap, *bob) == {"orders", "audit"}
 
-    loop.run(run(), timeout_s=120)
+    loop.run(run(), timeout_s=_PHASE_TIMEOUT_S)
