@@ -432,7 +432,7 @@ class RegisterBrokerRequest(_Msg):
     #: (topic, total queues, message type, hosted queue ids)
     topics: list[tuple[str, int, str, list[int]]]
     #: When the broker's data directory was created (epoch ms): the oldest live broker
-    #: coordinates the groups.
+    #: takes the security writer role when it is free (ADR 20).
     created_ms: int = 0
     #: With a cluster secret (tidemq.cluster.membership): when the broker signed this
     #: request (epoch ms), and the HMAC-SHA256 of what it claims.
@@ -473,8 +473,8 @@ class RegisterBrokerResponse(_Msg):
     #: The broker's version is newer than what this name server holds: push it.
     security_push: bool = False
     #: The address of the broker that changes users and ACL entries (the security
-    #: writer: the oldest live broker, ADR 15); a change sent to another broker is
-    #: refused (NotCoordinator).
+    #: writer, ADR 15 and 20); a change sent to another broker is refused
+    #: (NotCoordinator).
     security_writer: str = ""
     #: The term `security_writer` holds (docs/adr/0020): to that broker, a lease on the
     #: role for `broker_ttl_ms` from when it sent the registration; 0: no lease now (the
