@@ -32,7 +32,7 @@ from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.cluster.membership import check_secret, sign
 from tidemq.cluster.security_link import PUSH_KIND, cluster_login, push_fields
 from tidemq.core.clock import SystemClock
-from tidemq.core.errors import TidemqError, WriterFenced
+from tidemq.core.errors import AuthorizationFailed, TidemqError, WriterFenced
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.codec import decode_response
 from tidemq.protocol.commands import (
@@ -333,6 +333,9 @@ def test_a_standalone_name_server_gives_a_user_only_the_routes_it_may_describe(
             conn.close()
         assert [r.topic for r in named.routes] == ["orders"]
         assert named.denied == ["payroll"]
+        async with tidemq.aio.Admin(bootstrap, client_config=_login(*bob)) as as_bob:
+            with pytest.raises(AuthorizationFailed, match="DESCRIBE cluster"):
+                await as_bob.cluster_status()
         async with tidemq.aio.Admin(bootstrap, client_config=_login()) as admin:
             await admin.create_acls([_may("User:bob", "write", "audit")])
 

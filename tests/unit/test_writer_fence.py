@@ -12,7 +12,12 @@ from tidemq.cluster.nameserver import NameServer
 from tidemq.cluster.route_acls import RouteAcls
 from tidemq.cluster.service import NameServerHandlers
 from tidemq.cluster.writer_lease import WriterLeases
-from tidemq.core.errors import BrokerNotAvailable, NotCoordinator, WriterFenced
+from tidemq.core.errors import (
+    AuthorizationFailed,
+    BrokerNotAvailable,
+    NotCoordinator,
+    WriterFenced,
+)
 from tidemq.protocol.acl_messages import AclEntryMsg
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import (
@@ -137,6 +142,11 @@ def test_a_user_gets_only_the_routes_it_may_describe(handlers: NameServerHandler
     assert _push(handlers, counter_of(1, 2), (_acl("User:bob", "read", "payroll"),))
     assert ask("User:bob").generation != before
     assert acls.token(acls.token(before, "User:bob", "h"), "User:bob", "h") == before
+    # Cluster status: DESCRIBE on the cluster, as on a broker.
+    acls.check_status("User:admin", "127.0.0.1")
+    acls.check_status("Broker:broker-b", "127.0.0.1")
+    with pytest.raises(AuthorizationFailed, match="DESCRIBE cluster"):
+        acls.check_status("User:bob", "127.0.0.1")
 
 
 # ------------------------------------------------------------------ the writer's lease

@@ -7,7 +7,7 @@ not exist; a query naming such topics is told which (`denied`).
 The entries are those of the users and ACL tables the brokers push (security_holder.py);
 the authorizer is rebuilt when that version changes. The cluster's brokers (logged in with
 the cluster secret, `Broker:<name>`) see every route: they look up queue counts and
-the live brokers.
+the live brokers. CLUSTER_STATUS needs DESCRIBE on the cluster, as on a broker.
 
 Not thread-safe. No I/O.
 """
@@ -20,8 +20,8 @@ from collections.abc import Iterable
 
 from tidemq.cluster.security_holder import SecurityHolder, Version
 from tidemq.cluster.security_link import BROKER_PRINCIPAL_PREFIX
-from tidemq.core.acl import AclEntry, Authorizer, Operation, ResourceType
-from tidemq.core.errors import InvalidRequest
+from tidemq.core.acl import CLUSTER_NAME, AclEntry, Authorizer, Operation, ResourceType
+from tidemq.core.errors import AuthorizationFailed, InvalidRequest
 from tidemq.protocol.acl_messages import entry_of
 from tidemq.protocol.commands import GetRoutesRequest, GetRoutesResponse
 
@@ -60,6 +60,20 @@ class RouteAcls:
             principal, host, Operation.DESCRIBE, ResourceType.TOPIC, topic
         )
         return decision.allowed
+
+    def check_status(self, principal: str | None, host: str) -> None:
+        """CLUSTER_STATUS needs DESCRIBE on the cluster, as on a broker."""
+        if principal is not None and principal.startswith(BROKER_PRINCIPAL_PREFIX):
+            return
+        allowed = principal is not None and (
+            self._current()
+            .authorize(principal, host, Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)
+            .allowed
+        )
+        if not allowed:
+            raise AuthorizationFailed(
+                f"{principal} may not DESCRIBE cluster {CLUSTER_NAME!r} (CLUSTER_STATUS)"
+            )
 
     def token(self, token: int, principal: str | None, host: str) -> int:
         """A route generation as this principal sees it, and back (the same call): its

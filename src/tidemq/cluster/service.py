@@ -273,6 +273,8 @@ class NameServerHandlers:
                 f"secret ({CLUSTER_SECRET_ENV}) or over loopback"
             )
         acls = self.route_acls
+        if acls is not None and code is RequestCode.CLUSTER_STATUS:
+            acls.check_status(conn.principal, conn.host)
         if acls is None or code is not RequestCode.GET_ROUTES:
             return self.handle(code, header), b""
         header.known = acls.token(header.known, conn.principal, conn.host)
