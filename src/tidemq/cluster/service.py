@@ -150,10 +150,11 @@ class NameServerHandlers:
     def _check_term(self, header: SecurityPushRequest) -> None:
         """The fence at the receiver (docs/adr/0020): tables written under an older
         writer term than the tables held are a deposed writer's, and are refused, with
-        the terms named, rather than quietly kept or dropped."""
+        the terms named, rather than quietly kept or dropped. (Term 0, tables from before
+        any term, are older than any held and simply not kept, as before ADR 20.)"""
         written = term_of(header.snapshot.counter)
         held = term_of(self.security.held[0])
-        if written < held:
+        if 0 < written < held:
             raise WriterFenced(
                 f"SECURITY_PUSH from {header.broker_name} refused: its users and ACL "
                 f"entries were written under writer term {written}, and this name server "
