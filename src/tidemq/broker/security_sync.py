@@ -157,14 +157,10 @@ class SecuritySync:
         self._digest = self.snapshot().digest
         self._changed()
 
-    async def apply(self, snapshot: SecuritySnapshot, *, fenced: bool = False) -> bool:
+    async def apply(self, snapshot: SecuritySnapshot) -> bool:
         """Take a pulled snapshot if it is a newer cluster-wide version than this
-        broker's (`fenced`: if it is another, as this broker's were refused as a deposed
-        writer's); InvalidRequest (nothing changed) if it is malformed."""
-        version = (snapshot.counter, snapshot.digest)
-        if snapshot.counter < 1 or version == self.version():
-            return False
-        if not fenced and version < self.version():
+        broker's; InvalidRequest (nothing changed) if it is malformed."""
+        if snapshot.counter < 1 or (snapshot.counter, snapshot.digest) <= self.version():
             return False
         check_snapshot(snapshot)
         users = users_of(snapshot)

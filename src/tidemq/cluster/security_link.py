@@ -83,10 +83,8 @@ class SecurityTables(Protocol):
         """The writer term this broker holds a live lease for (0: none)."""
         ...
 
-    async def apply(self, snapshot: SecuritySnapshot, *, fenced: bool = False) -> bool:
-        """Replace the tables with a pulled snapshot if it is newer (or, `fenced`: this
-        broker's own were refused as a deposed writer's, whatever their version);
-        whether they were replaced."""
+    async def apply(self, snapshot: SecuritySnapshot) -> bool:
+        """Replace the tables with a pulled snapshot if it is newer; whether it was."""
         ...
 
 
@@ -169,15 +167,12 @@ async def follow(
         try:
             await conn.request(push, SecurityPushResponse, timeout_s=timeout_s)
         except WriterFenced as exc:
-            # Tables made here under a deposed term: the newer writer's replace them.
+            # Tables made here under a deposed term: the newer writer's (a newer
+            # version: term first) replace them.
             log.warning("users and ACL entries refused by %s: %s", conn.address, exc)
-            await _pull(
-                conn, tables, broker_name, key=key, clock=clock, timeout_s=timeout_s, fenced=True
-            )
+            await _pull(conn, tables, broker_name, key=key, clock=clock, timeout_s=timeout_s)
     elif newest[0] >= 1 and newest > tables.version():
-        await _pull(
-            conn, tables, broker_name, key=key, clock=clock, timeout_s=timeout_s, fenced=False
-        )
+        await _pull(conn, tables, broker_name, key=key, clock=clock, timeout_s=timeout_s)
 
 
 async def _pull(
@@ -188,7 +183,6 @@ async def _pull(
     key: bytes | None,
     clock: Clock,
     timeout_s: float,
-    fenced: bool,
 ) -> None:
     pull = SecurityPullRequest(broker_name=broker_name)
     if key is not None:
@@ -196,7 +190,7 @@ async def _pull(
             key, PULL_KIND, login_fields(broker_name), now_ms=clock.now_ms()
         )
     snapshot, _ = await conn.request(pull, SecuritySnapshot, timeout_s=timeout_s)
-    if await tables.apply(snapshot, fenced=fenced):
+    if await tables.apply(snapshot):
         log.info(
             "took users and ACL entries version %s from name server %s",
             counter_text(snapshot.counter),
