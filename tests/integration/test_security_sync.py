@@ -63,6 +63,8 @@ ADMIN_PASSWORD = "admin-password-long"
 #: How long a change may take to reach every broker: a few 200 ms heartbeats, with slack
 #: for a loaded two-core machine.
 CONVERGE_S = 15.0
+#: One consumer poll's long-poll wait.
+POLL_MS = 200
 #: A counter's change number within its writer term (security_messages.counter_of).
 _SEQ_BITS = (1 << TERM_SHIFT) - 1
 
@@ -360,12 +362,15 @@ async def _read_new(bootstrap: str, group: str, count: int) -> list[bytes]:
         bootstrap, group, ["orders"], start="earliest", client_config=_admin_login()
     )
     got: list[bytes] = []
+
+    async def read_all() -> bool:
+        got.extend(m.value or b"" for m in await consumer.poll(POLL_MS))
+        return len(got) >= count
+
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 20
-        while len(got) < count and loop.time() < deadline:
-            got.extend(m.value or b"" for m in await consumer.poll(200))
-        got.extend(m.value or b"" for m in await consumer.poll(200))
+        await wait_until(read_all, timeout_s=CONVERGE_S, what=f"{count} messages of {group}")
+        # One more long poll: anything beyond `count` shows in the caller's comparison.
+        got.extend(m.value or b"" for m in await consumer.poll(POLL_MS))
         await consumer.commit()
     finally:
         await consumer.close()
