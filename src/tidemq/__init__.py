@@ -86,6 +86,7 @@ from tidemq.core.errors import (
     TransactionStateError,
     UnknownMessage,
     UnknownTransaction,
+    WriterFenced,
 )
 from tidemq.core.malloc_tuning import tune_malloc
 from tidemq.core.message import BatchReceipts, Message, MessageBatch, Receipt
@@ -173,6 +174,7 @@ __all__ = [
     "UnknownMessage",
     "UnknownTransaction",
     "UserInfo",
+    "WriterFenced",
     "__version__",
     "client_tls",
     "tune_malloc",

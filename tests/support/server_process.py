@@ -94,11 +94,14 @@ def server_process(
     command: str = "server",
     log_name: str = "server.log",
     start_timeout_s: float = START_TIMEOUT_S,
+    data_dir: str | None = "data",
 ) -> Iterator[ServerProcess]:
-    """`tidemq <command> --data-dir data --port 0 --log-level warning ARGS` run in `cwd`,
-    serving when the block starts, stopped when it ends."""
+    """`tidemq <command> --data-dir DATA_DIR --port 0 --log-level warning ARGS` run in
+    `cwd` (no --data-dir when `data_dir` is None: `tidemq namesrv`), serving when the
+    block starts, stopped when it ends."""
+    data = [] if data_dir is None else ["--data-dir", data_dir]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tidemq.cli.main", command, "--data-dir", "data",
+        [sys.executable, "-m", "tidemq.cli.main", command, *data,
          "--port", "0", "--log-level", "warning", *args],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd,
     )  # fmt: skip

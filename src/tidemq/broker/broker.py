@@ -302,6 +302,8 @@ class Broker:
             self._gateway,
             address=self.address,
             changed=self._security_changed,
+            # Alone with its own name server, this broker is the cluster: no lease.
+            name_servers=0 if self._embedded else len(cfg.name_servers),
         )
         self._coordinator = GroupCoordinator(
             self._clock,
@@ -1064,7 +1066,8 @@ def server_limits(cfg: BrokerConfig) -> ServerLimits:
 
 def _created_ms(store: MessageStore) -> int:
     """When this broker's data directory was first used (epoch ms), saved on first start:
-    the name servers make the oldest live broker the security writer (ADR 15)."""
+    the name servers make the oldest live broker the security writer when the role is
+    free (ADR 15, ADR 20)."""
     saved = store.metadata.service_state(_CREATED_KEY)
     if saved is not None and len(saved) == 8:
         return int.from_bytes(saved, "big")

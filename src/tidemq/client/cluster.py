@@ -454,8 +454,8 @@ class ClusterClient:
                     await self.refresh_routes(force=True)
 
     async def security_writer(self) -> str:
-        """The address of the broker that changes users and ACL entries: the oldest live
-        broker, as the name server names it (ADR 15). Not a group's coordinator."""
+        """The address of the broker that changes users and ACL entries, as the name
+        server names it (ADR 15, ADR 20). Not a group's coordinator."""
         routes = await self.refresh_routes()
         if not routes.security_writer:
             routes = await self.refresh_routes(force=True)

@@ -67,6 +67,8 @@ def registration_fields(request: RegisterBrokerRequest) -> list[object]:
         fields += ["security", request.security_counter, request.security_digest]
     if request.leader_epoch:  # a replica group's leader
         fields += ["leader_epoch", request.leader_epoch]
+    if request.writer_term:  # docs/adr/0020
+        fields += ["writer_term", request.writer_term]
     return fields
 
 
