@@ -6,7 +6,7 @@ clients reach them all through the bridge.
 
 `NetnsGroup` starts, kills (SIGKILL), pauses (SIGSTOP), resumes and stops members by
 PID, partitions or heals their hosts, cuts a member off from etcd alone (it still
-reaches its peers, the name server and the clients), and pauses etcd itself.
+reaches its peers, the name server and the clients), and pauses or kills etcd itself.
 `KeyHistory` records every change of one etcd key from a watch (no polling): the test
 waits on it for a new leader or a whole in-sync set, and checks the leader key's
 history at the end.
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Final
 
 from tests.integration.conftest import wait_until
-from tests.support.etcd_server import EtcdMember, etcd_cluster
+from tests.support.etcd_server import EtcdCluster, EtcdMember, etcd_cluster
 from tests.support.server_process import START_TIMEOUT_S, ServerProcess
 
 from tidemq.cluster.etcd_client import EtcdClient, EventKind
@@ -263,6 +263,14 @@ class NetnsGroup:
 
     def resume_etcd(self, _member: str = "") -> None:
         self.etcd_member.resume()
+
+    def kill_etcd(self, _member: str = "") -> None:
+        """SIGKILL etcd (it keeps its data directory: `start_etcd` brings it back)."""
+        self.etcd_member.kill()
+
+    def start_etcd(self, _member: str = "") -> None:
+        self.etcd_member.start()
+        EtcdCluster([self.etcd_member]).wait_ready()
 
     def stop(self, member: str) -> None:
         """SIGTERM (a graceful stop; SIGKILL after a bound)."""
