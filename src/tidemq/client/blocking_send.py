@@ -78,12 +78,15 @@ class _Link:
         self.epoch = -1
         self.sequences: dict[tuple[str, int], int] = {}
 
-    def call(self, request: Any, body: bytes = b"") -> Frame:
-        """Write a request, read its answer. _Unknown for a lost connection or a timeout
-        after (part of) the request may have been written."""
+    def call(self, request: Any, body: bytes = b"", *, timeout_s: float) -> Frame:
+        """Write a request, read its answer within `timeout_s` (each socket call is
+        bounded by the link's SO_*TIMEO; this bounds an answer that trickles in). _Unknown
+        for a lost connection or a timeout after (part of) the request may have been
+        written."""
         self.corr = corr = (self.corr + 1) & 0x7FFFFFFF or 1
         buffers = encode_request(request, corr, body)
         sock = self.sock
+        deadline = time.monotonic() + timeout_s
         try:
             total = sum(len(b) for b in buffers)
             sent = sock.sendmsg(buffers)
@@ -98,6 +101,9 @@ class _Link:
                         return frame
                     if frame.kind is FrameKind.RESPONSE and frame.correlation_id == 0:
                         return frame  # the broker refuses the connection (an error frame)
+                # Part of an answer (rare: an answer is one small segment).
+                if time.monotonic() > deadline:
+                    raise _Unknown(f"no whole answer from {self.address} in {timeout_s:.3g} s")
         except TidemqError as exc:  # an undecodable stream
             raise _Unknown(str(exc)) from exc
         except BlockingIOError as exc:  # SO_RCVTIMEO / SO_SNDTIMEO ran out
@@ -187,7 +193,9 @@ class BlockingSends:
         )
         deadline = time.monotonic() + config.delivery_timeout_s
         try:
-            response = decode_response(link.call(request, payload), ProduceResponse)
+            response = decode_response(
+                link.call(request, payload, timeout_s=self._timeout_s), ProduceResponse
+            )
         except _Unknown:
             return self._hand_over(link, topic, q, payload, seq, deadline)
         except TidemqError as exc:
@@ -245,7 +253,10 @@ class BlockingSends:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
             link = _Link(address, broker, sock, self._max_frame)
             if self._idempotent:
-                answer = decode_response(link.call(InitProducerRequest()), InitProducerResponse)
+                answer = decode_response(
+                    link.call(InitProducerRequest(), timeout_s=self._timeout_s),
+                    InitProducerResponse,
+                )
                 link.producer_id, link.epoch = answer.producer_id, answer.epoch
         except BaseException:
             sock.close()
