@@ -7,6 +7,7 @@ raises at the call, and the producer keeps working."""
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -151,3 +152,32 @@ def test_a_refusal_raises_at_the_call_and_the_producer_goes_on(
         assert [producer.send(TOPIC, b"ok-%d" % i, queue=0).offset for i in (2, 3)] == [2, 3]
     got = _read_all(address, 4)
     assert [m.value for m in got] == [b"ok-%d" % i for i in range(4)]
+
+
+def test_a_link_the_broker_closed_is_replaced_before_a_send(sync_broker: ThreadedBroker) -> None:
+    """The broker closes an idle link (its idle timeout): the next blocking send sees the
+    close (one peek, for a link unused a while) and opens another, rather than writing
+    into the closed one and handing the message over with an unknown outcome."""
+    address = sync_broker.address
+    with tidemq.Admin(address) as admin:
+        admin.create_topic(TOPIC, 1)
+    with tidemq.Producer(address) as producer:
+        assert [producer.send(TOPIC, b"m-%d" % i, queue=0).offset for i in (0, 1)] == [0, 1]
+        (link,) = _links(producer).values()
+        local = link.sock.getsockname()  # type: ignore[attr-defined]
+        server = sync_broker.broker._server
+
+        def close_it() -> None:
+            for conn in list(server._conns):
+                if conn.peer == f"{local[0]}:{local[1]}":
+                    conn.close()
+
+        sync_broker._loop.call_soon_threadsafe(close_it)
+        readable, _, _ = select.select([link.sock], [], [], 10)  # type: ignore[attr-defined]
+        assert readable  # the close arrived
+        link.used -= 10  # type: ignore[attr-defined]  # as if unused for 10 s
+        assert producer.send(TOPIC, b"m-2", queue=0).offset == 2
+        (again,) = _links(producer).values()  # sent on a new link, not handed over
+        assert again is not link
+    got = _read_all(address, 3)
+    assert [m.value for m in got] == [b"m-0", b"m-1", b"m-2"]

@@ -57,6 +57,9 @@ if TYPE_CHECKING:
 __all__ = ["BlockingSends"]
 
 _READ_BYTES = 65536
+#: A link unused for this long is checked (one peek) before a send: the broker closes
+#: idle connections, and writing into a closed one makes the outcome unknown.
+_IDLE_CHECK_S = 1.0
 _TIMEVAL = struct.Struct("@ll")
 
 
@@ -77,6 +80,19 @@ class _Link:
         self.producer_id = -1
         self.epoch = -1
         self.sequences: dict[tuple[str, int], int] = {}
+        #: When the last request was written (monotonic s).
+        self.used = time.monotonic()
+
+    def closed_by_peer(self) -> bool:
+        """Whether the broker has closed the connection (its idle timeout, a restart):
+        one non-blocking peek, so that a send after a pause does not write into a dead
+        connection and end with an unknown outcome."""
+        try:
+            return not self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False  # open, nothing to read
+        except OSError:
+            return True
 
     def call(self, request: Any, body: bytes = b"", *, timeout_s: float) -> Frame:
         """Write a request, read its answer within `timeout_s` (each socket call is
@@ -86,7 +102,8 @@ class _Link:
         self.corr = corr = (self.corr + 1) & 0x7FFFFFFF or 1
         buffers = encode_request(request, corr, body)
         sock = self.sock
-        deadline = time.monotonic() + timeout_s
+        self.used = now = time.monotonic()
+        deadline = now + timeout_s
         try:
             total = sum(len(b) for b in buffers)
             sent = sock.sendmsg(buffers)
@@ -226,7 +243,10 @@ class BlockingSends:
         broker = self._p.broker_at(address)
         link = self._links.get(address)
         if link is not None and link.broker == broker:
-            return link
+            if time.monotonic() - link.used < _IDLE_CHECK_S or not link.closed_by_peer():
+                return link
+            self._drop(link)
+            link = None
         if link is not None:  # another broker serves there now: start over
             self._drop(link)
         if self._shunned.get(address, 0.0) > time.monotonic():
