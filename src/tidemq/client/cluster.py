@@ -223,6 +223,11 @@ class ClusterClient:
         self._check_connections()
         return self._routes
 
+    def peek_routes(self) -> RouteTable:
+        """The routes as known now, from any thread: nothing is checked or changed (the
+        brokers whose connection closed since the last `routes` are still in)."""
+        return self._routes
+
     def _check_connections(self) -> None:
         """Mark down the brokers whose pooled connection has closed (a killed broker's
         socket is closed by its kernel): noticed at the next lookup, not the next send."""
