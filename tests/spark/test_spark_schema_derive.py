@@ -101,6 +101,7 @@ def test_a_struct_is_written_as_protobuf_with_a_derived_schema(
     _write(_orders(spark), broker, topic_name, "protobuf", registry_url)
     latest = client.get_latest_version(f"{topic_name}-value")
     assert latest.schema.schema_type == "PROTOBUF"
+    assert latest.schema_id is not None
     cls = _class_of(client, latest.schema_id)
     fields = cls.DESCRIPTOR.fields_by_name
     assert list(fields) == ["id", "price", "to", "tags", "counts", "at"]

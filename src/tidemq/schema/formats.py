@@ -63,7 +63,8 @@ def parse_schema(
         raise _invalid("the schema is empty")
     if schema_type is SchemaType.PROTOBUF:
         try:
-            proto = parse_protobuf(text)
+            imported = tuple(r.document for r in referenced if r.schema_type is schema_type)
+            proto = parse_protobuf(text, imported)
         except ValueError as exc:
             raise _invalid(f"invalid Protobuf schema: {exc}") from None
         return ParsedSchema(

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from tidemq.core.errors import InvalidBatch, InvalidRequest
 from tidemq.schema.wire import frame
-from tidemq.spark.value_format import ValueFormat, format_request
+from tidemq.spark.value_format import ValueFormat, format_request, protobuf_imports
 from tidemq.spark.value_schemas import derived_schema
 
 __all__ = ["encode_value_column", "resolve_write_format"]
@@ -50,24 +50,26 @@ def resolve_write_format(
     registry = request.login.registry(request.registry_url)
     version = options.get("schemaversion")
     try:
-        schema_id, schema, kind = registry.version_info(subject, version or "latest")
+        answer = registry.version_answer(subject, version or "latest")
     except InvalidRequest as exc:
         if version is not None or "40401" not in str(exc):
             raise ValueError(f"valueFormat={fmt}: subject {subject!r}: {exc}") from None
-        schema, kind = derived_schema(fmt, value_type)
-        schema_id = registry.register_text(subject, schema, kind)
+        text, kind = derived_schema(fmt, value_type)
+        answer = {"id": registry.register_text(subject, text, kind), "schema": text}
+        answer["schemaType"] = kind
+    kind = str(answer.get("schemaType", "AVRO"))
     if kind.lower() != fmt:
         raise ValueError(f"subject {subject!r} holds a {kind} schema, not valueFormat={fmt}")
     if fmt == "avro":  # a schema fastavro cannot write fails here
-        fastavro.parse_schema(json.loads(schema) if isinstance(schema, str) else schema)
-    text = schema if isinstance(schema, str) else json.dumps(schema)
+        fastavro.parse_schema(json.loads(answer["schema"]))
     found = ValueFormat(
         request.registry_url,
-        text,
+        str(answer["schema"]),
         fmt,
-        schema_id=schema_id,
+        schema_id=int(answer["id"]),
         message=request.message,
         login=request.login,
+        imports=protobuf_imports(registry, answer),
     )
     if fmt == "protobuf":
         found.spark_json()  # the message exists (and has a Spark type)
@@ -121,7 +123,7 @@ def _protobuf_values(rows: list[Any], fmt: ValueFormat) -> list[bytes | None]:
     from tidemq.schema.wire import encode_message_indexes  # noqa: PLC0415
     from tidemq.spark.protobuf_types import json_of_row  # noqa: PLC0415
 
-    cls = message_class(fmt.reader_schema, [0], name=fmt.message)
+    cls = message_class(fmt.reader_schema, [0], name=fmt.message, imports=fmt.imports)
     prefix = encode_message_indexes(message_indexes(cls.DESCRIPTOR))
     out: list[bytes | None] = []
     for i, row in enumerate(rows):

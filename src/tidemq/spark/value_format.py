@@ -23,7 +23,7 @@ import json
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import fastavro
 import pyarrow as pa
@@ -32,6 +32,9 @@ from tidemq.client.serde import SchemaRegistry
 from tidemq.core.errors import InvalidBatch
 from tidemq.schema.wire import WireFormatError, unframe
 from tidemq.spark.json_types import spark_json_of_json_schema
+
+if TYPE_CHECKING:
+    from tidemq.client.protobuf_serde import ProtobufImports
 
 __all__ = [
     "VALUE_FORMAT_OPTIONS",
@@ -111,6 +114,8 @@ class ValueFormat:
     message: str = ""
     #: How executors reach the registry (HTTP Basic login, the CA of an https URL).
     login: RegistryLogin = field(default_factory=RegistryLogin)
+    #: Protobuf: the files the reader schema imports (its references, recursively).
+    imports: ProtobufImports = ()
 
     def registry(self) -> SchemaRegistry:
         return self.login.registry(self.registry_url)
@@ -121,7 +126,9 @@ class ValueFormat:
             from tidemq.client.protobuf_serde import message_class  # noqa: PLC0415
             from tidemq.spark.protobuf_types import spark_json_of_message  # noqa: PLC0415
 
-            descriptor = message_class(self.reader_schema, [0], name=self.message).DESCRIPTOR
+            descriptor = message_class(
+                self.reader_schema, [0], name=self.message, imports=self.imports
+            ).DESCRIPTOR
             return spark_json_of_message(descriptor)
         schema = json.loads(self.reader_schema)
         if self.kind == "json":
@@ -187,15 +194,30 @@ def resolve_value_format(options: Mapping[str, str]) -> ValueFormat | None:
         subject = f"{topic}-value"
     version = opts.get("schemaversion", "latest")
     registry = request.login.registry(request.registry_url)
-    _, schema, kind = registry.version_info(subject, version)
+    answer = registry.version_answer(subject, version)
+    kind = str(answer.get("schemaType", "AVRO"))
     if kind.lower() != fmt:
         raise ValueError(f"subject {subject!r} holds a {kind} schema, not valueFormat={fmt}")
-    text = schema if isinstance(schema, str) else json.dumps(schema)
     found = ValueFormat(
-        request.registry_url, text, fmt, message=request.message, login=request.login
+        request.registry_url,
+        str(answer["schema"]),
+        fmt,
+        message=request.message,
+        login=request.login,
+        imports=protobuf_imports(registry, answer),
     )
     found.spark_json()  # refuse a schema with no Spark type now, on the driver
     return found
+
+
+def protobuf_imports(registry: SchemaRegistry, answer: Mapping[str, Any]) -> ProtobufImports:
+    """The files a registered Protobuf schema (the registry's `answer` for it) imports,
+    fetched once on the driver for every executor; () for other schema types."""
+    if answer.get("schemaType") != "PROTOBUF" or not answer.get("references"):
+        return ()
+    from tidemq.client.protobuf_serde import registered_imports  # noqa: PLC0415
+
+    return registered_imports(registry, answer["references"])
 
 
 def spark_json_of(schema: Any, named: dict[str, Any]) -> Any:
