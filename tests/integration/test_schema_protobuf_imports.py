@@ -15,8 +15,8 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from tests.integration.conftest import ThreadedBroker, broker_config
+from tests.support.protobuf_invoice import invoice_class
 from typer.testing import CliRunner
 
 import tidemq
@@ -127,34 +127,6 @@ def test_the_cli_reads_and_writes_protobuf_with_imports(
     assert unframe(got[0].value).schema_id == batch_id
 
 
-def _invoice_class() -> Any:
-    """`shop.Invoice` as a generated module would declare it (its own descriptor pool),
-    importing `shop.Money` from shop/money.proto: the same messages as the text forms."""
-    f = descriptor_pb2.FieldDescriptorProto
-    money = descriptor_pb2.FileDescriptorProto(name="shop/money.proto", package="shop")
-    money.syntax = "proto3"
-    m = money.message_type.add(name="Money")
-    m.field.add(name="cents", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
-    m.field.add(name="currency", number=2, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
-    invoice = descriptor_pb2.FileDescriptorProto(name="shop/invoice.proto", package="shop")
-    invoice.syntax = "proto3"
-    invoice.dependency.append("shop/money.proto")
-    i = invoice.message_type.add(name="Invoice")
-    i.field.add(name="id", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL)
-    total = i.field.add(name="total", number=2, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL)
-    total.type_name = ".shop.Money"
-    lines = i.field.add(name="lines", number=3, type=f.TYPE_MESSAGE, label=f.LABEL_REPEATED)
-    lines.type_name = ".shop.Invoice.Line"
-    line = i.nested_type.add(name="Line")
-    line.field.add(name="sku", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
-    price = line.field.add(name="price", number=2, type=f.TYPE_MESSAGE, label=f.LABEL_OPTIONAL)
-    price.type_name = ".shop.Money"
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(money)
-    pool.Add(invoice)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Invoice"))
-
-
 def test_the_cli_reads_what_confluents_serializer_wrote_with_an_import(
     node: Node, client: SchemaRegistryClient
 ) -> None:
@@ -162,7 +134,7 @@ def test_the_cli_reads_what_confluents_serializer_wrote_with_an_import(
     a reference); `tidemq consume` decodes its values from the registry alone. The text
     form registered first is the same schema: the serializer gets its id."""
     invoice_id, _ = _register_text(client)
-    cls = _invoice_class()
+    cls = invoice_class()
     ctx = SerializationContext("invoices", MessageField.VALUE)
     serialize = ProtobufSerializer(cls, client, {"use.deprecated.format": False})
     value = cls(id=7)
@@ -196,7 +168,7 @@ def test_a_reference_that_cannot_be_resolved_is_named(node: Node) -> None:
     """A value whose schema imports a file no reference names fails with the file's name
     (registered through tidemq's own client, which checks nothing on the way)."""
     registry = tidemq.SchemaRegistry(node.url)
-    text = base64.b64encode(_invoice_class().DESCRIPTOR.file.serialized_pb).decode()
+    text = base64.b64encode(invoice_class().DESCRIPTOR.file.serialized_pb).decode()
     schema_id = registry.register_text("orphans-value", text, "PROTOBUF")
     b = node.broker.address
     with tidemq.Admin(b) as admin:

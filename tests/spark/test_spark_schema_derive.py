@@ -17,8 +17,12 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf import timestamp_pb2  # noqa: F401 - the well-known type joins the pool
+from google.protobuf import (
+    descriptor_pb2,
+    descriptor_pool,
+    message_factory,
+    timestamp_pb2,  # noqa: F401 - the well-known type joins the pool
+)
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 

@@ -13,8 +13,13 @@ from typing import Any
 import jsonschema
 import pyarrow as pa
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
-from google.protobuf import timestamp_pb2  # noqa: F401 - the well-known type joins the pool
+from google.protobuf import (
+    descriptor_pb2,
+    descriptor_pool,
+    json_format,
+    message_factory,
+    timestamp_pb2,  # noqa: F401 - the well-known type joins the pool
+)
 
 from tidemq.spark.value_schemas import derived_schema
 
@@ -62,7 +67,8 @@ def test_a_struct_derives_a_proto3_message() -> None:
         cls(),
     )  # fmt: skip
     back = cls.FromString(value.SerializeToString())
-    assert back.HasField("qty") and not back.HasField("price")
+    assert back.HasField("qty")
+    assert not back.HasField("price")
     assert back.at.ToDatetime(tzinfo=dt.UTC) == dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
 
