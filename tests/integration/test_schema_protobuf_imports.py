@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -157,11 +158,17 @@ def test_the_cli_reads_what_confluents_serializer_wrote_with_an_import(
         "--value-format", "protobuf", "--registry", node.url,
     )  # fmt: skip
     assert consumed.exit_code == 0, consumed.output
-    assert json.loads(consumed.stdout) == {
+    expected = {
         "id": "7",
         "total": {"cents": "990"},
         "lines": [{"sku": "ink", "price": {"cents": "990"}}],
     }
+    assert json.loads(consumed.stdout) == expected
+    # The web console decodes it too, from the registry's own state.
+    page = f"{node.url}/api/messages?topic=invoices&queue=0&offset=0&limit=1"
+    with urllib.request.urlopen(page, timeout=30) as answer:
+        shown = json.loads(answer.read())
+    assert shown[0]["value"]["decoded"] == expected
 
 
 def test_a_reference_that_cannot_be_resolved_is_named(node: Node) -> None:
