@@ -12,25 +12,26 @@ schema: the subject's version (latest by default; the subject defaults to
 `<topic>-value` for a single subscribed topic). Each value is read with its writer's
 schema (by the id in the value, fetched once per executor process) resolved to that
 reader schema, so values written with older compatible versions decode to the same
-struct. A value that is not framed, or whose schema does not resolve, fails the task
-naming the topic, queue and offset.
+struct; a batch's values are decoded a block at a time (`avro_decode.py`). A value that is
+not framed, or whose schema does not resolve, fails the task naming the topic, queue and
+offset.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-import fastavro
+import msgspec
 import pyarrow as pa
 
 from tidemq.client.serde import SchemaRegistry
 from tidemq.core.errors import InvalidBatch
 from tidemq.schema.wire import WireFormatError, unframe
+from tidemq.spark.avro_decode import decode_avro
 from tidemq.spark.json_types import spark_json_of_json_schema
 
 if TYPE_CHECKING:
@@ -287,10 +288,6 @@ _COMPLEX: Final[dict[Any, Any]] = {
 }
 
 
-#: registry URL -> schema id -> parsed writer schema (per executor process).
-_WRITERS: dict[str, dict[int, Any]] = {}
-
-
 def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, queue: int) -> Any:
     """`batch` (a pa.RecordBatch of the source) with its `value` column decoded."""
     values = batch.column(batch.schema.get_field_index("value")).to_pylist()
@@ -299,27 +296,7 @@ def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, que
         return _with_values(batch, _json_values(values, offsets, arrow_type, topic, queue))
     if fmt.kind == "protobuf":
         return _with_values(batch, _protobuf_values(values, offsets, arrow_type, topic, queue, fmt))
-    reader = fastavro.parse_schema(json.loads(fmt.reader_schema))
-    writers = _WRITERS.setdefault(fmt.registry_url, {})
-    registry = fmt.registry()
-    decoded: list[Any] = []
-    for value, offset in zip(values, offsets, strict=True):
-        if value is None:
-            decoded.append(None)
-            continue
-        try:
-            framed = unframe(value)
-            writer = writers.get(framed.schema_id)
-            if writer is None:
-                writer = writers[framed.schema_id] = fastavro.parse_schema(
-                    registry.schema(framed.schema_id)
-                )
-            decoded.append(fastavro.schemaless_reader(io.BytesIO(framed.payload), writer, reader))
-        except (WireFormatError, ValueError, TypeError, EOFError, KeyError) as exc:
-            raise InvalidBatch(
-                f"{topic}/{queue} offset {offset}: the value is not Avro of the subject's "
-                f"schema ({exc})"
-            ) from None
+    decoded = decode_avro(values, offsets, fmt, (topic, queue))
     return _with_values(batch, pa.array(decoded, type=arrow_type))
 
 
@@ -353,6 +330,9 @@ def _protobuf_values(  # noqa: PLR0917 - one call site, the column's context
 _PROTOBUF_READERS: dict[str, Any] = {}
 
 
+_JSON_DECODE: Final = msgspec.json.Decoder().decode
+
+
 def _json_values(
     values: list[Any], offsets: list[int], arrow_type: Any, topic: str, queue: int
 ) -> Any:
@@ -362,8 +342,9 @@ def _json_values(
             decoded.append(None)
             continue
         try:
-            decoded.append(json.loads(bytes(unframe(value).payload)))
-        except (WireFormatError, ValueError) as exc:
+            # msgspec's decoder: the same JSON, a few times faster than json.loads.
+            decoded.append(_JSON_DECODE(unframe(value).payload))
+        except (WireFormatError, ValueError, msgspec.DecodeError) as exc:
             raise InvalidBatch(
                 f"{topic}/{queue} offset {offset}: the value is not framed JSON ({exc})"
             ) from None
