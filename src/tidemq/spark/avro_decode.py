@@ -1,14 +1,17 @@
-"""`valueFormat=avro` on the executors: a batch's values decoded a block at a time.
+"""`valueFormat=avro` on the executors: a batch's values decoded a block at a time,
+into Arrow columns (ADR 0022).
 
-fastavro's per-value call (`schemaless_reader`) costs a Python call, a stream object and
-its checks for every value, and resolving the writer's schema to the reader's costs as
-much again. So the payloads of consecutive values with the same writer schema are laid
-end to end as one block of an in-memory Avro container (a header naming the writer's
-schema, the count, the size, the payloads, the sync marker: the container format's
-block is exactly that) and read by fastavro's compiled block reader in one call; when
-the writer's schema is the reader's (Avro's parsing canonical form, the usual case), no
-resolution is asked for. A block that does not decode is read again value by value, so
-that the error names the offset of the value at fault.
+The payloads of consecutive values with the same writer schema are laid end to end as
+one block of an in-memory Avro container (a header naming the writer's schema, the
+count, the size, the payloads, the sync marker: the container format's block is exactly
+that). When the writer's schema is the reader's (Avro's parsing canonical form: the
+usual case) and polars reads its types (not maps, not unions other than [null, T]),
+polars' compiled Avro reader turns the block into Arrow columns, cast to the struct's
+types: no Python object per value or field. Otherwise (an older writer schema to
+resolve, a type polars does not read, polars not installed) fastavro's block reader
+gives records that Arrow converts. A block that does not decode is read again value by
+value, so that the error names the offset of the value at fault. The test
+`tests/unit/test_spark_avro_decode.py` holds polars' columns to fastavro's records.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import fastavro
 import fastavro.schema
+import pyarrow as pa
 
 from tidemq.core.errors import InvalidBatch
 from tidemq.schema.wire import WireFormatError, unframe
@@ -26,7 +30,7 @@ from tidemq.schema.wire import WireFormatError, unframe
 if TYPE_CHECKING:
     from tidemq.spark.value_format import ValueFormat
 
-__all__ = ["decode_avro"]
+__all__ = ["columns_of_block", "decode_avro_column", "polars_reads"]
 
 _MAGIC: Final = b"Obj\x01"
 #: Any 16 bytes do: the block is read from memory, right after its header.
@@ -55,6 +59,8 @@ class _Writer:
         self.parsed = fastavro.parse_schema(schema)
         same = fastavro.schema.to_parsing_canonical_form(schema) == reader_canonical
         self.reader = None if same else reader
+        #: Decoded by polars into columns (its types only; until it fails on it once).
+        self.columnar = polars_reads(schema)
         head = io.BytesIO()
         head.write(_MAGIC)
         metadata = {"avro.schema": text.encode(), "avro.codec": b"null"}
@@ -67,15 +73,15 @@ class _Writer:
 _WRITERS: dict[tuple[str, str], dict[int, _Writer]] = {}
 
 
-def decode_avro(
-    values: list[Any], offsets: list[int], fmt: ValueFormat, where: tuple[str, int]
-) -> list[Any]:
-    """The values (framed Avro; None stays None) as dicts of the reader schema."""
+def decode_avro_column(
+    values: list[Any], offsets: list[int], fmt: ValueFormat, arrow_type: Any, where: tuple[str, int]
+) -> Any:
+    """The values (framed Avro; None stays None) as a pa.Array of `arrow_type` (the reader
+    schema's struct)."""
     reader = json.loads(fmt.reader_schema)
     writers = _WRITERS.setdefault((fmt.registry_url, fmt.reader_schema), {})
     canonical = fastavro.schema.to_parsing_canonical_form(reader)
-    out: list[Any] = [None] * len(values)
-    run: list[int] = []  # indexes of consecutive values with one writer schema
+    runs: list[tuple[_Writer, list[int]]] = []  # consecutive values of one writer schema
     run_id = -1
     for i, value in enumerate(values):
         if value is None:
@@ -84,37 +90,109 @@ def decode_avro(
             schema_id = unframe(value).schema_id
         except WireFormatError as exc:
             raise _not_avro(where, offsets[i], exc) from None
-        if schema_id != run_id and run:
-            _decode_run(run, values, offsets, out, (writers[run_id], where))
-            run = []
         if schema_id not in writers:
             text, _ = fmt.registry().schema_text(schema_id)
             writers[schema_id] = _Writer(text, reader, canonical)
-        run_id = schema_id
-        run.append(i)
-    if run:
-        _decode_run(run, values, offsets, out, (writers[run_id], where))
-    return out
+        if schema_id != run_id:
+            runs.append((writers[schema_id], []))
+            run_id = schema_id
+        runs[-1][1].append(i)
+    pieces = [
+        _run_column(run, values, offsets, (writer, arrow_type, where)) for writer, run in runs
+    ]
+    decoded = sum(len(run) for _, run in runs)
+    if len(pieces) == 1 and decoded == len(values):
+        return pieces[0]
+    # Several runs, or tombstones: the pieces end to end, a null after them, and each row
+    # taken from where its value landed.
+    position = [decoded] * len(values)
+    at = 0
+    for _, run in runs:
+        for i in run:
+            position[i] = at
+            at += 1
+    column = pa.concat_arrays([*pieces, pa.nulls(1, arrow_type)])
+    return column.take(pa.array(position, type=pa.int64()))
 
 
-def _decode_run(
-    run: list[int],
-    values: list[Any],
-    offsets: list[int],
-    out: list[Any],
-    context: tuple[_Writer, tuple[str, int]],
-) -> None:
-    writer, where = context
+def _run_column(
+    run: list[int], values: list[Any], offsets: list[int], context: tuple[_Writer, Any, Any]
+) -> Any:
+    writer, arrow_type, where = context
     data = b"".join([memoryview(values[i])[5:] for i in run])
     block = b"".join((writer.header, _long(len(run)), _long(len(data)), data, _SYNC))
+    tried = writer.reader is None and writer.columnar
+    if tried:
+        try:
+            return columns_of_block(block, arrow_type)
+        except (Exception, _panic()):  # polars missing, or failing on this data:
+            pass  # fastavro reads every schema, and decides what is an error
     try:
         records = list(fastavro.reader(io.BytesIO(block), reader_schema=writer.reader))
         if len(records) != len(run):
             raise ValueError(f"{len(records)} values decoded, {len(run)} expected")
     except _ERRORS:
         records = [_one(values[i], offsets[i], writer, where) for i in run]
-    for i, record in zip(run, records, strict=True):
-        out[i] = record
+    if tried:  # the data was good: polars does not read this schema
+        writer.columnar = False
+    return pa.array(records, type=arrow_type)
+
+
+def columns_of_block(block: bytes, arrow_type: Any) -> Any:
+    """An Avro container (one writer schema, the reader's) read by polars' compiled
+    reader straight into columns, as a pa.StructArray of `arrow_type`. Raises whatever
+    polars raises for a type it does not read (maps, ...), ValueError when its columns
+    are not the struct's fields."""
+    import polars as pl  # noqa: PLC0415 - optional: without it, fastavro decodes
+
+    table = pl.read_avro(io.BytesIO(block)).to_arrow()
+    names = [arrow_type.field(i).name for i in range(arrow_type.num_fields)]
+    if table.column_names != names:
+        raise ValueError(f"polars read the columns {table.column_names}, not {names}")
+    columns = [
+        table.column(i).combine_chunks().cast(arrow_type.field(i).type) for i in range(len(names))
+    ]
+    return pa.StructArray.from_arrays(columns, fields=list(arrow_type))
+
+
+def _panic() -> type[BaseException]:
+    """polars' Rust panics (a BaseException), or Exception when polars is missing."""
+    try:
+        from polars.exceptions import PanicException  # noqa: PLC0415
+    except ImportError:
+        return Exception
+    return PanicException
+
+
+_POLARS_PRIMITIVES: Final = frozenset(
+    ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
+)
+_POLARS_LOGICAL: Final = frozenset(("date", "timestamp-millis", "timestamp-micros"))
+
+
+def polars_reads(  # noqa: PLR0911 - one answer per kind of Avro type
+    schema: Any, named: frozenset[str] = frozenset()
+) -> bool:
+    """Whether polars' Avro reader reads this schema (it panics on maps and on unions
+    other than [null, T]; refusing them here keeps its panics out of executor logs)."""
+    if isinstance(schema, str):
+        return schema in _POLARS_PRIMITIVES or schema in named
+    if isinstance(schema, list):
+        members = [m for m in schema if m != "null"]
+        return len(members) == 1 and len(schema) <= 2 and polars_reads(members[0], named)
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if "logicalType" in schema:
+        return schema["logicalType"] in _POLARS_LOGICAL
+    if kind == "record":
+        inner = named | {schema.get("name", "")}
+        return all(polars_reads(f.get("type"), inner) for f in schema.get("fields", []))
+    if kind == "array":
+        return polars_reads(schema.get("items"), named)
+    if kind == "enum":
+        return True
+    return isinstance(kind, str) and polars_reads(kind, named)
 
 
 def _one(value: Any, offset: int, writer: _Writer, where: tuple[str, int]) -> Any:

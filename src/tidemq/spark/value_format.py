@@ -12,9 +12,9 @@ schema: the subject's version (latest by default; the subject defaults to
 `<topic>-value` for a single subscribed topic). Each value is read with its writer's
 schema (by the id in the value, fetched once per executor process) resolved to that
 reader schema, so values written with older compatible versions decode to the same
-struct; a batch's values are decoded a block at a time (`avro_decode.py`). A value that is
-not framed, or whose schema does not resolve, fails the task naming the topic, queue and
-offset.
+struct; a batch's values are decoded a block at a time, into Arrow columns where polars
+can (`avro_decode.py`). A value that is not framed, or whose schema does not resolve,
+fails the task naming the topic, queue and offset.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import pyarrow as pa
 from tidemq.client.serde import SchemaRegistry
 from tidemq.core.errors import InvalidBatch
 from tidemq.schema.wire import WireFormatError, unframe
-from tidemq.spark.avro_decode import decode_avro
+from tidemq.spark.avro_decode import decode_avro_column
 from tidemq.spark.json_types import spark_json_of_json_schema
 
 if TYPE_CHECKING:
@@ -296,8 +296,7 @@ def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, que
         return _with_values(batch, _json_values(values, offsets, arrow_type, topic, queue))
     if fmt.kind == "protobuf":
         return _with_values(batch, _protobuf_values(values, offsets, arrow_type, topic, queue, fmt))
-    decoded = decode_avro(values, offsets, fmt, (topic, queue))
-    return _with_values(batch, pa.array(decoded, type=arrow_type))
+    return _with_values(batch, decode_avro_column(values, offsets, fmt, arrow_type, (topic, queue)))
 
 
 def _protobuf_values(  # noqa: PLR0917 - one call site, the column's context
