@@ -1,10 +1,11 @@
 """`valueFormat=avro` on the executors: a batch's values decoded a block at a time,
 into Arrow columns (ADR 0022).
 
-The payloads of consecutive values with the same writer schema are laid end to end as
-one block of an in-memory Avro container (a header naming the writer's schema, the
-count, the size, the payloads, the sync marker: the container format's block is exactly
-that). When the writer's schema is the reader's (Avro's parsing canonical form: the
+The framing (magic byte, schema id) of the batch's binary column is read with numpy, and
+the payloads of consecutive values with the same writer schema are gathered end to end,
+with no Python object per value, as one block of an in-memory Avro container (a header
+naming the writer's schema, the count, the size, the payloads, the sync marker: the
+container format's block is exactly that). When the writer's schema is the reader's (Avro's parsing canonical form: the
 usual case) and polars reads its types (not maps, not unions other than [null, T]),
 polars' compiled Avro reader turns the block into Arrow columns, cast to the struct's
 types: no Python object per value or field. Otherwise (an older writer schema to
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import fastavro
 import fastavro.schema
+import numpy as np
 import pyarrow as pa
 
 from tidemq.core.errors import InvalidBatch
@@ -36,6 +38,8 @@ _MAGIC: Final = b"Obj\x01"
 #: Any 16 bytes do: the block is read from memory, right after its header.
 _SYNC: Final = bytes(16)
 _METADATA: Final = fastavro.parse_schema({"type": "map", "values": "bytes"})
+#: The magic byte and the 4-byte schema id.
+_FRAMING: Final = 5
 _ERRORS: Final = (WireFormatError, ValueError, TypeError, EOFError, KeyError, IndexError)
 
 
@@ -73,54 +77,101 @@ class _Writer:
 _WRITERS: dict[tuple[str, str], dict[int, _Writer]] = {}
 
 
+class _Frames:
+    """A binary column's framing read with numpy, without a Python object per value:
+    where each value's bytes are, which are present, and each one's schema id."""
+
+    def __init__(self, column: Any) -> None:
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        if not pa.types.is_binary(column.type):
+            column = column.cast(pa.binary())
+        self.column = column
+        n = len(column)
+        _, offsets, data = column.buffers()
+        bounds = np.frombuffer(offsets, dtype=np.int32)[column.offset : column.offset + n + 1]
+        self.data = (
+            np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        )
+        self.starts = bounds[:-1].astype(np.int64)
+        self.ends = bounds[1:].astype(np.int64)
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        self.present = np.flatnonzero(valid)
+        starts = self.starts[self.present]
+        framed = self.ends[self.present] - starts >= _FRAMING
+        head = np.where(framed, starts, 0)
+        # Padded so that the 5 bytes read at a short value's place stay in bounds.
+        padded = np.concatenate([self.data, np.zeros(_FRAMING, np.uint8)])
+        framed &= padded[head] == 0
+        #: Index (in `present`) of the first value not in Confluent's framing, or -1.
+        self.unframed = int(np.argmin(framed)) if not framed.all() else -1
+        self.ids = np.zeros(len(head), dtype=np.int64)
+        for k in range(1, _FRAMING):  # the big-endian schema id after the magic byte
+            self.ids = (self.ids << 8) | padded[head + k].astype(np.int64)
+
+    def runs(self) -> list[tuple[int, Any]]:
+        """(schema id, row indexes) of each run of present values with one schema id."""
+        if not len(self.present):
+            return []
+        cuts = np.flatnonzero(self.ids[1:] != self.ids[:-1]) + 1
+        return [
+            (int(self.ids[rows[0]]), self.present[rows])
+            for rows in np.split(np.arange(len(self.present)), cuts)
+        ]
+
+    def payloads(self, rows: Any) -> bytes:
+        """The rows' payloads (past the 5 framing bytes), end to end."""
+        starts, ends = self.starts[rows] + _FRAMING, self.ends[rows]
+        lengths = ends - starts
+        total = int(lengths.sum())
+        ends_out = np.cumsum(lengths)
+        gather = np.arange(total) + np.repeat(starts - (ends_out - lengths), lengths)
+        return bytes(self.data[gather].tobytes())
+
+
 def decode_avro_column(
-    values: list[Any], offsets: list[int], fmt: ValueFormat, arrow_type: Any, where: tuple[str, int]
+    column: Any, offsets: list[int], fmt: ValueFormat, arrow_type: Any, where: tuple[str, int]
 ) -> Any:
-    """The values (framed Avro; None stays None) as a pa.Array of `arrow_type` (the reader
-    schema's struct)."""
+    """The values of a binary column (framed Avro; null stays null) as a pa.Array of
+    `arrow_type` (the reader schema's struct)."""
+    frames = _Frames(column)
+    if frames.unframed >= 0:
+        row = int(frames.present[frames.unframed])
+        problem = WireFormatError("GUID-framed: schemas are named by id in this registry")
+        try:
+            unframe(column[row].as_py())
+        except WireFormatError as exc:
+            problem = exc
+        raise _not_avro(where, offsets[row], problem)
     reader = json.loads(fmt.reader_schema)
     writers = _WRITERS.setdefault((fmt.registry_url, fmt.reader_schema), {})
     canonical = fastavro.schema.to_parsing_canonical_form(reader)
-    runs: list[tuple[_Writer, list[int]]] = []  # consecutive values of one writer schema
-    run_id = -1
-    for i, value in enumerate(values):
-        if value is None:
-            continue
-        try:
-            schema_id = unframe(value).schema_id
-        except WireFormatError as exc:
-            raise _not_avro(where, offsets[i], exc) from None
+    pieces = []
+    runs = frames.runs()
+    for schema_id, rows in runs:
         if schema_id not in writers:
             text, _ = fmt.registry().schema_text(schema_id)
             writers[schema_id] = _Writer(text, reader, canonical)
-        if schema_id != run_id:
-            runs.append((writers[schema_id], []))
-            run_id = schema_id
-        runs[-1][1].append(i)
-    pieces = [
-        _run_column(run, values, offsets, (writer, arrow_type, where)) for writer, run in runs
-    ]
-    decoded = sum(len(run) for _, run in runs)
-    if len(pieces) == 1 and decoded == len(values):
+        context = (writers[schema_id], arrow_type, where)
+        pieces.append(_run_column(rows, frames, offsets, context))
+    decoded = len(frames.present)
+    if len(pieces) == 1 and decoded == len(column):
         return pieces[0]
     # Several runs, or tombstones: the pieces end to end, a null after them, and each row
     # taken from where its value landed.
-    position = [decoded] * len(values)
-    at = 0
-    for _, run in runs:
-        for i in run:
-            position[i] = at
-            at += 1
-    column = pa.concat_arrays([*pieces, pa.nulls(1, arrow_type)])
-    return column.take(pa.array(position, type=pa.int64()))
+    position = np.full(len(column), decoded, dtype=np.int64)
+    if runs:
+        position[np.concatenate([rows for _, rows in runs])] = np.arange(decoded)
+    whole = pa.concat_arrays([*pieces, pa.nulls(1, arrow_type)])
+    return whole.take(pa.array(position))
 
 
 def _run_column(
-    run: list[int], values: list[Any], offsets: list[int], context: tuple[_Writer, Any, Any]
+    rows: Any, frames: _Frames, offsets: list[int], context: tuple[_Writer, Any, Any]
 ) -> Any:
     writer, arrow_type, where = context
-    data = b"".join([memoryview(values[i])[5:] for i in run])
-    block = b"".join((writer.header, _long(len(run)), _long(len(data)), data, _SYNC))
+    data = frames.payloads(rows)
+    block = b"".join((writer.header, _long(len(rows)), _long(len(data)), data, _SYNC))
     tried = writer.reader is None and writer.columnar
     if tried:
         try:
@@ -129,10 +180,12 @@ def _run_column(
             pass  # fastavro reads every schema, and decides what is an error
     try:
         records = list(fastavro.reader(io.BytesIO(block), reader_schema=writer.reader))
-        if len(records) != len(run):
-            raise ValueError(f"{len(records)} values decoded, {len(run)} expected")
+        if len(records) != len(rows):
+            raise ValueError(f"{len(records)} values decoded, {len(rows)} expected")
     except _ERRORS:
-        records = [_one(values[i], offsets[i], writer, where) for i in run]
+        records = [
+            _one(frames.column[int(i)].as_py(), offsets[int(i)], writer, where) for i in rows
+        ]
     if tried:  # the data was good: polars does not read this schema
         writer.columnar = False
     return pa.array(records, type=arrow_type)

@@ -290,13 +290,18 @@ _COMPLEX: Final[dict[Any, Any]] = {
 
 def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, queue: int) -> Any:
     """`batch` (a pa.RecordBatch of the source) with its `value` column decoded."""
-    values = batch.column(batch.schema.get_field_index("value")).to_pylist()
+    column = batch.column(batch.schema.get_field_index("value"))
     offsets = batch.column(batch.schema.get_field_index("offset")).to_pylist()
+    if fmt.kind == "avro":
+        return _with_values(
+            batch, decode_avro_column(column, offsets, fmt, arrow_type, (topic, queue))
+        )
+    values = column.to_pylist()
     if fmt.kind == "json":
         return _with_values(batch, _json_values(values, offsets, arrow_type, topic, queue))
     if fmt.kind == "protobuf":
         return _with_values(batch, _protobuf_values(values, offsets, arrow_type, topic, queue, fmt))
-    return _with_values(batch, decode_avro_column(values, offsets, fmt, arrow_type, (topic, queue)))
+    raise ValueError(f"unknown valueFormat {fmt.kind!r}")
 
 
 def _protobuf_values(  # noqa: PLR0917 - one call site, the column's context
