@@ -5,14 +5,15 @@ The framing (magic byte, schema id) of the batch's binary column is read with nu
 the payloads of consecutive values with the same writer schema are gathered end to end,
 with no Python object per value, as one block of an in-memory Avro container (a header
 naming the writer's schema, the count, the size, the payloads, the sync marker: the
-container format's block is exactly that). When the writer's schema is the reader's (Avro's parsing canonical form: the
-usual case) and polars reads its types (not maps, not unions other than [null, T]),
-polars' compiled Avro reader turns the block into Arrow columns, cast to the struct's
-types: no Python object per value or field. Otherwise (an older writer schema to
-resolve, a type polars does not read, polars not installed) fastavro's block reader
-gives records that Arrow converts. A block that does not decode is read again value by
-value, so that the error names the offset of the value at fault. The test
-`tests/unit/test_spark_avro_decode.py` holds polars' columns to fastavro's records.
+container format's block is exactly that). When the writer's schema is the reader's
+(Avro's parsing canonical form: the usual case) and polars reads its types (not maps,
+not unions other than [null, T]), polars' compiled Avro reader turns the block into
+Arrow columns, cast to the struct's types: no Python object per value or field.
+Otherwise (an older writer schema to resolve, a type polars does not read, polars not
+installed) fastavro's block reader gives records that Arrow converts. A block that does
+not decode is read again value by value, so that the error names the offset of the
+value at fault. `tests/unit/test_spark_avro_decode.py` holds polars' columns to
+fastavro's records.
 """
 
 from __future__ import annotations
