@@ -309,20 +309,24 @@ class ServerConnection(asyncio.BufferedProtocol):
         except TidemqError as exc:
             out = encode_error(frame.code, frame.correlation_id, _remote(exc))
         except Exception:
-            self._server.log_event(
-                logging.ERROR,
-                "internal",
-                "request %d from %s failed",
-                frame.code,
-                self.peer,
-                exc_info=True,
-            )
-            err = TidemqError("internal error; see the broker log")
-            out = encode_error(frame.code, frame.correlation_id, err)
+            out = self._internal_error(frame)
         if frame.kind is FrameKind.REQUEST:
             self.send(out)
         self._frame_bytes -= _cost(frame)
         return True
+
+    def _internal_error(self, frame: Frame) -> list[bytes | memoryview]:
+        """Log the exception being handled; the answer that says to look there."""
+        self._server.log_event(
+            logging.ERROR,
+            "internal",
+            "request %d from %s failed",
+            frame.code,
+            self.peer,
+            exc_info=True,
+        )
+        err = TidemqError("internal error; see the broker log")
+        return encode_error(frame.code, frame.correlation_id, err)
 
     async def _handle(self, frame: Frame) -> None:
         task = asyncio.current_task()
@@ -335,16 +339,7 @@ class ServerConnection(asyncio.BufferedProtocol):
                 out = encode_error(frame.code, frame.correlation_id, _remote(exc))
                 close_after = isinstance(exc, AuthenticationFailed)
             except Exception:
-                self._server.log_event(
-                    logging.ERROR,
-                    "internal",
-                    "request %d from %s failed",
-                    frame.code,
-                    self.peer,
-                    exc_info=True,
-                )
-                err = TidemqError("internal error; see the broker log")
-                out = encode_error(frame.code, frame.correlation_id, err)
+                out = self._internal_error(frame)
             if frame.kind is FrameKind.REQUEST:
                 self.send(out)
             if close_after:
