@@ -55,6 +55,12 @@ class CompactionRunner:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held while a run is planned, done and installed: whoever holds it knows no run
+        is under way (a follower starting over replaces its store under it)."""
+        return self._lock
+
     async def run_forever(self) -> None:
         while True:
             await asyncio.sleep(self._interval_s)

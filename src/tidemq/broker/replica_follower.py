@@ -26,6 +26,7 @@ from typing import Final, Protocol
 from tidemq.broker.compaction_runner import CompactionRunner
 from tidemq.broker.metrics import disk_usage
 from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
+from tidemq.broker.replica_start_over import copy_compacted_files, plan_of
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.cluster.election import ElectionFaults
 from tidemq.cluster.group_keys import LeaderRecord
@@ -36,13 +37,17 @@ from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import (
     ReplicaFetchRequest,
     ReplicaFetchResponse,
+    ReplicaFileRequest,
     ReplicaServiceState,
+    ReplicaStartOver,
     ReplicaTopic,
 )
 from tidemq.store.epoch_file import EpochEntry, EpochHistory
+from tidemq.store.files import OsFileSystem
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import CleanupPolicy, MessageType, TopicInfo
 from tidemq.store.replica_log import LogChunk, TopicsBehind
+from tidemq.store.start_over import start_over
 
 __all__ = ["ReplicaFaults", "ReplicaFollower"]
 
@@ -67,6 +72,10 @@ class ReplicaFaults(ElectionFaults, Protocol):
     lost too)."""
 
     def fetch_held(self) -> bool: ...
+
+    def start_over_step(self, step: str) -> None:
+        """Called (on a worker thread) before each step of a start-over
+        (`store.start_over.start_over`): a test may hold it there, to kill the process."""
 
 
 def apply_service_state(store: MessageStore, state: ReplicaServiceState) -> None:
@@ -142,7 +151,10 @@ class ReplicaFollower:
         self._pending_state: ReplicaServiceState | None = None
         self.state_applied = 0
         self._retention_due = time.monotonic() + _RETENTION_INTERVAL_S
-        self._compaction = CompactionRunner(lambda: store, compaction_interval_ms)
+        self._compaction = CompactionRunner(lambda: self._store, compaction_interval_ms)
+        #: Starting over now (never elected meanwhile), and start-overs done.
+        self.starting_over = False
+        self.start_overs = 0
 
     @property
     def store(self) -> MessageStore:
@@ -262,6 +274,9 @@ class ReplicaFollower:
             store.replica.mirror_topics([topic_info(t) for t in answer.topics], answer.max_topic_id)
             store.metadata.note_producer_id(answer.last_producer_id)
             self._topics_version = answer.topics_version
+        if answer.start_over is not None:
+            await self._start_over(conn, answer, answer.start_over, leader)
+            return
         if body:
             try:
                 store.replica.append_chunk(LogChunk(answer.position, body, answer.records))
@@ -294,6 +309,84 @@ class ReplicaFollower:
             # leader (a follower without them would keep every segment).
             with contextlib.suppress(TidemqError):
                 store.enforce_retention()
+
+    async def _start_over(
+        self,
+        conn: ClientConnection,
+        answer: ReplicaFetchResponse,
+        start: ReplicaStartOver,
+        leader: LeaderRecord,
+    ) -> None:
+        """This log ends below the leader's log start: copy the leader's compacted log
+        files, then start the store over at the leader's log start (`store/start_over.py`),
+        with the leader's epoch history up to there. Not electable meanwhile."""
+        plan = plan_of(start)
+        old = self._store
+        config = old.config
+        fs = OsFileSystem()
+        log.warning(
+            "group %s member %s: log ends at %d, below leader %s's log start %d: starting "
+            "over there",
+            self._config.group,
+            self._member,
+            old.end_position,
+            leader.member,
+            plan.position,
+        )
+        self.starting_over = True
+        try:
+            base = ReplicaFileRequest(
+                group=self._config.group,
+                member=self._member,
+                epoch=leader.epoch,
+                topic_id=0,
+                queue_id=0,
+                generation=0,
+                offset=0,
+                max_bytes=self._config.fetch_max_bytes,
+            )
+            await copy_compacted_files(conn, plan, fs=fs, data_dir=config.data_dir, base=base)
+            epochs = [
+                EpochEntry(e.epoch, e.start_position)
+                for e in answer.epochs
+                if e.start_position <= plan.position
+            ]
+            step = None if self._faults is None else self._faults.start_over_step
+
+            def replace() -> tuple[MessageStore, Exception | None]:
+                # Reopened either way: after a failure, recovery finds the marker and
+                # opens the store empty, and the next round starts over again.
+                error = None
+                try:
+                    start_over(
+                        config,
+                        fs,
+                        plan,
+                        write_epochs=lambda: self._history.replace(epochs),
+                        step=step,
+                    )
+                except Exception as exc:
+                    error = exc
+                return MessageStore.open(config, clock=self._clock), error
+
+            async with self._compaction.lock:
+                old.close()
+                # A thread cannot be stopped halfway: a cancellation waits for it, so
+                # the store it opens is kept (and closed by whoever stops the member).
+                task = asyncio.ensure_future(asyncio.to_thread(replace))
+                try:
+                    self._store, error = await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    self._store, _ = await task
+                    raise
+            if error is not None:
+                raise error
+        finally:
+            self.starting_over = False
+        self.start_overs += 1
+        self.committed = min(self.committed, plan.position)
+        self._store.commit_limit = self.committed
+        self._topics_version = self._state_version = -1  # the table and state again
 
     async def _ask(
         self, conn: ClientConnection, request: ReplicaFetchRequest, leader: LeaderRecord

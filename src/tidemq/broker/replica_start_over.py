@@ -1,0 +1,131 @@
+"""Starting over, both sides (docs/design/replication.md, "Starting over";
+the store's part: `store/start_over.py`).
+
+The leader answers a fetch below its log start with `ReplicaStartOver` (its log start,
+each queue's offset there, its compacted log files) and the topic table, and serves those
+files' bytes (REPLICA_FILE). The follower copies the files into its staging directory,
+checks each, and starts its store over at the leader's log start.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Final
+
+from tidemq.core.errors import CorruptRecordError
+from tidemq.net.client import ClientConnection
+from tidemq.protocol.replica_messages import (
+    ReplicaCompactedFile,
+    ReplicaFileRequest,
+    ReplicaFileResponse,
+    ReplicaQueueStart,
+    ReplicaStartOver,
+    ReplicaTopic,
+)
+from tidemq.store.files import FileSystem, ensure_dir
+from tidemq.store.message_store import MessageStore
+from tidemq.store.start_over import (
+    CompactedFile,
+    StartOverPlan,
+    check_staged,
+    plan_start_over,
+    staging_path,
+)
+
+__all__ = ["copy_compacted_files", "plan_of", "start_over_message", "topic_table"]
+
+log = logging.getLogger(__name__)
+
+#: Longest one REPLICA_FILE answer may take.
+FILE_ANSWER_TIMEOUT_S: Final = 30.0
+
+
+def topic_table(store: MessageStore) -> list[ReplicaTopic]:
+    """The store's topics as followers mirror them."""
+    return [
+        ReplicaTopic(
+            t.id,
+            t.name,
+            t.queues,
+            t.message_type.value,
+            t.cleanup_policy.value,
+            t.retention_ms,
+            t.retention_bytes,
+            dict(t.config),
+            t.created_ms,
+        )
+        for t in store.topics()
+    ]
+
+
+def start_over_message(store: MessageStore) -> ReplicaStartOver:
+    plan = plan_start_over(store)
+    return ReplicaStartOver(
+        position=plan.position,
+        queues=[ReplicaQueueStart(t, q, offset) for (t, q), offset in plan.queues.items()],
+        compacted=[
+            ReplicaCompactedFile(f.topic_id, f.queue_id, f.generation, f.start, f.end, f.size)
+            for f in plan.compacted
+        ],
+    )
+
+
+def plan_of(message: ReplicaStartOver) -> StartOverPlan:
+    return StartOverPlan(
+        position=message.position,
+        queues={(q.topic_id, q.queue_id): q.next_offset for q in message.queues},
+        compacted=[
+            CompactedFile(f.topic_id, f.queue_id, f.generation, f.start, f.end, f.size)
+            for f in message.compacted
+        ],
+    )
+
+
+async def copy_compacted_files(
+    conn: ClientConnection,
+    plan: StartOverPlan,
+    *,
+    fs: FileSystem,
+    data_dir: Path,
+    base: ReplicaFileRequest,
+) -> None:
+    """Copy each compacted file of `plan` into the staging directory, chunk by chunk
+    (`base.max_bytes` each), synced and checked. `base` carries the group, member, epoch
+    and chunk size; its file fields are set per file. The leader refuses a generation it
+    compacted away meanwhile (OffsetOutOfRange): the follower then starts over again."""
+    for f in plan.compacted:
+        path = staging_path(data_dir, f)
+        ensure_dir(fs, path.parent)
+        handle = fs.open(path, create=True)
+        try:
+            handle.truncate(0)
+            copied = 0
+            while copied < f.size:
+                request = ReplicaFileRequest(
+                    group=base.group,
+                    member=base.member,
+                    epoch=base.epoch,
+                    topic_id=f.topic_id,
+                    queue_id=f.queue_id,
+                    generation=f.generation,
+                    offset=copied,
+                    max_bytes=base.max_bytes,
+                )
+                answer, body = await conn.request(
+                    request, ReplicaFileResponse, timeout_s=FILE_ANSWER_TIMEOUT_S
+                )
+                if answer.size != f.size or not body:
+                    raise CorruptRecordError(
+                        f"the leader's compacted log generation {f.generation} of topic id "
+                        f"{f.topic_id} queue {f.queue_id} is {answer.size} bytes, not the "
+                        f"{f.size} it named, or sent nothing at offset {copied}"
+                    )
+                handle.append((body,))
+                copied += len(body)
+            handle.sync()
+        finally:
+            handle.close()
+        fs.sync_dir(path.parent)
+        check_staged(fs, path, f)
+    log.info("copied %d compacted log file(s) of the leader", len(plan.compacted))
