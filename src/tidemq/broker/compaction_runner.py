@@ -72,7 +72,8 @@ class CompactionRunner:
                 log.exception("compaction failed")
 
     async def run_due(self) -> list[CompactionResult]:
-        due = self._store().compaction_due()
+        async with self._lock:  # the store may be replaced meanwhile, never under it
+            due = self._store().compaction_due()
         return [await self.compact_queue(item.topic, item.queue_id) for item in due]
 
     async def compact_queue(self, topic: str, queue: int) -> CompactionResult:
