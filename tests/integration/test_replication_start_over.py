@@ -7,7 +7,8 @@ leader writes a compact topic (compacted) and a topic with a 1 s retention, its
 retention deletes its first segments, and then a topic whose messages all lie past the
 new log start. The stopped member comes back, starts over at the log start, catches up,
 joins the in-sync set, and once leadership is handed to it serves every message of that
-topic and the newest value of every key of the compact topic.
+topic, the newest value of every key of the compact topic, and the offsets consumer
+groups committed before and after the log start moved.
 
 The members run in this process (real sockets and files); the one killed in the middle
 of its start-over runs as a process of its own (`tests/support/start_over_member.py`),
@@ -91,6 +92,29 @@ async def _write_until_the_log_start_moves(g: Group, leader: ReplicaNode, past: 
     return int(gateway.store.log.start_position)
 
 
+async def _commit_all(
+    g: Group, group_name: str, topic: str, count: int
+) -> dict[tuple[str, int], int]:
+    """A consumer group reads `count` messages of `topic` and commits; the offsets the
+    group's coordinator then answers."""
+    consumer = aio.GroupConsumer(g.bootstrap, group_name, [topic], start="earliest")
+    seen = 0
+    try:
+        async with asyncio.timeout(CATCH_UP_S):
+            while seen < count:
+                seen += len(await consumer.poll(200))
+        await consumer.commit()
+    finally:
+        await consumer.close()
+    return await _offsets(g, group_name)
+
+
+async def _offsets(g: Group, group_name: str) -> dict[tuple[str, int], int]:
+    async with AsyncAdmin(g.bootstrap) as admin:
+        described = await admin.describe_group(group_name)
+    return {(o.topic, o.queue): o.committed for o in described.offsets}
+
+
 async def _caught_up(g: Group, member: str) -> None:
     """`member` holds the leader's whole log and is in the in-sync set."""
 
@@ -160,9 +184,14 @@ def test_a_member_back_after_the_leaders_retention_starts_over_and_catches_up(
         async with group(tmp_path, etcd_single) as g:
             leader, member = await _setup(g)
             end_when_stopped = _log_end(tmp_path / member)
+            # Committed before the log start moves: the offset book's record of it is
+            # then only in the leader's compacted log of the offsets topic.
+            early = await _commit_all(g, "early", "old", 4)
+            assert early == {("old", 0): 2, ("old", 1): 2}
             start = await _write_until_the_log_start_moves(g, leader, end_when_stopped)
             new = [_value("new", i) for i in range(NEW_MESSAGES)]
             await _produce(g, "new", new, keyed=False)
+            late = await _commit_all(g, "late", "new", NEW_MESSAGES)
             node = await g.start(member)
             await _caught_up(g, member)
             follower = node.follower
@@ -173,6 +202,8 @@ def test_a_member_back_after_the_leaders_retention_starts_over_and_catches_up(
             kv = store.compacted.get((store.topic("kv").id, 0))
             assert kv is not None  # the leader's compacted log, copied
             await _read_after_handover(g, member)
+            assert await _offsets(g, "early") == early
+            assert await _offsets(g, "late") == late
 
     loop.run(run(), timeout_s=240)
 
@@ -215,6 +246,10 @@ def test_a_member_killed_while_starting_over_starts_over_again_and_catches_up(
                     what="the member to start over",
                 )
                 assert proc.poll() is None, log_path.read_text()
+                # Starting over, it is not in sync (and so never elected).
+                term = leader.leader
+                assert term is not None
+                assert member not in term.in_sync
             finally:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
