@@ -26,7 +26,12 @@ from typing import Final, Protocol
 from tidemq.broker.compaction_runner import CompactionRunner
 from tidemq.broker.metrics import disk_usage
 from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
-from tidemq.broker.replica_start_over import copy_compacted_files, plan_of
+from tidemq.broker.replica_start_over import (
+    StartOverFailed,
+    copy_compacted_files,
+    plan_of,
+    restart_store,
+)
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.cluster.election import ElectionFaults
 from tidemq.cluster.group_keys import LeaderRecord
@@ -47,7 +52,6 @@ from tidemq.store.files import OsFileSystem
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import CleanupPolicy, MessageType, TopicInfo
 from tidemq.store.replica_log import LogChunk, TopicsBehind
-from tidemq.store.start_over import start_over
 
 __all__ = ["ReplicaFaults", "ReplicaFollower"]
 
@@ -351,36 +355,19 @@ class ReplicaFollower:
                 for e in answer.epochs
                 if e.start_position <= plan.position
             ]
-            step = None if self._faults is None else self._faults.start_over_step
-
-            def replace() -> tuple[MessageStore, Exception | None]:
-                # Reopened either way: after a failure, recovery finds the marker and
-                # opens the store empty, and the next round starts over again.
-                error = None
-                try:
-                    start_over(
-                        config,
-                        fs,
-                        plan,
-                        write_epochs=lambda: self._history.replace(epochs),
-                        step=step,
-                    )
-                except Exception as exc:
-                    error = exc
-                return MessageStore.open(config, clock=self._clock), error
-
             async with self._compaction.lock:
-                old.close()
-                # A thread cannot be stopped halfway: a cancellation waits for it, so
-                # the store it opens is kept (and closed by whoever stops the member).
-                task = asyncio.ensure_future(asyncio.to_thread(replace))
                 try:
-                    self._store, error = await asyncio.shield(task)
-                except asyncio.CancelledError:
-                    self._store, _ = await task
+                    self._store = await restart_store(
+                        old,
+                        plan,
+                        self._history,
+                        epochs,
+                        clock=self._clock,
+                        step=None if self._faults is None else self._faults.start_over_step,
+                    )
+                except StartOverFailed as failed:
+                    self._store = failed.store
                     raise
-            if error is not None:
-                raise error
         finally:
             self.starting_over = False
         self.start_overs += 1

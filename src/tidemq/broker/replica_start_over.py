@@ -9,11 +9,14 @@ checks each, and starts its store over at the leader's log start.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from tidemq.core.errors import CorruptRecordError
+from tidemq.core.clock import Clock
+from tidemq.core.errors import CorruptRecordError, TidemqError
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import (
     ReplicaCompactedFile,
@@ -23,7 +26,8 @@ from tidemq.protocol.replica_messages import (
     ReplicaStartOver,
     ReplicaTopic,
 )
-from tidemq.store.files import FileSystem, ensure_dir
+from tidemq.store.epoch_file import EpochEntry, EpochHistory
+from tidemq.store.files import FileSystem, OsFileSystem, ensure_dir
 from tidemq.store.message_store import MessageStore
 from tidemq.store.start_over import (
     CompactedFile,
@@ -31,9 +35,17 @@ from tidemq.store.start_over import (
     check_staged,
     plan_start_over,
     staging_path,
+    start_over,
 )
 
-__all__ = ["copy_compacted_files", "plan_of", "start_over_message", "topic_table"]
+__all__ = [
+    "StartOverFailed",
+    "copy_compacted_files",
+    "plan_of",
+    "restart_store",
+    "start_over_message",
+    "topic_table",
+]
 
 log = logging.getLogger(__name__)
 
@@ -129,3 +141,60 @@ async def copy_compacted_files(
         fs.sync_dir(path.parent)
         check_staged(fs, path, f)
     log.info("copied %d compacted log file(s) of the leader", len(plan.compacted))
+
+
+async def restart_store(
+    store: MessageStore,
+    plan: StartOverPlan,
+    history: EpochHistory,
+    epochs: list[EpochEntry],
+    *,
+    clock: Clock,
+    step: Callable[[str], None] | None,
+) -> MessageStore:
+    """Close `store`, start it over at `plan.position` with the staged files and the
+    history `epochs`, and open it again; the store opened. The caller holds off
+    everything else that uses the store meanwhile (compaction).
+
+    Opened again whatever happens: after a failure recovery finds the marker and opens
+    the store empty (its history emptied too), and `StartOverFailed` carries that store:
+    the next round starts over again. A thread cannot be stopped halfway: a cancellation
+    waits for it, and the store it opened is closed before the cancellation goes on."""
+    config = store.config
+    store.close()
+
+    def replace() -> tuple[MessageStore, Exception | None]:
+        error = None
+        try:
+            start_over(
+                config,
+                OsFileSystem(),
+                plan,
+                write_epochs=lambda: history.replace(epochs),
+                step=step,
+            )
+        except Exception as exc:
+            error = exc
+        opened = MessageStore.open(config, clock=clock)
+        if error is not None:
+            history.replace([])  # recovery wiped the epoch file with the rest
+        return opened, error
+
+    task = asyncio.ensure_future(asyncio.to_thread(replace))
+    try:
+        opened, error = await asyncio.shield(task)
+    except asyncio.CancelledError:
+        (await task)[0].close()
+        raise
+    if error is not None:
+        raise StartOverFailed(opened, error) from error
+    return opened
+
+
+class StartOverFailed(TidemqError):
+    """A start-over failed (the disk, most likely); `store` is the store opened again,
+    empty: the follower goes on with it and the next round starts over again."""
+
+    def __init__(self, store: MessageStore, error: Exception) -> None:
+        super().__init__(f"starting over failed, retried from an empty store: {error}")
+        self.store = store
