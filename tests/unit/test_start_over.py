@@ -24,6 +24,7 @@ from tidemq.store.start_over import (
     STAGING,
     StartOverPlan,
     check_staged,
+    mark_for_start_over,
     plan_start_over,
     read_compacted_file,
     staging_path,
@@ -230,4 +231,25 @@ def test_a_start_over_interrupted_at_any_step_is_wiped_at_the_next_open(
         assert _records(follower, "kv", 0, 0) == _records(leader, "kv", 0, 0)
     finally:
         follower.close()
+        leader.close()
+
+
+def test_a_log_marked_for_start_over_opens_empty_with_its_topics(tmp_path: Path) -> None:
+    """A follower that must cut below its own log start throws its log away instead: the
+    marker alone makes the next open wipe it."""
+    leader = _leader(tmp_path)
+    try:
+        config = leader.config
+        topics = {t.name for t in leader.topics()}
+        leader.close()
+        mark_for_start_over(OsFileSystem(), config.data_dir)
+        store = MessageStore.open(config, clock=ManualClock(now_ms=T0))
+        try:
+            assert store.log.start_position == store.end_position == 0
+            assert {t.name for t in store.topics()} == topics
+            assert store.queue_bounds("t", 1) == (0, 0)
+            assert store.compacted_end("kv", 0) == 0
+        finally:
+            store.close()
+    finally:
         leader.close()

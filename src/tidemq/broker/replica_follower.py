@@ -30,6 +30,7 @@ from tidemq.broker.replica_start_over import (
     StartOverFailed,
     copy_compacted_files,
     plan_of,
+    restart_empty,
     restart_store,
 )
 from tidemq.broker.replication_config import ReplicationConfig
@@ -261,6 +262,20 @@ class ReplicaFollower:
         self.rounds += 1
         self.leader_end = answer.leader_end
         self._answered_ms = self._clock.monotonic_ms()
+        if 0 <= answer.diverged_at < store.log.start_position:
+            log.warning(
+                "group %s member %s: log differs from leader %s's from %d on, below this "
+                "log's start %d (its retention deleted the cut point): starting over",
+                self._config.group,
+                self._member,
+                leader.member,
+                answer.diverged_at,
+                store.log.start_position,
+            )
+            async with self._compaction.lock:
+                self._store = await restart_empty(store, history, clock=self._clock)
+            self.truncations += 1
+            return
         if answer.diverged_at >= 0:
             log.warning(
                 "group %s member %s: log differs from leader %s's from %d on (end %d): cut",

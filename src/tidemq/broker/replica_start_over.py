@@ -33,6 +33,7 @@ from tidemq.store.start_over import (
     CompactedFile,
     StartOverPlan,
     check_staged,
+    mark_for_start_over,
     plan_start_over,
     staging_path,
     start_over,
@@ -42,6 +43,7 @@ __all__ = [
     "StartOverFailed",
     "copy_compacted_files",
     "plan_of",
+    "restart_empty",
     "restart_store",
     "start_over_message",
     "topic_table",
@@ -198,3 +200,25 @@ class StartOverFailed(TidemqError):
     def __init__(self, store: MessageStore, error: Exception) -> None:
         super().__init__(f"starting over failed, retried from an empty store: {error}")
         self.store = store
+
+
+async def restart_empty(
+    store: MessageStore, history: EpochHistory, *, clock: Clock
+) -> MessageStore:
+    """Close `store`, throw its log away (`mark_for_start_over`) and open it again,
+    empty at position 0, with an empty epoch history: the next fetch starts over."""
+    config = store.config
+    store.close()
+
+    def reopen() -> MessageStore:
+        mark_for_start_over(OsFileSystem(), config.data_dir)
+        opened = MessageStore.open(config, clock=clock)
+        history.replace([])
+        return opened
+
+    task = asyncio.ensure_future(asyncio.to_thread(reopen))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        (await task).close()
+        raise

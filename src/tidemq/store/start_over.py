@@ -61,6 +61,7 @@ __all__ = [
     "StartOverPlan",
     "check_staged",
     "discard_interrupted",
+    "mark_for_start_over",
     "plan_start_over",
     "read_compacted_file",
     "staging_path",
@@ -220,6 +221,15 @@ def start_over(
     finally:
         meta.close()
     _remove_staging(fs, data_dir)
+
+
+def mark_for_start_over(fs: FileSystem, data_dir: Path) -> None:
+    """Throw the (closed) store's log away at its next open: write the marker alone,
+    which recovery treats as an interrupted start-over. For a follower whose log differs
+    from its leader's from a position below its own log start (its retention deleted
+    where it would have to cut): it cannot cut there, so it starts over."""
+    fs.open(data_dir / MARKER, create=True).close()
+    fs.sync_dir(data_dir)
 
 
 def discard_interrupted(fs: FileSystem, data_dir: Path, meta: Metadata) -> bool:
