@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
-from tidemq.broker.replica_start_over import start_over_message, topic_table
+from tidemq.broker.replica_start_over import add_topic_table, start_over_answer
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.core.clock import Clock
 from tidemq.core.errors import (
@@ -328,7 +328,7 @@ class ReplicaLeader:
         if self._state is not None and req.state_version != self._state.version:
             answer.state = self._state
         if req.topics_version != store.topics_version:
-            _add_topics(answer, store)
+            add_topic_table(answer, store)
         return answer, chunk.data
 
     def _start_over(
@@ -339,28 +339,16 @@ class ReplicaLeader:
         not in sync (dropped at the next check if it was)."""
         follower.caught_up_ms = float("-inf")
         follower.answered_end = store.end_position
-        start_over = start_over_message(store)
+        answer = start_over_answer(store, self.epoch, self._committed, self._history)
         log.info(
             "group %s epoch %d: %s asked from log position %d, below this log's start %d: "
-            "it starts over there (%d compacted log file(s))",
+            "it starts over there",
             self._config.group,
             self.epoch,
             req.member,
             req.position,
-            start_over.position,
-            len(start_over.compacted),
+            store.log.start_position,
         )
-        answer = ReplicaFetchResponse(
-            epoch=self.epoch,
-            position=req.position,
-            leader_end=store.end_position,
-            log_start=store.log.start_position,
-            committed=self._committed,
-            epochs=[EpochStart(e.epoch, e.start_position) for e in self._history.entries],
-            topics_version=store.topics_version,
-            start_over=start_over,
-        )
-        _add_topics(answer, store)
         return answer
 
     async def fetch_file(self, req: ReplicaFileRequest) -> tuple[ReplicaFileResponse, bytes]:
@@ -506,10 +494,3 @@ class ReplicaLeader:
         follower = self._followers.get(member)
         # A member not heard from this term counts from the term's start.
         return follower.caught_up_ms if follower is not None else self._started_ms
-
-
-def _add_topics(answer: ReplicaFetchResponse, store: MessageStore) -> None:
-    """The whole topic table, the highest topic id given and the last producer id."""
-    answer.topics = topic_table(store)
-    answer.max_topic_id = store.metadata.max_topic_id()
-    answer.last_producer_id = store.metadata.last_producer_id()

@@ -19,7 +19,9 @@ from tidemq.core.clock import Clock
 from tidemq.core.errors import CorruptRecordError, TidemqError
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import (
+    EpochStart,
     ReplicaCompactedFile,
+    ReplicaFetchResponse,
     ReplicaFileRequest,
     ReplicaFileResponse,
     ReplicaQueueStart,
@@ -41,12 +43,12 @@ from tidemq.store.start_over import (
 
 __all__ = [
     "StartOverFailed",
+    "add_topic_table",
     "copy_compacted_files",
     "plan_of",
     "restart_empty",
     "restart_store",
-    "start_over_message",
-    "topic_table",
+    "start_over_answer",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,9 +57,10 @@ log = logging.getLogger(__name__)
 FILE_ANSWER_TIMEOUT_S: Final = 30.0
 
 
-def topic_table(store: MessageStore) -> list[ReplicaTopic]:
-    """The store's topics as followers mirror them."""
-    return [
+def add_topic_table(answer: ReplicaFetchResponse, store: MessageStore) -> None:
+    """The store's whole topic table (as followers mirror it), the highest topic id it
+    gave and the last producer id it issued, into a fetch answer."""
+    answer.topics = [
         ReplicaTopic(
             t.id,
             t.name,
@@ -71,18 +74,35 @@ def topic_table(store: MessageStore) -> list[ReplicaTopic]:
         )
         for t in store.topics()
     ]
+    answer.max_topic_id = store.metadata.max_topic_id()
+    answer.last_producer_id = store.metadata.last_producer_id()
 
 
-def start_over_message(store: MessageStore) -> ReplicaStartOver:
+def start_over_answer(
+    store: MessageStore, epoch: int, committed: int, history: EpochHistory
+) -> ReplicaFetchResponse:
+    """The leader's answer to a fetch below its log start: start over there (with the
+    topic table, which the follower mirrors first)."""
     plan = plan_start_over(store)
-    return ReplicaStartOver(
+    answer = ReplicaFetchResponse(
+        epoch=epoch,
         position=plan.position,
-        queues=[ReplicaQueueStart(t, q, offset) for (t, q), offset in plan.queues.items()],
-        compacted=[
-            ReplicaCompactedFile(f.topic_id, f.queue_id, f.generation, f.start, f.end, f.size)
-            for f in plan.compacted
-        ],
+        leader_end=store.end_position,
+        log_start=plan.position,
+        committed=committed,
+        epochs=[EpochStart(e.epoch, e.start_position) for e in history.entries],
+        topics_version=store.topics_version,
+        start_over=ReplicaStartOver(
+            position=plan.position,
+            queues=[ReplicaQueueStart(t, q, offset) for (t, q), offset in plan.queues.items()],
+            compacted=[
+                ReplicaCompactedFile(f.topic_id, f.queue_id, f.generation, f.start, f.end, f.size)
+                for f in plan.compacted
+            ],
+        ),
     )
+    add_topic_table(answer, store)
+    return answer
 
 
 def plan_of(message: ReplicaStartOver) -> StartOverPlan:
