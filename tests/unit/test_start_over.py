@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tidemq.core.batch import MessageRecord, encode_batch
+from tidemq.core.errors import OffsetOutOfRange
 from tidemq.store.config import StoreConfig
 from tidemq.store.epoch_file import EPOCH_FILE, EpochEntry, EpochHistory
 from tidemq.store.files import OsFileSystem
@@ -251,5 +252,27 @@ def test_a_log_marked_for_start_over_opens_empty_with_its_topics(tmp_path: Path)
             assert store.compacted_end("kv", 0) == 0
         finally:
             store.close()
+    finally:
+        leader.close()
+
+
+def test_a_compacted_generation_replaced_since_the_plan_is_refused(tmp_path: Path) -> None:
+    """The leader compacted again after naming a generation: copying it is refused with
+    what the generation is now (the follower then starts over again)."""
+    leader = _leader(tmp_path)
+    try:
+        (named,) = plan_start_over(leader).compacted
+        key = (named.topic_id, named.queue_id)
+        data, size = read_compacted_file(leader, key, named.generation, 0, CHUNK_BYTES)
+        assert (len(data), size) == (min(CHUNK_BYTES, named.size), named.size)
+        rng = random.Random(3)
+        for i in range(10):
+            leader.append("kv", 0, _batch(rng, f"k{i % 7}"))
+        leader.flush()
+        leader.compact("kv", 0)
+        with pytest.raises(OffsetOutOfRange, match=r"generation \d+ .* is gone .*current"):
+            read_compacted_file(leader, key, named.generation, 0, CHUNK_BYTES)
+        with pytest.raises(OffsetOutOfRange, match="outside compacted log"):
+            read_compacted_file(leader, key, named.generation + 1, 1 << 40, CHUNK_BYTES)
     finally:
         leader.close()
