@@ -197,7 +197,7 @@ def test_a_member_back_after_the_leaders_retention_starts_over_and_catches_up(
             follower = node.follower
             assert follower is not None
             assert follower.start_overs == 1
-            assert follower.store.log.start_position == start
+            assert follower.store.log.start_position >= start  # retention may run again
             store = follower.store
             kv = store.compacted.get((store.topic("kv").id, 0))
             assert kv is not None  # the leader's compacted log, copied
