@@ -339,7 +339,9 @@ class ReplicaLeader:
         not in sync (dropped at the next check if it was)."""
         follower.caught_up_ms = float("-inf")
         follower.answered_end = store.end_position
-        answer = start_over_answer(store, self.epoch, self._committed, self._history)
+        answer = start_over_answer(
+            store, req.position, epoch=self.epoch, committed=self._committed, history=self._history
+        )
         log.info(
             "group %s epoch %d: %s asked from log position %d, below this log's start %d: "
             "it starts over there",

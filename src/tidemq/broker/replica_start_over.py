@@ -79,14 +79,14 @@ def add_topic_table(answer: ReplicaFetchResponse, store: MessageStore) -> None:
 
 
 def start_over_answer(
-    store: MessageStore, epoch: int, committed: int, history: EpochHistory
+    store: MessageStore, asked: int, *, epoch: int, committed: int, history: EpochHistory
 ) -> ReplicaFetchResponse:
-    """The leader's answer to a fetch below its log start: start over there (with the
-    topic table, which the follower mirrors first)."""
+    """The leader's answer to a fetch from `asked`, below its log start: start over
+    there (with the topic table, which the follower mirrors first)."""
     plan = plan_start_over(store)
     answer = ReplicaFetchResponse(
         epoch=epoch,
-        position=plan.position,
+        position=asked,
         leader_end=store.end_position,
         log_start=plan.position,
         committed=committed,
