@@ -33,6 +33,7 @@ from tidemq import aio
 from tidemq.broker.replica_node import ReplicaNode
 from tidemq.client.admin import AsyncAdmin
 from tidemq.client.producer import AsyncProducer
+from tidemq.core.errors import BrokerNotAvailable
 from tidemq.store.start_over import MARKER
 
 if TYPE_CHECKING:
@@ -138,7 +139,18 @@ async def _read_after_handover(g: Group, member: str) -> None:
     await wait_until(lambda: g.leader() is g.nodes[member], what=f"{member} to lead")
     consumer = aio.StreamConsumer(g.bootstrap)
     consumer.assign([("new", 0), ("new", 1), ("kv", 0)])
-    await consumer.seek_to_beginning()
+
+    async def positioned() -> bool:
+        # The deposed leader's broker unregisters the group's name as it stops, which
+        # can remove the new leader's registration until its next heartbeat (a known
+        # race of handovers, not of starting over): ask again meanwhile.
+        try:
+            await consumer.seek_to_beginning()
+        except BrokerNotAvailable:
+            return False
+        return True
+
+    await wait_until(positioned, what="the group's route to its new leader")
     got: dict[int, list[bytes]] = {0: [], 1: []}
     newest: dict[bytes, bytes] = {}
     last_kv = _value("kv", KV_MESSAGES - 1)
