@@ -165,6 +165,7 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         # Name-server requests of brokers (ADR 15), signed with the cluster secret; a
         # broker's own listener refuses them whoever sends them.
         RequestCode.REPLICA_FETCH: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
+        RequestCode.REPLICA_FILE: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
         RequestCode.ELECT_LEADER: _CLUSTER_ALTER,
         RequestCode.SECURITY_PUSH: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
         RequestCode.SECURITY_PULL: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),

@@ -876,6 +876,7 @@ class Broker:
             RequestCode.TIER_OFFLOAD: plain(self._tier_offload),
             RequestCode.ELECT_LEADER: plain(self._elect_leader),
             RequestCode.REPLICA_FETCH: plain(self._replica_fetch),
+            RequestCode.REPLICA_FILE: plain(self._replica_fetch),
         }
 
     async def _elect_leader(self, req: ElectLeaderRequest) -> ElectLeaderResponse:
@@ -885,7 +886,7 @@ class Broker:
 
     async def _replica_fetch(self, _: object) -> None:
         raise InvalidRequest(
-            "REPLICA_FETCH goes to a replica group member's replication listener "
+            "REPLICA_FETCH and REPLICA_FILE go to a replica group member's replication listener "
             "(replication.port), not to its client listener"
         )
 

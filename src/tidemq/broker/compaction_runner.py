@@ -60,6 +60,12 @@ class CompactionRunner:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held while a run is planned, done and installed: whoever holds it knows no run
+        is under way (a follower starting over replaces its store under it)."""
+        return self._lock
+
     async def run_forever(self) -> None:
         while True:
             await asyncio.sleep(self._interval_s)
@@ -71,7 +77,8 @@ class CompactionRunner:
                 log.exception("compaction failed")
 
     async def run_due(self) -> list[CompactionResult]:
-        due = self._store().compaction_due()
+        async with self._lock:  # the store may be replaced meanwhile, never under it
+            due = self._store().compaction_due()
         return [await self.compact_queue(item.topic, item.queue_id) for item in due]
 
     async def compact_queue(self, topic: str, queue: int) -> CompactionResult:

@@ -273,6 +273,8 @@ class ReplicaNode:
             self._unlock()
             raise
         self._store = store
+        # Opening may have wiped an interrupted start-over, the epoch file with it.
+        self._history = EpochHistory(OsFileSystem(), self.config.store.data_dir)
         self.follower = ReplicaFollower(
             self.config.replication,
             member=self.member,
@@ -293,7 +295,11 @@ class ReplicaNode:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # The follower's store, not the one opened: a start-over replaces it.
+        follower = self.follower
         store, self._store = self._store, None
+        if follower is not None and store is not None:
+            store = follower.store
         if store is not None:
             store.close()
         self._unlock()
@@ -344,7 +350,11 @@ class ReplicaNode:
         await _wait_for(election, lambda s: s.leader != record)
 
     async def _eligible(self) -> bool:
-        """In the group's in-sync set (or no set yet: a new group), or unclean election."""
+        """In the group's in-sync set (or no set yet: a new group), or unclean election;
+        never while starting over (its store is being replaced: nothing to lead with)."""
+        follower = self.follower
+        if follower is not None and follower.starting_over:
+            return False
         if self.config.replication.unclean_election:
             return True
         election = self.election
@@ -374,14 +384,18 @@ class ReplicaNode:
         if self._gate is not None and conn.principal is None:
             return await self._gate.before_login(frame, conn), b""
         code, header = decode_request(frame)
-        if code is not RequestCode.REPLICA_FETCH:
-            raise InvalidRequest(f"the replication listener serves REPLICA_FETCH, not {code.name}")
+        if code not in (RequestCode.REPLICA_FETCH, RequestCode.REPLICA_FILE):
+            raise InvalidRequest(
+                f"the replication listener serves REPLICA_FETCH and REPLICA_FILE, not {code.name}"
+            )
         leader = self.leader
         if leader is None:
             raise NotLeader(
                 f"member {self.member} of group {self.config.replication.group} does not lead",
                 group=self.config.replication.group,
             )
+        if code is RequestCode.REPLICA_FILE:
+            return await leader.fetch_file(header)
         return await leader.fetch(header)
 
     # ------------------------------------------------------------------ the data directory

@@ -529,6 +529,23 @@ class Metadata:
             )
 
     @_writes
+    def forget_log_state(self) -> None:
+        """Drop every row derived from the commit log (a replica starting over at its
+        leader's log start, `start_over.py`): queue bounds, index ends, compacted logs,
+        producer windows, the offset book's view. Topics, counters, users, ACLs, service
+        state, static chains and remote ranges stay."""
+        with self._tx():
+            for table in (
+                "queue_state",
+                "queue_index_end",
+                "compacted_logs",
+                "producer_state",
+                "consumer_offsets",
+            ):
+                self._db.execute(f"DELETE FROM {table}")
+            self._db.execute("INSERT OR REPLACE INTO counters VALUES ('offsets_applied', 0)")
+
+    @_writes
     def clear_offsets_view(self) -> None:
         """Empty the view, to rebuild it from the topic's start."""
         with self._tx():
