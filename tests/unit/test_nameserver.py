@@ -599,3 +599,15 @@ def test_a_replica_groups_name_stays_with_its_newest_leader(ns: NameServer) -> N
     assert ns.brokers() == {"g1": "127.0.0.1:1002"}
     ns.register("g1", "127.0.0.1:1003", [_reg("t", 2, [0, 1])], leader_epoch=3)
     assert ns.brokers() == {"g1": "127.0.0.1:1003"}
+
+
+def test_an_old_leaders_unregister_leaves_the_new_leaders_routes(ns: NameServer) -> None:
+    """After a handover the old leader stops and unregisters the group's name; reaching
+    the name server after the new leader registered, it took the group's routes away
+    until the new leader's next heartbeat (clients got BrokerNotAvailable meanwhile)."""
+    ns.register("g1", "127.0.0.1:1001", [_reg("t", 2, [0, 1])], leader_epoch=1)
+    ns.register("g1", "127.0.0.1:1002", [_reg("t", 2, [0, 1])], leader_epoch=2)
+    assert not ns.unregister("g1", leader_epoch=1)
+    assert ns.brokers() == {"g1": "127.0.0.1:1002"}
+    assert ns.unregister("g1", leader_epoch=2)  # the leader itself stopping
+    assert ns.brokers() == {}

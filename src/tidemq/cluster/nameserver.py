@@ -392,10 +392,12 @@ class NameServer:
         """(heartbeat_interval_ms, broker_ttl_ms) this name server asks of brokers."""
         return self._interval, self._ttl
 
-    def unregister(self, broker_name: str) -> bool:
+    def unregister(self, broker_name: str, *, leader_epoch: int = 0) -> bool:
         """Forget the broker (a clean shutdown; its topics become stale); False if it was
-        not registered."""
-        if broker_name not in self._brokers:
+        not registered, or if a replica group's leader under a newer epoch than
+        `leader_epoch` registered it since (the old leader stopping after a handover)."""
+        broker = self._brokers.get(broker_name)
+        if broker is None or leader_epoch < broker.leader_epoch:
             return False
         self._remove(broker_name)
         return True

@@ -21,7 +21,7 @@ import logging
 import ssl
 from collections.abc import Callable
 
-from tidemq.cluster.membership import registration_fields, sign
+from tidemq.cluster.membership import registration_fields, sign, unregistration_fields
 from tidemq.cluster.security_link import SecurityTables, cluster_login, follow
 from tidemq.cluster.topic_journal import TopicJournal, TopicLookup
 from tidemq.core.clock import Clock, SystemClock
@@ -284,12 +284,14 @@ class Registration:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for server in self._servers:
-            request = UnregisterBrokerRequest(broker_name=self._name)
+            request = UnregisterBrokerRequest(
+                broker_name=self._name, leader_epoch=self._leader_epoch
+            )
             if self._cluster_key is not None:
                 request.signed_ms, request.signature = sign(
                     self._cluster_key,
                     "UNREGISTER_BROKER",
-                    [self._name],
+                    unregistration_fields(request),
                     now_ms=self._clock.now_ms(),
                 )
             try:

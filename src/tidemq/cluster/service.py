@@ -11,7 +11,13 @@ import ssl
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tidemq.cluster.membership import CLUSTER_SECRET_ENV, check_secret, registration_fields, verify
+from tidemq.cluster.membership import (
+    CLUSTER_SECRET_ENV,
+    check_secret,
+    registration_fields,
+    unregistration_fields,
+    verify,
+)
 from tidemq.cluster.nameserver import (
     DEFAULT_BROKER_TTL_MS,
     DEFAULT_HEARTBEAT_INTERVAL_MS,
@@ -132,8 +138,8 @@ class NameServerHandlers:
             return self._security_answer(header, self._register(header))
         if code is RequestCode.UNREGISTER_BROKER:
             assert isinstance(header, UnregisterBrokerRequest)
-            self._verify(code.name, [header.broker_name], header)
-            ns.unregister(header.broker_name)
+            self._verify(code.name, unregistration_fields(header), header)
+            ns.unregister(header.broker_name, leader_epoch=header.leader_epoch)
             return Empty()
         if code is RequestCode.SECURITY_PUSH:
             assert isinstance(header, SecurityPushRequest)

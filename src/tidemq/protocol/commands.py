@@ -487,6 +487,10 @@ class UnregisterBrokerRequest(_Msg):
     #: As for RegisterBrokerRequest.
     signed_ms: int = 0
     signature: bytes = b""
+    #: A replica group's leader: the epoch it led under (0: not a group). A name server
+    #: ignores an unregister from an older epoch than the group's registration: the old
+    #: leader stopping after a handover must not take the new leader's routes away.
+    leader_epoch: int = 0
 
 
 class GetRoutesRequest(_Msg):
