@@ -34,6 +34,7 @@ from tidemq.broker.replica_start_over import (
     restart_store,
 )
 from tidemq.broker.replication_config import ReplicationConfig
+from tidemq.broker.service_state_cut import drop_states_past
 from tidemq.broker.thread_calls import finish_in_thread
 from tidemq.cluster.election import ElectionFaults
 from tidemq.cluster.group_keys import LeaderRecord
@@ -288,6 +289,10 @@ class ReplicaFollower:
             )
             store.replica.truncate(answer.diverged_at)
             history.truncate_to(answer.diverged_at)
+            dropped = drop_states_past(store, answer.diverged_at)
+            if dropped:
+                log.info("group %s member %s: saved states of %s were past the cut: dropped",
+                         self._config.group, self._member, ", ".join(dropped))  # fmt: skip
             self.truncations += 1
             return
         if answer.topics is not None:

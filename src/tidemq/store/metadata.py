@@ -616,6 +616,14 @@ class Metadata:
                 "INSERT OR REPLACE INTO service_state VALUES (?, ?)", list(values.items())
             )
 
+    @_writes
+    def delete_service_state(self, names: Iterable[str]) -> None:
+        """Forget the states of these services (their next start rebuilds from scratch)."""
+        with self._tx():
+            self._db.executemany(
+                "DELETE FROM service_state WHERE name = ?", [(name,) for name in names]
+            )
+
     def producer_owner(self, producer_id: int) -> str | None:
         """The user a producer id was issued to, as versions before the compact topic of
         owners (`broker/producer_owner_topic.py`) kept it; read only, for those ids."""
