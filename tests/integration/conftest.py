@@ -73,8 +73,13 @@ class Loop:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = DEFAULT_TIMEOUT_S) -> T:
         async def bounded() -> T:
-            async with asyncio.timeout(timeout_s):
-                return await coro
+            async with asyncio.timeout(timeout_s) as bound:
+                result = await coro
+            # Code that swallows the cancellation it got from the bound would let the
+            # test pass after the bound, its remaining checks skipped.
+            if bound.expired():
+                raise AssertionError(f"ran past its {timeout_s} s bound")
+            return result
 
         return self._runner.run(bounded())
 

@@ -88,6 +88,7 @@ from tidemq.core.errors import (
     TopicNotFound,
 )
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.net.tls import client_context, server_context
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
@@ -511,11 +512,7 @@ class Broker:
         await self._server.stop_accepting()
         self._polling.wake_all()
         await self._server.drain(self.config.shutdown_timeout_ms / 1000)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         if self.tier is not None:
             await self.tier.close()
         # A run in the worker process finishes its file (which nothing names: the next

@@ -42,6 +42,7 @@ from tidemq.cluster.security_link import cluster_login
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import NotLeader, TidemqError
 from tidemq.net.client import ClientConnection
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.protocol.replica_messages import (
     ReplicaFetchRequest,
     ReplicaFetchResponse,
@@ -201,9 +202,7 @@ class ReplicaFollower:
         try:
             await self._follow_leaders()
         finally:
-            compaction.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await compaction
+            await cancel_and_wait(compaction)
             await finish_in_thread(self._compaction.close)
 
     async def _follow_leaders(self) -> None:

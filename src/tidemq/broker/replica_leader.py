@@ -40,6 +40,7 @@ from tidemq.core.errors import (
     RequestTimeout,
     TidemqError,
 )
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.protocol.commands import ReplicaFollowerStatus, ReplicationStatus
 from tidemq.protocol.replica_messages import (
     ElectLeaderRequest,
@@ -203,9 +204,7 @@ class ReplicaLeader:
     async def close(self, error: TidemqError | None = None) -> None:
         """End the term: stop maintaining, fail the appends still waiting."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         gateway = self._gateway
         if gateway is not None:

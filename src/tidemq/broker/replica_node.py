@@ -51,6 +51,7 @@ from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import ConfigError, EtcdUnavailable, InvalidRequest, NotLeader, TidemqError
 from tidemq.net.login import LoginGate
 from tidemq.net.server import ServerConnection, TcpServer
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.net.tls import is_loopback
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
@@ -168,9 +169,7 @@ class ReplicaNode:
         """Leave the group: a leader resigns (so another member takes over at once) and
         stops its broker; a follower closes its store."""
         if self._roles_task is not None:
-            self._roles_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._roles_task
+            await cancel_and_wait(self._roles_task)
         if self.election is not None:
             await self.election.resign()
         await self._stop_leading()
@@ -295,9 +294,7 @@ class ReplicaNode:
     async def _stop_following(self) -> None:
         task, self._follow_task = self._follow_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         # The follower's store, not the one opened: a start-over replaces it.
         follower = self.follower
         store, self._store = self._store, None

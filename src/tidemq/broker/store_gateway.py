@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from typing import Final, TypeVar
 from tidemq.broker.metrics import GROUP_COMMIT_BUCKETS, Durations
 from tidemq.broker.sync_thread import SyncThread
 from tidemq.core.errors import BrokerNotAvailable, DiskFull, StoreClosed, TidemqError
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.store.config import FlushMode
 from tidemq.store.message_store import AppendResult, MessageStore
 from tidemq.store.producer_state import ProducerStamp
@@ -409,9 +409,7 @@ class StoreGateway:
         if self._closed:
             return
         self._closed = True
-        self._ticker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._ticker
+        await cancel_and_wait(self._ticker)
         # Ends after the sync it was asked for last, which covers every waiting append;
         # blocks the loop for at most that one fdatasync, at shutdown.
         error = self._flusher.stop()

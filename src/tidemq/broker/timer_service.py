@@ -51,6 +51,7 @@ from tidemq.core.properties import (
     qualified_origin,
 )
 from tidemq.core.record import RecordFlags
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.protocol.commands import CancelDelayedResponse, TimerStatusResponse, TimerTopicStatus
 from tidemq.store.message_store import AppendResult, MessageStore
 
@@ -225,9 +226,7 @@ class TimerService(TimerHandovers):
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:

@@ -60,6 +60,7 @@ from tidemq.core.properties import (
 )
 from tidemq.core.record import RecordFlags
 from tidemq.net.server import ServerConnection
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.protocol.commands import (
     CheckTxnRequest,
     CheckTxnResponse,
@@ -276,12 +277,7 @@ class TransactionService:
         self._runner = asyncio.get_running_loop().create_task(self._run_checks())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._runner, *self._tasks) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._runner, *self._tasks)
 
     # ------------------------------------------------------------------ requests
 

@@ -42,6 +42,7 @@ from tidemq.core.errors import (
     TopicNotFound,
 )
 from tidemq.net.client import ClientConnection, split_address
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.protocol.commands import (
     GetRoutesRequest,
     GetRoutesResponse,
@@ -494,12 +495,7 @@ class ClusterClient:
 
     async def close(self) -> None:
         self._closed = True
-        tasks = [t for t in (self._refresher, *self._probes.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, TidemqError):
-                await task
+        await cancel_and_wait(self._refresher, *self._probes.values(), ignore=(TidemqError,))
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()

@@ -29,6 +29,7 @@ from tidemq.client.stream_consumer import AsyncStreamConsumer, D, TopicQueue
 from tidemq.core.errors import StaleGeneration, TidemqError, UnknownMember
 from tidemq.core.filters import Sql92
 from tidemq.core.message import Message
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.protocol.commands import (
     CommitOffsetsRequest,
     CommitOffsetsResponse,
@@ -291,9 +292,7 @@ class AsyncGroupConsumer(Generic[D]):
             await self._commit_quietly()
         self._closed = True
         if self._heartbeat_task is not None:
-            self._heartbeat_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat_task
+            await cancel_and_wait(self._heartbeat_task)
         if self._member_id:
             with contextlib.suppress(TidemqError):
                 await self._cluster.group_call(

@@ -11,7 +11,6 @@ event loop that runs the view (for `tidemq.TableView`, the client's background t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from typing import Final
@@ -21,6 +20,7 @@ from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.stream_consumer import AsyncStreamConsumer
 from tidemq.core.errors import TidemqError
 from tidemq.core.message import Message
+from tidemq.net.tasks import cancel_and_wait
 
 __all__ = ["AsyncTableView", "TableListener"]
 
@@ -140,9 +140,7 @@ class AsyncTableView:
     async def close(self) -> None:
         self._closed = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         await self._consumer.close()
         await self._cluster.close()
 

@@ -24,7 +24,6 @@ transactions begun by other processes (Spark executors) as one unit with the mar
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -42,6 +41,7 @@ from tidemq.core.errors import InvalidRequest, TidemqError, TransactionStateErro
 from tidemq.core.message import Receipt
 from tidemq.core.properties import HALF_TOPIC
 from tidemq.net.client import ClientConnection
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.protocol.codec import decode_request, encode_server_error, encode_server_response
 from tidemq.protocol.commands import (
     BeginTxnRequest,
@@ -275,9 +275,7 @@ class AsyncTransactionProducer:
             return
         self._closed = True
         if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+            await cancel_and_wait(self._keeper)
         await self._producer.close()
         await self._cluster.close()
 

@@ -16,7 +16,6 @@ name server answers again, not at every beat.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from tidemq.cluster.topic_journal import TopicJournal, TopicLookup
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import BrokerNotAvailable, TidemqError
 from tidemq.net.client import ClientConnection
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.protocol.commands import (
     Empty,
     GetRoutesRequest,
@@ -280,9 +280,7 @@ class Registration:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         for server in self._servers:
             request = UnregisterBrokerRequest(
                 broker_name=self._name, leader_epoch=self._leader_epoch

@@ -4,7 +4,6 @@ process (`tidemq server`), where the broker registers itself without a network h
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import ssl
@@ -44,6 +43,7 @@ from tidemq.core.errors import (
 )
 from tidemq.net.login import LoginGate
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.net.tls import is_loopback
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
@@ -460,7 +460,5 @@ class NameServerService:
     async def stop(self) -> None:
         await self._server.stop_accepting()
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+            await cancel_and_wait(self._sweeper)
         await self._server.drain(5.0)

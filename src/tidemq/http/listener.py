@@ -10,7 +10,6 @@ those, so the listener drives uvicorn's startup, main loop and shutdown itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from collections.abc import Callable
@@ -111,8 +110,10 @@ class HttpListener:
     async def stop(self) -> None:
         self._server.should_exit = True
         if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # asyncio.wait: the caller's own cancellation still propagates (see net.tasks).
+            await asyncio.wait([self._task])
+            if not self._task.cancelled():
+                self._task.result()  # what the server's loop raised, if anything
             await self._server.shutdown()
         await self._console.close()
         await self.registry.close()

@@ -54,6 +54,7 @@ from tidemq.core.errors import (
 )
 from tidemq.net.budget import ConnectionBudget
 from tidemq.net.ledger import ConnectionLedger, ServerLimits
+from tidemq.net.tasks import cancel_and_wait
 from tidemq.net.tls import is_loopback
 from tidemq.protocol.codec import (
     decode_response,
@@ -577,9 +578,7 @@ class TcpServer(ConnectionLedger["ServerConnection"]):
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+            await cancel_and_wait(self._sweeper)
             self._sweeper = None
         for conn in [*self._conns, *self._lingering]:
             conn.close()
