@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import asyncio
 from pathlib import Path
+from typing import TypeGuard
 
 import pytest
 
@@ -91,7 +92,7 @@ def test_errors_propagate_after_every_task_ended_unless_ignored() -> None:
     asyncio.run(run())
 
 
-def _suppresses_cancellation(node: ast.AST) -> bool:
+def _suppresses_cancellation(node: ast.AST) -> TypeGuard[ast.Call]:
     if not isinstance(node, ast.Call) or not node.args:
         return False
     name = ast.unparse(node.func)
