@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -64,6 +65,20 @@ async def wait_until(
         await asyncio.sleep(interval_s)
 
 
+def _print_task_stacks() -> None:
+    tasks = asyncio.all_tasks()
+    print(f"--- the test's bound is reached: {len(tasks)} tasks ---", file=sys.stderr)
+    for task in tasks:
+        print(f"{task.get_name()}:", file=sys.stderr)
+        awaited: Any = task.get_coro()
+        while awaited is not None:  # the chain of coroutines the task is suspended in
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is not None:
+                code = frame.f_code
+                print(f"  {code.co_filename}:{frame.f_lineno} {code.co_name}", file=sys.stderr)
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+
+
 class Loop:
     """A per-test event loop. `run` may be called many times; the loop (and every broker
     on it) persists between calls, and its background tasks run only during them."""
@@ -73,8 +88,15 @@ class Loop:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = DEFAULT_TIMEOUT_S) -> T:
         async def bounded() -> T:
-            async with asyncio.timeout(timeout_s) as bound:
-                result = await coro
+            loop = asyncio.get_running_loop()
+            # Where every task waits, printed just before the bound cancels them: a test
+            # that overran shows what it was stuck on (its captured stderr).
+            dump = loop.call_later(max(0.0, timeout_s - 0.05), _print_task_stacks)
+            try:
+                async with asyncio.timeout(timeout_s) as bound:
+                    result = await coro
+            finally:
+                dump.cancel()
             # Code that swallows the cancellation it got from the bound would let the
             # test pass after the bound, its remaining checks skipped.
             if bound.expired():
