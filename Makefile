@@ -48,8 +48,9 @@ etcd:
 
 # Two workers: most tests wait on servers, sleeps and subprocesses, so two share the two
 # cores well (13 min serial, 8 min on two). The Spark tests all go to one worker (one JVM).
+# Every test's time goes to $(VENV)/test-times.xml (JUnit XML), to see where the budget goes.
 test: check java chromium etcd
-	$(VENV)/bin/pytest -W error -q -n 2 --dist loadgroup --durations=25
+	$(VENV)/bin/pytest -W error -q -n 2 --dist loadgroup --durations=25 --junit-xml=$(VENV)/test-times.xml
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks

@@ -14,7 +14,7 @@ from typing import TypeGuard
 
 import pytest
 
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "tidemq"
 
@@ -135,3 +135,46 @@ def test_cleanup_in_a_task_cancelled_earlier_still_waits() -> None:
         return done
 
     assert asyncio.run(run()) == [True]
+
+
+class _Resource:
+    """A stop() with steps after its wait, like a member closing its store."""
+
+    def __init__(self) -> None:
+        self.stopping = asyncio.Event()
+        self.release = asyncio.Event()
+        self.closed = False
+
+    @completes_when_cancelled
+    async def stop(self, task: asyncio.Task[None]) -> str:
+        self.stopping.set()
+        await cancel_and_wait(task)
+        self.closed = True
+        return "stopped"
+
+
+def test_a_cancelled_cleanup_runs_to_its_end_then_the_cancellation_propagates() -> None:
+    async def run() -> bool:
+        resource = _Resource()
+        task = asyncio.ensure_future(_slow_to_stop(resource.release, asyncio.Event()))
+        await asyncio.sleep(0)
+        stopper = asyncio.ensure_future(resource.stop(task))
+        await resource.stopping.wait()
+        stopper.cancel()
+        await asyncio.sleep(0)
+        assert not stopper.done()  # still waiting for its body
+        resource.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await stopper
+        return resource.closed
+
+    assert asyncio.run(run())
+
+
+def test_an_uncancelled_cleanup_returns_its_result() -> None:
+    async def run() -> str:
+        task = asyncio.ensure_future(_forever())
+        await asyncio.sleep(0)
+        return await _Resource().stop(task)
+
+    assert asyncio.run(run()) == "stopped"

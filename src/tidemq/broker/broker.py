@@ -88,7 +88,7 @@ from tidemq.core.errors import (
     TopicNotFound,
 )
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 from tidemq.net.tls import client_context, server_context
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
@@ -505,6 +505,7 @@ class Broker:
             return TierFilesResponse()
         return await self.tier.reads.files(req)
 
+    @completes_when_cancelled
     async def stop(self) -> None:
         if self._stopped.is_set():
             return

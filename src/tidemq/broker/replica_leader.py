@@ -40,7 +40,7 @@ from tidemq.core.errors import (
     RequestTimeout,
     TidemqError,
 )
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 from tidemq.protocol.commands import ReplicaFollowerStatus, ReplicationStatus
 from tidemq.protocol.replica_messages import (
     ElectLeaderRequest,
@@ -201,6 +201,7 @@ class ReplicaLeader:
         self._gateway = gateway
         self._task = asyncio.get_running_loop().create_task(self._maintain())
 
+    @completes_when_cancelled
     async def close(self, error: TidemqError | None = None) -> None:
         """End the term: stop maintaining, fail the appends still waiting."""
         if self._task is not None:

@@ -51,7 +51,7 @@ from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import ConfigError, EtcdUnavailable, InvalidRequest, NotLeader, TidemqError
 from tidemq.net.login import LoginGate
 from tidemq.net.server import ServerConnection, TcpServer
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 from tidemq.net.tls import is_loopback
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
@@ -165,6 +165,7 @@ class ReplicaNode:
         )
         return self.address
 
+    @completes_when_cancelled
     async def stop(self) -> None:
         """Leave the group: a leader resigns (so another member takes over at once) and
         stops its broker; a follower closes its store."""
@@ -250,6 +251,7 @@ class ReplicaNode:
         )
         await _wait_for(election, lambda s: s.state is not State.LEADER)
 
+    @completes_when_cancelled
     async def _stop_leading(self) -> None:
         # Both let go at once: while the replica leader closes (it refuses every append
         # from then on), this member no longer counts as running the group's broker,
@@ -291,6 +293,7 @@ class ReplicaNode:
         )
         self._follow_task = asyncio.get_running_loop().create_task(self.follower.run())
 
+    @completes_when_cancelled
     async def _stop_following(self) -> None:
         task, self._follow_task = self._follow_task, None
         if task is not None:

@@ -33,7 +33,7 @@ from typing import Final, TypeVar
 from tidemq.broker.metrics import GROUP_COMMIT_BUCKETS, Durations
 from tidemq.broker.sync_thread import SyncThread
 from tidemq.core.errors import BrokerNotAvailable, DiskFull, StoreClosed, TidemqError
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 from tidemq.store.config import FlushMode
 from tidemq.store.message_store import AppendResult, MessageStore
 from tidemq.store.producer_state import ProducerStamp
@@ -404,6 +404,7 @@ class StoreGateway:
             except Exception:
                 log.exception("periodic store work failed")
 
+    @completes_when_cancelled
     async def close(self) -> None:
         """Flush what is waiting, checkpoint and close the store."""
         if self._closed:

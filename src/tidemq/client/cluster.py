@@ -42,7 +42,7 @@ from tidemq.core.errors import (
     TopicNotFound,
 )
 from tidemq.net.client import ClientConnection, split_address
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 from tidemq.protocol.commands import (
     GetRoutesRequest,
     GetRoutesResponse,
@@ -493,6 +493,7 @@ class ClusterClient:
                 if not conn.is_open:
                     self.mark_down(address)
 
+    @completes_when_cancelled
     async def close(self) -> None:
         self._closed = True
         await cancel_and_wait(self._refresher, *self._probes.values(), ignore=(TidemqError,))

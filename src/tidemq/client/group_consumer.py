@@ -29,7 +29,7 @@ from tidemq.client.stream_consumer import AsyncStreamConsumer, D, TopicQueue
 from tidemq.core.errors import StaleGeneration, TidemqError, UnknownMember
 from tidemq.core.filters import Sql92
 from tidemq.core.message import Message
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 from tidemq.protocol.commands import (
     CommitOffsetsRequest,
     CommitOffsetsResponse,
@@ -285,6 +285,7 @@ class AsyncGroupConsumer(Generic[D]):
             for message in await self.poll():
                 yield message
 
+    @completes_when_cancelled
     async def close(self) -> None:
         if self._closed:
             return

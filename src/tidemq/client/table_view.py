@@ -20,7 +20,7 @@ from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.stream_consumer import AsyncStreamConsumer
 from tidemq.core.errors import TidemqError
 from tidemq.core.message import Message
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 
 __all__ = ["AsyncTableView", "TableListener"]
 
@@ -137,6 +137,7 @@ class AsyncTableView:
         """A copy of the table now."""
         return dict(self._table)
 
+    @completes_when_cancelled
     async def close(self) -> None:
         self._closed = True
         if self._task is not None:

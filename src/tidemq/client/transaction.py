@@ -41,7 +41,7 @@ from tidemq.core.errors import InvalidRequest, TidemqError, TransactionStateErro
 from tidemq.core.message import Receipt
 from tidemq.core.properties import HALF_TOPIC
 from tidemq.net.client import ClientConnection
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 from tidemq.protocol.codec import decode_request, encode_server_error, encode_server_response
 from tidemq.protocol.commands import (
     BeginTxnRequest,
@@ -270,6 +270,7 @@ class AsyncTransactionProducer:
             return "unknown"
         return decision
 
+    @completes_when_cancelled
     async def close(self) -> None:
         if self._closed:
             return

@@ -26,7 +26,7 @@ from tidemq.cluster.topic_journal import TopicJournal, TopicLookup
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import BrokerNotAvailable, TidemqError
 from tidemq.net.client import ClientConnection
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 from tidemq.protocol.commands import (
     Empty,
     GetRoutesRequest,
@@ -278,6 +278,7 @@ class Registration:
             except TimeoutError:
                 pass
 
+    @completes_when_cancelled
     async def stop(self) -> None:
         if self._task is not None:
             await cancel_and_wait(self._task)

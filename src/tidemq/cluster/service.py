@@ -43,7 +43,7 @@ from tidemq.core.errors import (
 )
 from tidemq.net.login import LoginGate
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 from tidemq.net.tls import is_loopback
 from tidemq.protocol.codec import decode_request
 from tidemq.protocol.codes import RequestCode
@@ -457,6 +457,7 @@ class NameServerService:
             for name in self.nameserver.expire():
                 log.warning("broker %s stopped heartbeating; dropped from routes", name)
 
+    @completes_when_cancelled
     async def stop(self) -> None:
         await self._server.stop_accepting()
         if self._sweeper is not None:

@@ -54,7 +54,7 @@ from tidemq.core.errors import (
 )
 from tidemq.net.budget import ConnectionBudget
 from tidemq.net.ledger import ConnectionLedger, ServerLimits
-from tidemq.net.tasks import cancel_and_wait
+from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 from tidemq.net.tls import is_loopback
 from tidemq.protocol.codec import (
     decode_response,
@@ -572,6 +572,7 @@ class TcpServer(ConnectionLedger["ServerConnection"]):
         if self._server is not None:
             self._server.close()
 
+    @completes_when_cancelled
     async def drain(self, timeout_s: float) -> None:
         """Wait for in-flight requests to finish (graceful shutdown), then close."""
         tasks = [t for c in self._conns for t in c.tasks]

@@ -10,12 +10,22 @@ cancellation is expected; the caller's is re-raised. It compares the count with 
 at the call, not with zero: cleanup code that runs in a task cancelled earlier (in a
 `finally`, or after catching CancelledError) still has a count above zero, and its waits
 must not end early on a cancellation already delivered.
+
+Re-raising has its own trap: a `stop()` cancelled in the middle skips the rest of its
+cleanup (a store left open and locked, sockets never closed). Methods that clean up are
+decorated with `completes_when_cancelled`: their body runs to its end in a task of its
+own, and the caller's cancellation propagates once it has.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 async def cancel_and_wait(
@@ -49,3 +59,24 @@ async def cancel_and_wait(
 def _cancel_requests() -> int:
     current = asyncio.current_task()
     return 0 if current is None else current.cancelling()
+
+
+def completes_when_cancelled(
+    fn: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """Decorate a cleanup coroutine (stop, close): a cancellation of its caller waits for
+    the body to finish, then propagates. A second cancellation while it waits leaves the
+    body running to its end in the background."""
+
+    @functools.wraps(fn)
+    async def run_to_the_end(*args: P.args, **kwargs: P.kwargs) -> R:
+        body = asyncio.ensure_future(fn(*args, **kwargs))
+        try:
+            return await asyncio.shield(body)
+        except asyncio.CancelledError:
+            await asyncio.wait([body])
+            if not body.cancelled():
+                body.exception()  # retrieved: the caller's cancellation is what it gets
+            raise
+
+    return run_to_the_end
