@@ -101,7 +101,7 @@ def spark_schema(with_headers: bool = False, value_type: StructType | None = Non
 
 
 def _check_schema(
-    schema: StructType, options: ReadOptions, value_format: ValueFormat | None
+    schema: StructType | None, options: ReadOptions, value_format: ValueFormat | None
 ) -> None:
     expected = spark_schema(options.include_headers, _value_type(value_format))
     if schema is not None and schema != expected:
@@ -165,7 +165,9 @@ class TidemqBatchReader(DataSourceReader):
 
 
 class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType | None) -> None:
+        """`schema` None: a reader whose rows are not the source's (the `archive`
+        pipeline's)."""
         self._options = parse_read_options(options, streaming=True)
         self._value_format = _value_format(options)
         _check_schema(schema, self._options, self._value_format)

@@ -46,15 +46,17 @@ def read_topics(
     include_headers: bool = True,
     options: dict[str, str] | None = None,
     client: ClientOptions | None = None,
+    source: str = "tidemq",
 ) -> DataFrame:
     """`topics` as a stream from their earliest offsets (the source registered first);
     `options`: more source options (`valueFormat`, ...); `client`: the login and TLS of
-    the executors' connections."""
+    the executors' connections; `source`: the format, `tidemq` or one built on it and
+    registered by the caller (`archive`'s)."""
     import tidemq.spark  # noqa: PLC0415 - pyspark on demand
 
     tidemq.spark.register(spark)
     reader = (
-        spark.readStream.format("tidemq")
+        spark.readStream.format(source)
         .option("bootstrap", bootstrap)
         .option("subscribe", ",".join(topics))
         .option("startingOffsets", "earliest")
