@@ -53,7 +53,7 @@ from tidemq.spark.pipelines.archive_files import (
     write_table,
 )
 from tidemq.spark.pipelines.streams import (
-    DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    ARCHIVE_MAX_OFFSETS_PER_TRIGGER,
     Trigger,
     check_trigger,
     read_topics,
@@ -90,7 +90,7 @@ def run_archive(
     output: str | Path,
     checkpoint: str | Path,
     trigger: Trigger = "available_now",
-    max_offsets_per_trigger: int | None = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    max_offsets_per_trigger: int | None = ARCHIVE_MAX_OFFSETS_PER_TRIGGER,
     min_partitions: int | None = None,
     client: ClientOptions | None = None,
 ) -> StreamingQuery:

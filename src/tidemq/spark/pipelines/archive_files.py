@@ -45,6 +45,7 @@ __all__ = [
     "META_TOPIC",
     "STALE_TMP_S",
     "ArchiveFile",
+    "GroupSize",
     "Staged",
     "Stager",
     "hour_partition",
@@ -132,21 +133,35 @@ def _row_bytes(batch: pa.RecordBatch) -> pa.Array:
     return size
 
 
+@dataclass(frozen=True, slots=True)
+class GroupSize:
+    """Where `Stager` cuts row groups: at `rows` rows, or once the rows' keys and values
+    reach `bytes` (plus `_ROW_OVERHEAD` a row), whichever comes first."""
+
+    rows: int = GROUP_ROWS
+    bytes: int = GROUP_BYTES
+
+
 class _File:
     """One staged file in the making: rows of one (topic, queue, hour), in offset order,
     appended to a ParquetWriter under a hidden temporary name."""
 
-    def __init__(self, directory: Path, topic: str, queue: int, slot: datetime) -> None:
+    def __init__(
+        self, directory: Path, topic: str, queue: int, slot: datetime, group: GroupSize
+    ) -> None:
         self.directory = directory
         self.topic = topic
         self.queue = queue
         self.dt, self.hour = hour_partition(slot)
+        self.group = group
         self.tmp: Path | None = None
         self.writer: pq.ParquetWriter | None = None
         self.start = -1
         self.last = -1
         self.rows = 0
+        # Rows not written yet (less than a row group), with each row's size.
         self.pending: list[pa.RecordBatch] = []
+        self.sizes: list[pa.Array] = []
         self.pending_rows = 0
         self.pending_bytes = 0
 
@@ -166,37 +181,42 @@ class _File:
             self.start = first
         self.last = offsets[-1].as_py()
         self.rows += batch.num_rows
+        sizes = _row_bytes(batch)
         self.pending.append(batch)
+        self.sizes.append(sizes)
         self.pending_rows += batch.num_rows
-        self.pending_bytes += pc.sum(_row_bytes(batch)).as_py()
-        self._drain(final=False)
+        self.pending_bytes += pc.sum(sizes).as_py()
+        while self.pending_rows >= self.group.rows or self.pending_bytes >= self.group.bytes:
+            self._write_group()
 
-    def _drain(self, *, final: bool) -> None:
-        """Write full row groups out of the pending rows (and the rest when `final`)."""
+    def _write_group(self) -> None:
+        """Write the first row group of the pending rows: `group.rows` rows, or fewer
+        whose sizes reach `group.bytes`; keep the rest pending."""
         assert self.writer is not None
-        while self.pending_rows >= GROUP_ROWS or self.pending_bytes >= GROUP_BYTES:
-            table = pa.Table.from_batches(self.pending)
-            cumulative = pc.cumulative_sum(
-                pc.concat_arrays([_row_bytes(b) for b in table.to_batches()])
-            )
-            full = pc.index(pc.greater_equal(cumulative, GROUP_BYTES), True).as_py()
-            cut = min(GROUP_ROWS, table.num_rows if full < 0 else full + 1)
-            self.writer.write_table(table.slice(0, cut), row_group_size=cut)
-            rest = table.slice(cut)
-            self.pending = rest.to_batches()
-            self.pending_rows = rest.num_rows
-            self.pending_bytes = sum(pc.sum(_row_bytes(b)).as_py() or 0 for b in self.pending)
-        if final and self.pending_rows:
+        table = pa.Table.from_batches(self.pending)
+        cumulative = pc.cumulative_sum(pa.concat_arrays(self.sizes))
+        full = pc.index(pc.greater_equal(cumulative, self.group.bytes), True).as_py()
+        cut = min(self.group.rows, table.num_rows if full < 0 else full + 1)
+        self.writer.write_table(table.slice(0, cut), row_group_size=cut)
+        self.pending = table.slice(cut).to_batches()
+        rest = pa.concat_arrays(self.sizes).slice(cut)
+        self.sizes = [rest]
+        self.pending_rows = len(rest)
+        self.pending_bytes = pc.sum(rest).as_py() or 0
+
+    def _write_rest(self) -> None:
+        assert self.writer is not None
+        if self.pending_rows:
             table = pa.Table.from_batches(self.pending)
             self.writer.write_table(table, row_group_size=table.num_rows)
-            self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
+        self.pending, self.sizes, self.pending_rows, self.pending_bytes = [], [], 0, 0
 
     def close(self, root: Path) -> Staged:
         """Finish the file; renamed to `.<its target's name>.tmp-<random>` (what the
         driver publishes)."""
         assert self.writer is not None
         assert self.tmp is not None
-        self._drain(final=True)
+        self._write_rest()
         end = self.last + 1
         self.writer.add_key_value_metadata(
             {
@@ -246,8 +266,9 @@ class Stager:
 
     Deterministic: the same rows give the same target names and the same bytes."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, group: GroupSize | None = None) -> None:
         self.root = root
+        self.group = group or GroupSize()
         self._files: dict[tuple[str, int, datetime], _File] = {}
 
     def add(self, batch: pa.RecordBatch) -> None:
@@ -281,7 +302,7 @@ class Stager:
         if file is None:
             dt, hour = hour_partition(slot)
             directory = _directory(self.root, topic, dt, hour)
-            file = self._files[key] = _File(directory, topic, queue, slot)
+            file = self._files[key] = _File(directory, topic, queue, slot, self.group)
         return file
 
     def close(self) -> list[Staged]:
@@ -299,14 +320,14 @@ class Stager:
         self._files.clear()
 
 
-def stage_table(table: pa.Table, root: Path) -> list[Staged]:
+def stage_table(table: pa.Table, root: Path, group: GroupSize | None = None) -> list[Staged]:
     """Stage rows (the source's columns, in any order) under `root` (see `Stager`)."""
     if table.num_rows == 0:
         return []
     ordered = table.sort_by(
         [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
     )
-    stager = Stager(root)
+    stager = Stager(root, group)
     try:
         for batch in ordered.to_batches():
             stager.add(batch)
