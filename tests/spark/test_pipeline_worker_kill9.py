@@ -7,8 +7,9 @@ The test arms the gate; the next task attempt to produce output claims it and wa
 its work done (an archive task has staged its Parquet files) and its result not yet
 sent; the test sees the claim, SIGKILLs that worker and arms the gate again, KILLS times
 (10; 40 under TIDEMQ_SOAK=1: analytics in 4 rounds of 10), at most once per task
-attempt. Killed tasks are of both kinds that run Python: the tidemq source's reads and
-archive's staging. Then: Spark's
+attempt. Archive's killed tasks are its source's, which fetch their ranges and stage
+the Parquet files in one Python worker (ADR 21), killed with the files staged and not yet
+reported; analytics' are the tidemq source's reads. Then: Spark's
 event log shows one failed task attempt per kill ("Python worker exited unexpectedly")
 and no other failure; the archive holds every message once, and the analytics outputs
 equal the pure-Python reference, in Parquet and in the results topic, once each.
