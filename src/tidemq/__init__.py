@@ -96,6 +96,7 @@ if TYPE_CHECKING:
         TransactionStateError,
         UnknownMessage,
         UnknownTransaction,
+        WriterFenced,
     )
     from tidemq.core.malloc_tuning import tune_malloc
     from tidemq.core.message import BatchReceipts, Message, MessageBatch, Receipt
@@ -182,6 +183,7 @@ __all__ = [
     "UnknownMessage",
     "UnknownTransaction",
     "UserInfo",
+    "WriterFenced",
     "__version__",
     "client_tls",
     "tune_malloc",
@@ -268,6 +270,7 @@ _WHERE: Final[dict[str, tuple[str, str]]] = {
     "TransactionStatus": ("tidemq.client.results", "TransactionStatus"),
     "UnknownMessage": ("tidemq.core.errors", "UnknownMessage"),
     "UnknownTransaction": ("tidemq.core.errors", "UnknownTransaction"),
+    "WriterFenced": ("tidemq.core.errors", "WriterFenced"),
     "UserInfo": ("tidemq.client.results", "UserInfo"),
     "client_tls": ("tidemq.net.tls", "client_context"),
     "tune_malloc": ("tidemq.core.malloc_tuning", "tune_malloc"),

@@ -4,14 +4,16 @@ lease whose keep-alives stop (the fault hook of `tidemq.testing.election`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING
 
 import pytest
 from tests.support.etcd_server import EtcdCluster, etcd_single
 
-from tidemq.cluster.etcd_client import EtcdClient, EventKind, Put
+from tidemq.cluster.etcd_client import EtcdClient, EventKind, Put, WatchEvent
 from tidemq.cluster.lease_keeper import LeaseKeeper
 from tidemq.core.clock import SystemClock
+from tidemq.core.errors import EtcdUnavailable
 from tidemq.testing.clock import ManualClock
 from tidemq.testing.election import ElectionFaultSwitch
 
@@ -77,6 +79,51 @@ def test_a_kept_lease_outlives_its_ttl_and_a_paused_one_is_expired_by_etcd(
             assert await client.keep_alive(keeper.lease.id) == 0
         finally:
             await keeper.abandon()
+            await client.close()
+
+    loop.run(scenario())
+
+
+def test_a_watch_answered_late_after_a_stall_never_hands_out_another_keys_change(
+    loop: Loop, etcd_single: EtcdCluster
+) -> None:
+    """aetcd pairs a "watch created" answer with whichever watch waits for one: after a
+    watch of key A timed out on a paused etcd, etcd's late answer to it went to the
+    next watch, of key B, which then returned A's change as B's (found by the partition
+    test's pause-etcd fault)."""
+    (etcd,) = etcd_single.members
+    key_a, key_b = b"/tidemq-test/watch-a", b"/tidemq-test/watch-b"
+
+    async def scenario() -> None:
+        client = EtcdClient(etcd_single.endpoints, request_timeout_ms=500)
+        await client.connect()
+        try:
+            start = (await client.txn([], [Put(key_a, b"0")])).revision + 1
+            etcd.pause()
+            try:
+                # Nothing answers: "no change" or "no answer", by which bound ends first.
+                with contextlib.suppress(EtcdUnavailable):
+                    assert (
+                        await client.watch_once(key_a, start_revision=start, timeout_ms=200) is None
+                    )
+                watch_b = asyncio.ensure_future(
+                    client.watch_once(key_b, start_revision=start, timeout_ms=5_000)
+                )
+            finally:
+                etcd.resume()
+            await client.txn([], [Put(key_a, b"1")])
+            # B's watch: its own answer, none, or "ask again"; never A's change.
+            (got,) = await asyncio.gather(watch_b, return_exceptions=True)
+            if isinstance(got, EtcdUnavailable):
+                assert "ask again" in str(got) or "no answer" in str(got)
+            else:
+                assert got is None or (isinstance(got, WatchEvent) and got.kv.key == key_b)
+            # Asked again, the watch of B sees B's change.
+            await client.txn([], [Put(key_b, b"2")])
+            event = await client.watch_once(key_b, start_revision=start, timeout_ms=5_000)
+            assert event is not None
+            assert (event.kind, event.kv.key, event.kv.value) == (EventKind.PUT, key_b, b"2")
+        finally:
             await client.close()
 
     loop.run(scenario())

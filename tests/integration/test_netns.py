@@ -109,3 +109,35 @@ def test_a_network_left_by_a_dead_process_is_removed_by_the_next() -> None:
         assert net.namespace("x") not in _namespaces()
     finally:
         net.close()  # nothing left to remove: not an error
+
+
+def _serve_in_root(address: str) -> tuple[subprocess.Popen[bytes], int]:
+    """`_SERVER` in this (the root) namespace on `address`; the process and its port."""
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, address], stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert server.stdout is not None
+    return server, int(server.stdout.readline())  # its readiness line
+
+
+def test_a_cut_host_misses_one_address_and_reaches_the_others() -> None:
+    with netns.host_network(["a", "b"]) as net:
+        service, service_port = _serve_in_root(net.service_address)
+        other, other_port = _serve_in_root(net.bridge_address)
+        try:
+            assert _greeted_from(net, "a", net.service_address, service_port)
+            net.cut("a", net.service_address)
+            assert net.is_cut("a", net.service_address)
+            assert not _greeted_from(net, "a", net.service_address, service_port)
+            assert _greeted_from(net, "a", net.bridge_address, other_port)
+            assert _greeted_from(net, "b", net.service_address, service_port)
+            net.mend("a", net.service_address)
+            assert not net.is_cut("a", net.service_address)
+            assert _greeted_from(net, "a", net.service_address, service_port)
+        finally:
+            for server in (service, other):
+                server.kill()
+                server.wait(timeout=10)
+                if server.stdout is not None:
+                    server.stdout.close()

@@ -4,19 +4,20 @@ never twice.
 
 A model-based test: hypothesis draws a program of sends (each through one of the paths:
 the asyncio `send_nowait`, an awaited `send` in a task of its own, `send_batch_nowait`,
-the sync `Producer.send_async` and `send_batch_async`), mixed with loop turns, waits for
-what was sent, first sends to topics whose route the producer does not know yet, and
-restarts of the broker (same port and data, so every connection drops and in-flight
-requests are retried). Then it reads every queue back and checks, per producer and
-queue, that the sequence numbers are increasing, that nothing acknowledged is missing,
-and that nothing is there twice. Issue 15: sends made while the route was being looked
-up were overtaken by later sends that took the fast path.
+the sync `Producer.send_async` and `send_batch_async`, and the blocking sync `send`),
+mixed with loop turns, waits for what was sent, first sends to topics whose route the
+producer does not know yet, and restarts of the broker (same port and data, so every
+connection drops and in-flight requests are retried). Then it reads every queue back and
+checks, per producer and queue, that the sequence numbers are increasing, that nothing
+acknowledged is missing, and that nothing is there twice. Issue 15: sends made while the
+route was being looked up were overtaken by later sends that took the fast path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import os
 import socket
 import time
@@ -61,6 +62,10 @@ _op = st.one_of(
     _send,
     _send,
     _send,
+    # A sync `Producer.send` (on a thread of its own, awaited as its caller waits): it is
+    # written on the caller's thread when nothing of the producer is on its way.
+    st.tuples(st.just("blocking"), st.sampled_from(TOPICS), st.sampled_from(KEYS)),
+    st.tuples(st.just("blocking"), st.sampled_from(TOPICS), st.sampled_from(KEYS)),
     st.tuples(st.just("yield"), st.integers(1, 3)),
     st.tuples(st.just("settle")),
     st.tuples(st.just("restart")),
@@ -147,6 +152,14 @@ async def _run_sends(address: str, program: Sequence[tuple[Any, ...]], broker: _
                 for i in range(BURST):
                     key = KEYS[i % len(KEYS)]
                     _start(producer, sync_producer, sent, tasks, topic, key, path, 1 + i % 3)
+            elif op[0] == "blocking":
+                _, topic, key = op
+                seqs = sent[1].take(1)
+                done = loop.run_in_executor(
+                    None, functools.partial(sync_producer.send, topic, _value(1, seqs[0]), key=key)
+                )
+                sent[1].futures.append((topic, seqs, done))
+                await asyncio.wait([done], timeout=60)
             elif op[0] == "yield":
                 for _ in range(op[1]):
                     await asyncio.sleep(0)

@@ -1,10 +1,12 @@
 """Producer ids belong to the user they were issued to (issue 16), with authentication
 on: another user's PRODUCE with that id is refused and does not disturb its sequence;
-the owner goes on, also after a restart (owners are stored); an id nobody knows (issued
-before owners were stored) is bound to its first user."""
+the owner goes on, also after a restart (owners are records of a compact internal topic;
+after a failover too: `test_replication_security.py`); an id nobody knows (issued before
+owners were stored) is bound to its first user."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING
 
@@ -84,15 +86,18 @@ def test_another_users_producer_id_is_refused(loop: Loop, start_broker: StartBro
 
 
 def test_owners_are_bounded() -> None:
-    owners = ProducerOwners(max_owners=2)
-    owners.issued(1, "User:a")
-    owners.issued(2, "User:b")
-    owners.check(1, "User:a")  # 1 is now the most recently used
-    owners.issued(3, "User:c")  # forgets 2
-    assert len(owners) == 2
-    owners.check(2, "User:x")  # forgotten: bound to its next user
-    with pytest.raises(FencedProducer):
-        owners.check(2, "User:b")
+    async def go() -> None:
+        owners = ProducerOwners(max_owners=2)
+        await owners.issued(1, "User:a")
+        await owners.issued(2, "User:b")
+        await owners.check(1, "User:a")  # 1 is now the most recently used
+        await owners.issued(3, "User:c")  # forgets 2
+        assert len(owners) == 2
+        await owners.check(2, "User:x")  # forgotten: bound to its next user
+        with pytest.raises(FencedProducer):
+            await owners.check(2, "User:b")
+
+    asyncio.run(go())
 
 
 def test_owners_survive_a_restart(loop: Loop, start_broker: StartBroker) -> None:
@@ -146,11 +151,24 @@ def test_owners_survive_a_restart(loop: Loop, start_broker: StartBroker) -> None
 
 def test_owners_forgotten_in_memory_are_found_in_the_store() -> None:
     stored: dict[int, str] = {}
-    owners = ProducerOwners(max_owners=1, save=stored.__setitem__, load=stored.get)
-    owners.issued(1, "User:a")
-    owners.issued(2, "User:b")  # 1 leaves the memory, not the store
-    with pytest.raises(FencedProducer):
-        owners.check(1, "User:x")
-    owners.check(1, "User:a")
-    owners.check(3, "User:c")  # nobody's: bound, and stored
-    assert stored == {1: "User:a", 2: "User:b", 3: "User:c"}
+
+    async def save(producer_id: int, principal: str) -> None:
+        stored[producer_id] = principal
+
+    async def load(producer_id: int) -> str | None:
+        return stored.get(producer_id)
+
+    async def go() -> None:
+        owners = ProducerOwners(max_owners=1, save=save, load=load)
+        await owners.issued(1, "User:a")
+        await owners.issued(2, "User:b")  # 1 leaves the memory, not the store
+        assert not owners.known(1, "User:a")
+        with pytest.raises(FencedProducer):
+            await owners.check(1, "User:x")
+        await owners.check(1, "User:a")
+        await owners.check(3, "User:c")  # nobody's: bound, and stored
+        assert stored == {1: "User:a", 2: "User:b", 3: "User:c"}
+        with pytest.raises(FencedProducer):
+            owners.known(3, "User:a")  # in memory, another's: refused without a wait
+
+    asyncio.run(go())

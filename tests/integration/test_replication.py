@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 from tests.integration.conftest import broker_config, wait_until
 from tests.support.etcd_server import EtcdCluster, etcd_single
-from tests.support.replica_group import GROUP, group
+from tests.support.replica_group import GROUP, group, wait_all_in_sync
 
 from tidemq import aio
 from tidemq.broker import replica_node
@@ -85,10 +85,7 @@ def test_a_group_commits_on_two_members_and_a_new_leader_has_every_acknowledged_
                 # follower has it durably.
                 leader = first.leader
                 assert leader is not None
-                # A follower slowed by a loaded machine may have left the set for a while.
-                await wait_until(
-                    lambda: leader.in_sync == ("m0", "m1", "m2"), what="all three in sync"
-                )
+                await wait_all_in_sync(first)
                 positions = leader.follower_positions()
                 assert max(durable for _, durable in positions.values()) >= leader.committed
                 assert leader.committed > 0
@@ -502,11 +499,7 @@ def test_an_idempotent_retry_at_the_next_leader_is_stored_once(
                 await _send(producer, sent)
                 # Both followers in the in-sync set first (each joins once caught up):
                 # the held one must be, or the late send is acknowledged without it.
-                leading = old.leader
-                assert leading is not None
-                await wait_until(
-                    lambda: leading.in_sync == ("m0", "m1", "m2"), what="all three in sync"
-                )
+                await wait_all_in_sync(old)
                 faults[held.member].hold_fetches()
                 faults[held.member].hold_campaigns()
                 assert old.broker is not None

@@ -3,7 +3,7 @@
 namespace (`tidemq.testing.netns`); etcd and the name server listen on the bridge in the
 root namespace, where this test's clients run: two producers (idempotent, acks=all, one
 per queue, sending one message at a time) and a consumer reading both queues from the
-start, all the time.
+start, all the time, and a member of consumer group `checker` committing after each poll.
 
 Each cycle strikes one fault chosen at random (the seed is printed; `--seed N` or
 TIDEMQ_PARTITION_SEED=N replays the same faults in the same order; which member leads,
@@ -13,21 +13,29 @@ and so which one a leader fault strikes, is up to the elections):
   the old leader cuts what it wrote alone and rejoins the in-sync set;
 * partition a follower's host; kill -9 a follower (started again);
 * SIGSTOP the leader until another member leads, then SIGCONT (a zombie: whatever it
-  still does must not acknowledge anything); kill -9 the leader (started again).
+  still does must not acknowledge anything); kill -9 the leader (started again);
+* cut the leader off from etcd alone: it still reaches its followers, the name server
+  and the clients, but can renew nothing, so it must stop acknowledging at its lease's
+  end while another member is elected;
+* SIGSTOP etcd, or kill -9 it: no lease is renewed and no one can campaign, so the leader
+  must stop serving at its lease's end; etcd is resumed (or started again, on its data)
+  once it has, and a leader is elected under a new epoch.
 
 A fault lasts until the group has acknowledged `PER_PHASE` messages sent after it was
-struck (under a new leader, for a leader fault): a condition, not a duration. Then it is
-mended, and the cycle ends when etcd's in-sync set names every member again. At the end
-the members are stopped and their stores read, and the history is checked
+struck (after etcd named a new leader, for a leader fault): a condition, not a
+duration; a paused etcd lasts until the leader has stopped serving. Then it is mended,
+and the cycle ends when etcd's in-sync set names every member again. At the end the
+members are stopped and their stores read, and the history is checked
 (`tests/support/replica_history.py`): every acknowledged message present once, at its
 receipt's offset, in per-queue send order; the same records at the same offsets on every
 member; nothing a consumer read later missing, consumer offsets moving one at a time;
-one member per epoch (etcd's leader key history and the members' logs); the group's
-committed position, sampled after each cycle, never going back. A zombie or a cut-off
+one member per epoch (etcd's leader key history and the members' logs); the replica
+group's committed position and the consumer group's committed offsets, sampled after
+each cycle, never going back; every message the group member read still there. A zombie or a cut-off
 leader that acknowledged alone would show as an acknowledged message missing or moved.
 
-`make test` runs `CYCLES` cycles (about 4 s each here: more would take the test past two
-and a half minutes on two cores); `make soak` (TIDEMQ_SOAK=1) runs `SOAK_CYCLES`;
+`make test` runs `CYCLES` cycles (the issue's 50: about 4 s each here, 4 minutes with the
+start and the checks); `make soak` (TIDEMQ_SOAK=1) runs `SOAK_CYCLES`;
 TIDEMQ_PARTITION_CYCLES=N runs N. Each cycle prints its fault and timings (from the fault
 to etcd naming a new leader, to the first acknowledgement of a send made after the
 fault, to the group whole again); the last line is a summary. Skipped where network
@@ -68,13 +76,17 @@ if TYPE_CHECKING:
     from tests.integration.conftest import Loop
 
 SOAK: Final = os.environ.get("TIDEMQ_SOAK") == "1"
-CYCLES: Final = 25
+CYCLES: Final = 50
 SOAK_CYCLES: Final = 1_000
 MEMBERS: Final = ("m0", "m1", "m2")
 TOPIC: Final = "t"
+#: The consumer group whose one member reads and commits all the time.
+CONSUMER_GROUP: Final = "checker"
 QUEUES: Final = 2
 #: Acknowledgements of sends made after a fault began that end the fault.
 PER_PHASE: Final = 10
+#: A connection to a member's client port not made within this counts as refused.
+CONNECT_TIMEOUT_S: Final = 1.0
 #: The longest a failover or a recovery may take here (lease 2 s, a loaded machine).
 LIMIT_S: Final = 60.0
 #: Clients give up on one request after this and ask the name server again (a
@@ -99,6 +111,8 @@ class Workload:
     acked_at: list[tuple[float, float]] = field(default_factory=list)
     failed: int = 0
     read_errors: int = 0
+    #: Polls or commits of the consumer group's member that failed (retried).
+    group_errors: int = 0
     #: Set to stop the producers; then `drain` lets the consumer stop once it has read
     #: past every acknowledged message.
     stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -138,6 +152,17 @@ class Workload:
             self.history.reads += [Read(m.queue, m.offset, m.value or b"") for m in batch]
             if batch:
                 self._wake()
+
+    async def read_in_group(self, consumer: aio.GroupConsumer[bytes]) -> None:
+        """A consumer group's one member: reads from the earliest offsets, commits after
+        each poll, until the producers stop."""
+        while not self.stop.is_set():
+            try:
+                batch = await consumer.poll(200)
+                self.history.group_reads += [Read(m.queue, m.offset, m.value or b"") for m in batch]
+                await consumer.commit()
+            except TidemqError:
+                self.group_errors += 1
 
     def _all_read(self) -> bool:
         last_acked = {a.queue: a.offset for a in self.history.acked}
@@ -179,6 +204,9 @@ class Fault:
     #: Applies the fault to a member; `mend` undoes it (both may block: run off the loop).
     strike: Callable[[str], None]
     mend: Callable[[str], None]
+    #: Nothing can be acknowledged while it lasts (etcd is down): it is mended once the
+    #: leader has stopped serving, and writes resume under a new epoch after that.
+    stalls_group: bool = False
 
 
 @dataclass
@@ -201,6 +229,15 @@ class Nemesis:
             "kill-leader": Fault(at_leader=True, strike=group.kill, mend=group.start),
             "partition-follower": Fault(at_leader=False, strike=net.partition, mend=net.heal),
             "kill-follower": Fault(at_leader=False, strike=group.kill, mend=group.start),
+            "cut-leader-from-etcd": Fault(
+                at_leader=True, strike=group.cut_from_etcd, mend=group.join_etcd
+            ),
+            "pause-etcd": Fault(
+                at_leader=True, strike=group.pause_etcd, mend=group.resume_etcd, stalls_group=True
+            ),
+            "kill-etcd": Fault(
+                at_leader=True, strike=group.kill_etcd, mend=group.start_etcd, stalls_group=True
+            ),
         }
 
     async def cycle(self, rng: random.Random) -> Cycle:
@@ -212,16 +249,47 @@ class Nemesis:
         fault = faults[name]
         leader = self.leader()
         member = leader if fault.at_leader else rng.choice([m for m in MEMBERS if m != leader])
+        epoch = self.leaders.leader.epoch if self.leaders.leader is not None else 0
         await asyncio.to_thread(fault.strike, member)
         t0 = time.monotonic()
         elected = None
-        if fault.at_leader:
-            await self.leaders.wait_leader(other_than=member, timeout_s=LIMIT_S)
+        if fault.stalls_group:
+            await self._stopped_serving(member)
+            await asyncio.to_thread(fault.mend, member)
+            resumed = time.monotonic()
+            await self.leaders.wait_leader(other_than="", timeout_s=LIMIT_S, after_epoch=epoch)
             elected = self.leaders.values[-1][2] - t0
-        gap = await self.work.wait_acks_after(t0, PER_PHASE) - t0
-        await asyncio.to_thread(fault.mend, member)
+            gap = await self.work.wait_acks_after(resumed, PER_PHASE) - t0
+        else:
+            since = t0
+            if fault.at_leader:
+                await self.leaders.wait_leader(other_than=member, timeout_s=LIMIT_S)
+                since = self.leaders.values[-1][2]
+                elected = since - t0
+            # Sends made under the new leader: a leader cut off from etcd alone still
+            # acknowledges until its lease ends, which must not end the fault.
+            gap = await self.work.wait_acks_after(since, PER_PHASE) - t0
+            await asyncio.to_thread(fault.mend, member)
         whole = await self.in_sync.wait_members(set(MEMBERS), LIMIT_S) - t0
         return Cycle(name, member, gap, elected, max(whole, 0.0))
+
+    async def _stopped_serving(self, member: str) -> None:
+        """Until `member`'s client port refuses connections: its broker stopped when its
+        lease could not be renewed."""
+        host, port = self.group.address(member).rsplit(":", 1)
+
+        async def refused() -> bool:
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S
+                )
+            except (OSError, TimeoutError):
+                return True
+            writer.close()
+            await writer.wait_closed()
+            return False
+
+        await poll_until(refused, timeout_s=LIMIT_S, what=f"{member} no longer serving")
 
 
 # ---------------------------------------------------------------------- the test
@@ -243,7 +311,8 @@ def _summary(cycles: list[Cycle], work: Workload, group: NetnsGroup, took_s: flo
     parts = [
         f"{len(cycles)} cycles in {took_s:.0f} s {counts}",
         f"acked {len(work.history.acked)}, failed sends {work.failed}, "
-        f"read {len(work.history.reads)}",
+        f"read {len(work.history.reads)}, read in the group {len(work.history.group_reads)} "
+        f"(group errors {work.group_errors}, {len(work.history.group_offsets)} offset samples)",
         f"write gap median {median(gaps):.2f} s max {max(gaps):.2f} s",
     ]
     if leader:
@@ -274,6 +343,73 @@ async def _settle(admin: aio.Admin, group: NetnsGroup, leader: str) -> None:
     await poll_until(caught_up, timeout_s=LIMIT_S, what="every follower at the leader's end")
 
 
+async def _sample(work: Workload, admin: aio.Admin, group: NetnsGroup, leader: str) -> None:
+    """The replica group's committed position and the consumer group's offsets, now."""
+    work.history.committed.append(await _committed(admin, group, leader))
+    try:
+        described = await admin.describe_group(CONSUMER_GROUP)
+    except TidemqError:
+        work.group_errors += 1  # one sample fewer: the check still holds on the others
+        return
+    work.history.group_offsets.append(
+        {lag.queue: lag.committed for lag in described.offsets if lag.topic == TOPIC}
+    )
+
+
+@dataclass
+class Clients:
+    """The test's clients of the group, all through the name server."""
+
+    admin: aio.Admin
+    producer: aio.Producer
+    consumer: aio.StreamConsumer[bytes]
+    member: aio.GroupConsumer[bytes]
+
+    @classmethod
+    def open(cls, namesrv: str) -> Clients:
+        return cls(
+            aio.Admin(namesrv, client_config=CLIENT),
+            aio.Producer(namesrv, client_config=CLIENT),
+            aio.StreamConsumer(namesrv, client_config=CLIENT),
+            aio.GroupConsumer(
+                namesrv, CONSUMER_GROUP, [TOPIC], start="earliest", auto_commit=False,
+                client_config=CLIENT,
+            ),
+        )  # fmt: skip
+
+    def start(self, work: Workload) -> list[asyncio.Task[None]]:
+        """The producers' tasks first (one per queue), then the readers'."""
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(work.send(self.producer, q)) for q in range(QUEUES)]
+        tasks.append(loop.create_task(work.read_in_group(self.member)))
+        tasks.append(loop.create_task(work.read(self.consumer)))
+        return tasks
+
+    async def close(self) -> None:
+        await self.member.close()
+        await self.consumer.close()
+        await self.producer.close()
+        await self.admin.close()
+
+
+async def _cycles(
+    nemesis: Nemesis, admin: aio.Admin, cycles: int, rng: random.Random
+) -> tuple[list[Cycle], float]:
+    """Run the cycles, sampling after each; the cycles, and how long they took."""
+    done: list[Cycle] = []
+    started = time.monotonic()
+    for n in range(cycles):
+        cycle = await nemesis.cycle(rng)
+        done.append(cycle)
+        await _sample(nemesis.work, admin, nemesis.group, nemesis.leader())
+        elected = "" if cycle.elected_s is None else f", elected {cycle.elected_s:.2f} s"
+        print(
+            f"cycle {n}: {cycle.fault} {cycle.member}{elected}, writes again "
+            f"{cycle.write_gap_s:.2f} s, whole {cycle.whole_s:.2f} s"
+        )
+    return done, time.monotonic() - started
+
+
 async def _run(group: NetnsGroup, cycles: int, rng: random.Random) -> History:
     keys = GroupKeys(GROUP)
     etcd = EtcdClient([group.etcd])
@@ -282,54 +418,38 @@ async def _run(group: NetnsGroup, cycles: int, rng: random.Random) -> History:
     leaders.start()
     in_sync.start()
     work = Workload()
-    admin = aio.Admin(group.namesrv, client_config=CLIENT)
-    producer = aio.Producer(group.namesrv, client_config=CLIENT)
-    consumer: aio.StreamConsumer[bytes] = aio.StreamConsumer(group.namesrv, client_config=CLIENT)
+    clients = Clients.open(group.namesrv)
     tasks: list[asyncio.Task[None]] = []
     try:
         for m in MEMBERS:
             await asyncio.to_thread(group.start, m)
         await in_sync.wait_members(set(MEMBERS), LIMIT_S)
-        await admin.create_topic(TOPIC, QUEUES)
-        loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(work.send(producer, q)) for q in range(QUEUES)]
-        tasks.append(loop.create_task(work.read(consumer)))
+        await clients.admin.create_topic(TOPIC, QUEUES)
+        tasks = clients.start(work)
         await work.wait_acks_after(0.0, PER_PHASE)
         nemesis = Nemesis(group, leaders, in_sync, work)
-        done: list[Cycle] = []
-        started = time.monotonic()
-        for n in range(cycles):
-            cycle = await nemesis.cycle(rng)
-            done.append(cycle)
-            work.history.committed.append(await _committed(admin, group, nemesis.leader()))
-            elected = "" if cycle.elected_s is None else f", elected {cycle.elected_s:.2f} s"
-            print(
-                f"cycle {n}: {cycle.fault} {cycle.member}{elected}, writes again "
-                f"{cycle.write_gap_s:.2f} s, whole {cycle.whole_s:.2f} s"
-            )
+        done, took = await _cycles(nemesis, clients.admin, cycles, rng)
         work.stop.set()
         async with asyncio.timeout(LIMIT_S):
-            await asyncio.gather(*tasks[:QUEUES])
+            await asyncio.gather(*tasks[: QUEUES + 1])
             work.drain.set()
             await tasks[-1]
         work.history.reads_complete = True
         leader = nemesis.leader()
-        await _settle(admin, group, leader)
-        work.history.committed.append(await _committed(admin, group, leader))
+        await _settle(clients.admin, group, leader)
+        await _sample(work, clients.admin, group, leader)
         # Who etcd granted each epoch; the members' own logs are added below.
         work.history.leaders = [
             (c.record.epoch, c.record.member) for c in leaders.changes() if c.record is not None
         ]
-        print(_summary(done, work, group, time.monotonic() - started))
+        print(_summary(done, work, group, took))
     finally:
         work.stop.set()
         work.drain.set()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await consumer.close()
-        await producer.close()
-        await admin.close()
+        await clients.close()
         await leaders.stop()
         await in_sync.stop()
         await etcd.close()

@@ -50,6 +50,7 @@ from tidemq.protocol.commands import (
     UserListRequest,
     UserListResponse,
 )
+from tidemq.protocol.security_messages import TERM_SHIFT
 
 if TYPE_CHECKING:
     from tests.integration.conftest import Loop
@@ -62,6 +63,10 @@ ADMIN_PASSWORD = "admin-password-long"
 #: How long a change may take to reach every broker: a few 200 ms heartbeats, with slack
 #: for a loaded two-core machine.
 CONVERGE_S = 15.0
+#: One consumer poll's long-poll wait.
+POLL_MS = 200
+#: A counter's change number within its writer term (security_messages.counter_of).
+_SEQ_BITS = (1 << TERM_SHIFT) - 1
 
 
 def _admin_login() -> ClientConfig:
@@ -133,17 +138,28 @@ async def _versions(bootstrap: str) -> dict[str, tuple[int, str]]:
 
 async def _converged(bootstrap: str, names: set[str], *, at_least: int = 1) -> None:
     """Wait (bounded) until every broker in `names` reports one and the same version, at
-    least `at_least`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + CONVERGE_S
-    seen: dict[str, tuple[int, str]] = {}
-    while loop.time() < deadline:
+    least `at_least` changes into the newest writer term."""
+
+    async def same_version() -> bool:
         seen = await _versions(bootstrap)
         versions = {seen.get(n) for n in names}
-        if len(versions) == 1 and None not in versions and seen[min(names)][0] >= at_least:
-            return
-        await asyncio.sleep(CLUSTER_HEARTBEAT_MS / 1000)
-    raise AssertionError(f"users and ACLs did not converge in {CONVERGE_S} s: {seen}")
+        if len(versions) != 1 or None in versions:
+            return False
+        counter = seen[min(names)][0]
+        return counter >= 1 and counter & _SEQ_BITS >= at_least
+
+    await wait_until(
+        same_version, timeout_s=CONVERGE_S, what=f"users and ACLs converging on {sorted(names)}"
+    )
+
+
+async def _admin_known(secure: SecureCluster) -> None:
+    """Wait (bounded) until the name server has learnt the bootstrap user from a broker
+    (before that it answers logins "retry")."""
+    await wait_until(
+        lambda: secure.nameserver.security.credentials(ADMIN) is not None,
+        what="the name server learning the bootstrap user",
+    )
 
 
 async def _login(address: str, user: str, password: str) -> ClientConnection:
@@ -192,10 +208,7 @@ def test_a_broker_started_later_gets_the_users_and_enforces_the_acls(
     secure.start("broker-a")
 
     async def change() -> None:
-        await wait_until(
-            lambda: secure.nameserver.security.credentials(ADMIN) is not None,
-            what="the name server learning the bootstrap user",
-        )
+        await _admin_known(secure)
         async with tidemq.aio.Admin(secure.bootstrap, client_config=_admin_login()) as admin:
             await admin.create_user("bob", "bob-password-long")
             await admin.create_acls([_describe("User:bob", "orders")])
@@ -220,10 +233,7 @@ def test_a_broker_down_during_changes_refuses_old_credentials_when_back(
     secure.start("broker-b")
 
     async def prepare() -> None:
-        await wait_until(
-            lambda: secure.nameserver.security.credentials(ADMIN) is not None,
-            what="the name server learning the bootstrap user",
-        )
+        await _admin_known(secure)
         async with tidemq.aio.Admin(secure.bootstrap, client_config=_admin_login()) as admin:
             await admin.create_user("bob", "bob-old-password")
             await admin.create_user("carol", "carol-password-long")
@@ -263,10 +273,7 @@ def test_concurrent_changes_from_two_admins_converge_on_every_broker(
         secure.start(name)
 
     async def run() -> None:
-        await wait_until(
-            lambda: secure.nameserver.security.credentials(ADMIN) is not None,
-            what="the name server learning the bootstrap user",
-        )
+        await _admin_known(secure)
 
         async def admin_changes(prefix: str) -> None:
             async with tidemq.aio.Admin(secure.bootstrap, client_config=_admin_login()) as admin:
@@ -292,10 +299,7 @@ def test_a_standalone_name_server_logs_clients_in_as_cluster_users(
     secure.start("broker-a")
 
     async def run() -> None:
-        await wait_until(
-            lambda: secure.nameserver.security.credentials(ADMIN) is not None,
-            what="the name server learning the bootstrap user",
-        )
+        await _admin_known(secure)
         async with tidemq.aio.Admin(secure.bootstrap, client_config=_admin_login()) as admin:
             await admin.create_topic("orders", 2)
         client = ClusterClient(secure.bootstrap, _admin_login())
@@ -358,12 +362,15 @@ async def _read_new(bootstrap: str, group: str, count: int) -> list[bytes]:
         bootstrap, group, ["orders"], start="earliest", client_config=_admin_login()
     )
     got: list[bytes] = []
+
+    async def read_all() -> bool:
+        got.extend(m.value or b"" for m in await consumer.poll(POLL_MS))
+        return len(got) >= count
+
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 20
-        while len(got) < count and loop.time() < deadline:
-            got.extend(m.value or b"" for m in await consumer.poll(200))
-        got.extend(m.value or b"" for m in await consumer.poll(200))
+        await wait_until(read_all, timeout_s=CONVERGE_S, what=f"{count} messages of {group}")
+        # One more long poll: anything beyond `count` shows in the caller's comparison.
+        got.extend(m.value or b"" for m in await consumer.poll(POLL_MS))
         await consumer.commit()
     finally:
         await consumer.close()
@@ -381,10 +388,7 @@ def test_brokers_log_in_to_each_other_to_pull_a_moved_groups_offsets(
     secure.start("broker-b")
 
     async def first() -> None:
-        await wait_until(
-            lambda: secure.nameserver.security.credentials(ADMIN) is not None,
-            what="the name server learning the bootstrap user",
-        )
+        await _admin_known(secure)
         async with tidemq.aio.Admin(secure.bootstrap, client_config=_admin_login()) as admin:
             await admin.create_topic("orders", 2)
         async with tidemq.aio.Producer(secure.bootstrap, client_config=_admin_login()) as p:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 TOPIC = "tiered-kill9"
 QUEUES = 2
-CYCLES = int(os.environ.get("TIDEMQ_TIER_CYCLES", "20"))
+CYCLES = int(os.environ.get("TIDEMQ_TIER_CYCLES", "10"))
 SOAK_CYCLES = 100
 #: Upper bound per cycle on average, so a hang cannot eat the CI budget.
 CYCLE_TIME_LIMIT_S = 15

@@ -26,6 +26,7 @@ from tidemq.core.batch import (
     decode_columns,
     decode_messages,
     encode_batch,
+    encode_columns,
     encode_values,
     parse_envelope,
     tag_summary_for,
@@ -103,6 +104,42 @@ def test_round_trip_is_exact(messages: list[MessageRecord], codec: Codec) -> Non
     payload = encode_batch(messages, codec=codec)
     assert decode_messages(payload) == messages
     assert decode_messages(memoryview(payload), verify_crc=False) == messages
+
+
+@PROFILE
+@given(batches(max_size=1), codecs)
+def test_one_message_shortcut_gives_the_column_encoding(
+    messages: list[MessageRecord], codec: Codec
+) -> None:
+    """`encode_batch` of one message (laid out directly when it has a bytes value and no
+    tag, keys or headers) is byte for byte the column encoder's batch, and fails alike."""
+    try:
+        expected: bytes | type[Exception] = encode_columns(messages, codec, 1 << 20, None)
+    except REJECTED as exc:
+        expected = type(exc)
+    try:
+        got: bytes | type[Exception] = encode_batch(messages, codec=codec, max_batch_bytes=1 << 20)
+    except REJECTED as exc:
+        got = type(exc)
+    assert got == expected
+
+
+@PROFILE
+@given(st.binary(max_size=300), st.none() | st.binary(max_size=40), st.integers(I64_MIN, I64_MAX))
+def test_one_plain_message_shortcut(value: bytes, key: bytes | None, timestamp_ms: int) -> None:
+    record = MessageRecord(value, key, timestamp_ms=timestamp_ms)
+    for limit in (1 << 20, 80):  # 80: some are over the limit, both ways alike
+        try:
+            expected: bytes | type[Exception] = encode_columns([record], Codec.NONE, limit, None)
+        except REJECTED as exc:
+            expected = type(exc)
+        try:
+            got: bytes | type[Exception] = encode_batch([record], max_batch_bytes=limit)
+        except REJECTED as exc:
+            got = type(exc)
+        assert got == expected
+        if isinstance(got, bytes):
+            assert decode_messages(got) == [record]
 
 
 @PROFILE

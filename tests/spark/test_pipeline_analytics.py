@@ -4,134 +4,25 @@ across a resumed run; invalid events land in `rejected`."""
 
 from __future__ import annotations
 
-import json
-from collections import Counter
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow.dataset as ds
 import pytest
 from pyspark.sql import SparkSession
+from tests.support.analytics_results import CONFIG, INVALID, check, sample_events, topic_rows
 from typer.testing import CliRunner
 
 import tidemq
 from tidemq import Admin, Producer
 from tidemq.cli.main import app
 from tidemq.spark.pipelines.analytics import AnalyticsConfig, AnalyticsRun, run_analytics
-from tidemq.spark.pipelines.events import (
-    Event,
-    generate_events,
-    produce_events,
-    reference_sessions,
-    reference_windows,
-)
+from tidemq.spark.pipelines.events import Event, generate_events, produce_events
 
 if TYPE_CHECKING:
     from tests.spark.conftest import Consume, Options
 
 pytestmark = pytest.mark.spark
-
-CONFIG = AnalyticsConfig(
-    tumbling_s=60, sliding_s=300, slide_s=60, session_gap_s=60, watermark_s=120
-)
-INVALID = [b"not json", b'{"user_id": 1, "item_id": 2, "behavior": "steal", "ts": 5}', b"[1]"]
-
-
-def _events() -> list[Event]:
-    # The watermark delay (120 s) covers the disorder (10 s) plus how far one queue gets
-    # ahead of another in a micro-batch, so no event is late (checked in _check).
-    return generate_events(
-        3000, users=200, items=40, seed=7, idle_s=120, session_pause_s=20, disorder_s=10
-    )
-
-
-def _watermark_ms(run: AnalyticsRun) -> int:
-    """The watermark the query's last micro-batch used: windows ending at or before it
-    were emitted (one watermark for every kind: ADR 16)."""
-    text = run.query.lastProgress["eventTime"]["watermark"]  # type: ignore[index]
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-
-
-def _ms(value: Any) -> int:
-    return int(value.timestamp() * 1000)
-
-
-def _parquet(root: Path, kind: str) -> list[tuple[Any, ...]]:
-    table = ds.dataset(root / kind, format="parquet", partitioning="hive").to_table()
-    rows = table.drop_columns(["dt"]).to_pylist()
-    if kind == "session":
-        return sorted(
-            (
-                r["user_id"],
-                _ms(r["session_start"]),
-                _ms(r["session_end"]),
-                r["events"],
-                r["pv"],
-                r["fav"],
-                r["cart"],
-                r["buy"],
-            )
-            for r in rows
-        )
-    return sorted(
-        (_ms(r["window_start"]), _ms(r["window_end"]), r["behavior"], r["item_id"], r["count"])
-        for r in rows
-    )
-
-
-def _topic_rows(admin: Admin, consume: Consume, topic: str) -> Counter[tuple[Any, ...]]:
-    info = admin.describe_topic(topic)
-    ranges = {(topic, q.queue): (q.min_offset, q.max_offset) for q in info.queue_info}
-    out: Counter[tuple[Any, ...]] = Counter()
-    for m in consume(ranges):
-        doc = json.loads(m.value or b"")
-        assert m.tag == doc["kind"]
-        if doc["kind"] == "session":
-            assert m.key == str(doc["user_id"]).encode()
-            fields = ["user_id", "session_start", "session_end", "events", "pv", "fav"]
-            fields += ["cart", "buy"]
-        else:
-            assert m.key == str(doc["item_id"]).encode()
-            fields = ["window_start", "window_end", "behavior", "item_id", "count"]
-        out[(doc["kind"], *(doc[f] for f in fields))] += 1
-    return out
-
-
-def reference(events: list[Event], kind: str, watermark_ms: int) -> list[tuple[Any, ...]]:
-    """The rows of `kind` (CONFIG's windows) that end at or before the watermark."""
-    if kind == "session":
-        return [
-            (s.user_id, s.start_ms, s.end_ms, s.events, s.pv, s.fav, s.cart, s.buy)
-            for s in reference_sessions(events, CONFIG.session_gap_s * 1000)
-            if s.end_ms <= watermark_ms
-        ]
-    slide = CONFIG.tumbling_s if kind == "tumbling" else CONFIG.slide_s
-    size = CONFIG.tumbling_s if kind == "tumbling" else CONFIG.sliding_s
-    return [
-        (r.start_ms, r.end_ms, r.behavior, r.item_id, r.count)
-        for r in reference_windows(events, size * 1000, slide * 1000)
-        if r.end_ms <= watermark_ms
-    ]
-
-
-def _check(
-    run: AnalyticsRun, events: list[Event], output: Path, admin: Admin, consume: Consume, topic: str
-) -> int:
-    """Parquet equals the reference up to each query's watermark, and the topic holds the
-    same rows once each; returns the number of result rows."""
-    expected_topic: Counter[tuple[Any, ...]] = Counter()
-    progress = run.query.recentProgress
-    operators = [op for p in progress for op in p["stateOperators"]]
-    assert len(operators) == 3 * len(progress)  # tumbling, sliding, session
-    assert sum(op["numRowsDroppedByWatermark"] for op in operators) == 0
-    for kind in ("tumbling", "sliding", "session"):
-        ref = reference(events, kind, _watermark_ms(run))
-        assert ref, kind  # the watermark moved past some windows: the check is not empty
-        assert _parquet(output, kind) == sorted(ref), kind
-        expected_topic.update((kind, *r) for r in ref)
-    assert _topic_rows(admin, consume, topic) == expected_topic
-    return sum(expected_topic.values())
 
 
 def test_analytics_end_to_end_and_resume(
@@ -144,7 +35,7 @@ def test_analytics_end_to_end_and_resume(
     tmp_path: Path,
 ) -> None:
     bootstrap = options()["bootstrap"]
-    events = _events()
+    events = sample_events()
     first, second = events[:2000], events[2000:]
     produce_events(bootstrap, topic_name, first, queues=3)
     bad = [producer.send(topic_name, value, queue=1) for value in INVALID]
@@ -171,7 +62,7 @@ def test_analytics_end_to_end_and_resume(
     # are the topic's (four reads counted 4 x 2003).
     assert done.rows() == 2003
     assert done.rejected_rows() == len(INVALID)
-    rows_first = _check(done, first, output, admin, consume, results)
+    rows_first = check(done, first, output, admin=admin, consume=consume, topic=results)
 
     # Rejected: exactly the invalid messages, with their offsets.
     rejected = ds.dataset(output / "rejected", format="parquet", partitioning="hive").to_table()
@@ -183,7 +74,7 @@ def test_analytics_end_to_end_and_resume(
     produce_events(bootstrap, topic_name, second)
     again = run()
     assert again.rows() == len(second)
-    assert _check(again, events, output, admin, consume, results) > rows_first
+    assert check(again, events, output, admin=admin, consume=consume, topic=results) > rows_first
     assert not [p for p in output.rglob(".*") if p.is_file()]  # no temporary file left
 
 
@@ -234,7 +125,7 @@ def test_runs_with_other_checkpoints_do_not_share_sink_markers(
             config=CONFIG,
             max_offsets_per_trigger=200,  # two batches: the first moves the watermark
         )  # the default name, "analytics", both times
-        counts.append(sum(_topic_rows(admin, consume, topic + "-out").values()))
+        counts.append(sum(topic_rows(admin, consume, topic + "-out").values()))
     assert counts[0] > 0
     assert counts[1] == counts[0]
     # Shuffle partitions: one per input queue (3), kept in the checkpoint, whatever the
@@ -257,7 +148,7 @@ def test_avro_events_give_the_same_results_as_json(
     Event dataclass, registered under <topic>-value), read typed by Spark, and the results
     equal the reference, as on the JSON path."""
     bootstrap = options()["bootstrap"]
-    events = _events()[:1500]
+    events = sample_events()[:1500]
     serializer = tidemq.AvroSerializer(tidemq.SchemaRegistry(registry_url), Event)
     produce_events(bootstrap, topic_name, events, queues=2, value_serializer=serializer)
     output, results = tmp_path / "out", topic_name + "-out"
@@ -275,7 +166,7 @@ def test_avro_events_give_the_same_results_as_json(
         schema_registry=registry_url,
     )
     assert run.rows() == 1500
-    _check(run, events, output, admin, consume, results)
+    check(run, events, output, admin=admin, consume=consume, topic=results)
     with pytest.raises(ValueError, match="needs the schema registry"):
         run_analytics(
             spark, bootstrap=bootstrap, topics=[topic_name], output=output,
@@ -290,7 +181,7 @@ def test_a_checkpoint_of_the_four_query_analytics_is_refused(
     state the single query cannot take over: the run fails with what to do instead of
     starting from scratch behind the old outputs."""
     bootstrap = options()["bootstrap"]
-    produce_events(bootstrap, topic_name, _events()[:10], queues=1)
+    produce_events(bootstrap, topic_name, sample_events()[:10], queues=1)
     checkpoint = tmp_path / "checkpoint"
     (checkpoint / "tumbling" / "offsets").mkdir(parents=True)
     with pytest.raises(ValueError, match=r"older analytics .*tumbling.* new checkpoint"):

@@ -6,7 +6,7 @@ task may fail up to 3 times) whose Python workers are `tests/support/spark_task_
 The test arms the gate; the next task attempt to produce output claims it and waits,
 its work done (an archive task has staged its Parquet files) and its result not yet
 sent; the test sees the claim, SIGKILLs that worker and arms the gate again, KILLS times
-(10; 40 under TIDEMQ_SOAK=1: analytics in 4 rounds of 10), at most once per task
+(5; 40 under TIDEMQ_SOAK=1: analytics in 4 rounds of 10), at most once per task
 attempt. Archive's killed tasks are its source's, which fetch their ranges and stage
 the Parquet files in one Python worker (ADR 21), killed with the files staged and not yet
 reported; analytics' are the tidemq source's reads. Then: Spark's
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.spark.test_pipeline_analytics import _parquet, _topic_rows, reference
 from tests.spark.test_pipeline_archive import _archived
+from tests.support.analytics_results import parquet_rows, reference, topic_rows
 from tests.support.spark_task_gate import ARMED, CLAIMED_PREFIX, GATE_ENV, KILLED_PREFIX
 
 from tidemq import Admin, Producer
@@ -40,13 +40,17 @@ if TYPE_CHECKING:
     from tests.spark.conftest import Consume, Options
 
 SOAK = os.environ.get("TIDEMQ_SOAK") == "1"
+#: Analytics runs in rounds of ROUND_KILLS kills (a round's micro-batches have room for
+#: about 10 first task attempts); archive kills as many times in one run.
+ROUNDS = 4 if SOAK else 1
+ROUND_KILLS = 10 if SOAK else 5
 #: Each kill needs a first task attempt of its own: more micro-batches under soak.
-KILLS = 40 if SOAK else 10
+KILLS = ROUNDS * ROUND_KILLS
 #: The longest a job may run (JVM start, the micro-batches, a retry per kill; each Python
 #: worker is a process of its own: see spark_task_gate).
 RUN_TIMEOUT_S = 1800.0 if SOAK else 600.0
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(KILLS // 10 * RUN_TIMEOUT_S + 300)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(ROUNDS * RUN_TIMEOUT_S + 300)]
 
 QUEUES = 4
 JOB = Path(__file__).with_name("worker_kill_job.py")
@@ -158,7 +162,7 @@ def test_analytics_with_python_workers_killed_mid_task_is_exactly_once(
     # limit equally over the queues, a queue with sparser events got ahead in event time,
     # and with 3,000 events per queue or micro-batches of 240 Spark dropped late rows,
     # 8,144 and 70, without any kill; the limit is now split in proportion.)
-    for n in range(KILLS // 10):
+    for n in range(ROUNDS):
         round_dir = tmp_path / f"round-{n}"
         round_dir.mkdir()
         _analytics_round(admin, options()["bootstrap"], consume, f"{topic_name}-{n}", round_dir)
@@ -177,8 +181,8 @@ def _analytics_round(admin: Admin, bootstrap: str, consume: Consume, topic: str,
         "limit": 600,  # 5 batches of a read task per queue
         "name": topic,
     }
-    kills, result = _run_killing_workers(out, args, 10)
-    assert kills == 10
+    kills, result = _run_killing_workers(out, args, ROUND_KILLS)
+    assert kills == ROUND_KILLS
     assert result["rows"] == len(events)
     assert result["dropped"] == 0
     watermark = datetime.fromisoformat(result["watermark"].replace("Z", "+00:00"))
@@ -187,6 +191,6 @@ def _analytics_round(admin: Admin, bootstrap: str, consume: Consume, topic: str,
     for kind in ("tumbling", "sliding", "session"):
         ref = reference(events, kind, watermark_ms)
         assert ref, kind
-        assert _parquet(out / "analytics", kind) == sorted(ref), kind
+        assert parquet_rows(out / "analytics", kind) == sorted(ref), kind
         expected.update((kind, *r) for r in ref)
-    assert _topic_rows(admin, consume, topic + "-out") == expected
+    assert topic_rows(admin, consume, topic + "-out") == expected

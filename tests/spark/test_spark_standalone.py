@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.dataset as ds
 import pytest
-from tests.spark.test_pipeline_analytics import _events, _parquet, _topic_rows, reference
 from tests.spark.test_pipeline_archive import _archived
 from tests.spark.test_pipeline_db_sync import _state
+from tests.support.analytics_results import parquet_rows, reference, sample_events, topic_rows
 from tests.support.spark_standalone import standalone_cluster
 
 from tidemq import Admin, Producer
@@ -62,7 +62,7 @@ def test_reads_sinks_and_pipelines_on_a_standalone_cluster(
     changes = generate_changes(120, seed=3)
     admin.create_topic(changes_topic, 2)
     produce_changes(bootstrap, changes_topic, changes)
-    events = _events()
+    events = sample_events()
     produce_events(bootstrap, events_topic, events, queues=2)
     info = admin.describe_topic(source)
     expected = consume({(source, q.queue): (q.min_offset, q.max_offset) for q in info.queue_info})
@@ -112,6 +112,6 @@ def test_reads_sinks_and_pipelines_on_a_standalone_cluster(
     for kind, a in analytics.items():
         ref = reference(events, kind, a["watermark_ms"])
         assert ref, kind
-        assert _parquet(out / "analytics", kind) == sorted(ref), kind
+        assert parquet_rows(out / "analytics", kind) == sorted(ref), kind
         want.update((kind, *r) for r in ref)
-    assert _topic_rows(admin, consume, events_topic + "-out") == want
+    assert topic_rows(admin, consume, events_topic + "-out") == want

@@ -1,12 +1,15 @@
 """A replica group whose members are test hosts in network namespaces
-(`tidemq.testing.netns`): etcd and a name server listen on the bridge's address in the
-root namespace, each member (`tidemq broker --group g1 --etcd ...`) runs in its own
-namespace on its own address, and the test's clients reach them all through the bridge.
+(`tidemq.testing.netns`): a name server listens on the bridge's address in the root
+namespace and etcd on its second one (`service_address`), each member (`tidemq broker
+--group g1 --etcd ...`) runs in its own namespace on its own address, and the test's
+clients reach them all through the bridge.
 
 `NetnsGroup` starts, kills (SIGKILL), pauses (SIGSTOP), resumes and stops members by
-PID, and partitions or heals their hosts. `KeyHistory` records every change of one etcd
-key from a watch (no polling): the test waits on it for a new leader or a whole in-sync
-set, and checks the leader key's history at the end.
+PID, partitions or heals their hosts, cuts a member off from etcd alone (it still
+reaches its peers, the name server and the clients), and pauses or kills etcd itself.
+`KeyHistory` records every change of one etcd key from a watch (no polling): the test
+waits on it for a new leader or a whole in-sync set, and checks the leader key's
+history at the end.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Final
 
 from tests.integration.conftest import wait_until
-from tests.support.etcd_server import etcd_cluster
+from tests.support.etcd_server import EtcdCluster, EtcdMember, etcd_cluster
 from tests.support.server_process import START_TIMEOUT_S, ServerProcess
 
 from tidemq.cluster.etcd_client import EtcdClient, EventKind
@@ -56,6 +59,9 @@ FAST: Final = ["--set", "broker.broker_heartbeat_interval_ms=200",
 #: Longest one watch call waits before it is asked again (a bound, not a poll: it
 #: returns at the first change).
 _WATCH_MS: Final = 2_000
+#: How long the watch goes on asking a silent etcd (paused by a fault) before the test
+#: fails: each call is bounded by `_WATCH_MS` plus a request timeout, so this is no spin.
+_WATCH_OUTAGE_S: Final = 60.0
 _LEADS: Final = re.compile(rb"member (\S+) leads group \S+ under epoch (\d+)")
 
 
@@ -84,7 +90,7 @@ class KeyHistory:
         self._client, self._key = client, key
         #: (revision, value or None when deleted, monotonic time seen), oldest first.
         self.values: list[tuple[int, bytes | None, float]] = []
-        #: What ended the watch (etcd is not faulted here: a failure ends the test).
+        #: What ended the watch: etcd failing for longer than `_WATCH_OUTAGE_S`.
         self.failure: EtcdUnavailable | None = None
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -108,15 +114,22 @@ class KeyHistory:
 
     async def _run(self) -> None:
         revision = 1
+        failing_since: float | None = None
         while True:
             try:
                 event = await self._client.watch_once(
                     self._key, start_revision=revision, timeout_ms=_WATCH_MS
                 )
             except EtcdUnavailable as exc:
-                self.failure = exc
-                self._wake()
-                return
+                # A paused etcd: ask again from the same revision, so no change is missed.
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since > _WATCH_OUTAGE_S:
+                    self.failure = exc
+                    self._wake()
+                    return
+                continue
+            failing_since = None
             if event is None:
                 continue
             revision = event.kv.mod_revision + 1
@@ -149,12 +162,15 @@ class LeaderHistory(KeyHistory):
     def leader(self) -> LeaderRecord | None:
         return self.record(self.latest)
 
-    async def wait_leader(self, *, other_than: str, timeout_s: float) -> LeaderRecord:
-        """The leader, once etcd names one other than `other_than` ("": any)."""
+    async def wait_leader(
+        self, *, other_than: str, timeout_s: float, after_epoch: int = 0
+    ) -> LeaderRecord:
+        """The leader, once etcd names one other than `other_than` ("": any) under an
+        epoch above `after_epoch`."""
 
         def ok(value: bytes | None) -> bool:
             found = self.record(value)
-            return found is not None and found.member != other_than
+            return found is not None and found.member != other_than and found.epoch > after_epoch
 
         await self.wait(ok, timeout_s)
         found = self.leader
@@ -180,8 +196,10 @@ class InSyncHistory(KeyHistory):
 class NetnsGroup:
     """Members of group `GROUP` in the hosts of `net` (see the module's docstring)."""
 
-    def __init__(self, net: HostNetwork, root: Path, etcd: str, namesrv: str) -> None:
-        self.net, self.root, self.etcd, self.namesrv = net, root, etcd, namesrv
+    def __init__(self, net: HostNetwork, root: Path, etcd: EtcdMember, namesrv: str) -> None:
+        self.net, self.root, self.namesrv = net, root, namesrv
+        self.etcd_member = etcd
+        self.etcd = etcd.endpoint
         self.members = net.hosts
         self.procs: dict[str, ServerProcess] = {}
         self.paused: set[str] = set()
@@ -232,6 +250,28 @@ class NetnsGroup:
         os.kill(self.procs[member].pid, signal.SIGCONT)
         self.paused.discard(member)
 
+    def cut_from_etcd(self, member: str) -> None:
+        """The member's packets to etcd fail; it still reaches everything else."""
+        self.net.cut(member, self.net.service_address)
+
+    def join_etcd(self, member: str) -> None:
+        self.net.mend(member, self.net.service_address)
+
+    def pause_etcd(self, _member: str = "") -> None:
+        """SIGSTOP etcd (no member can renew a lease or campaign until `resume_etcd`)."""
+        self.etcd_member.pause()
+
+    def resume_etcd(self, _member: str = "") -> None:
+        self.etcd_member.resume()
+
+    def kill_etcd(self, _member: str = "") -> None:
+        """SIGKILL etcd (it keeps its data directory: `start_etcd` brings it back)."""
+        self.etcd_member.kill()
+
+    def start_etcd(self, _member: str = "") -> None:
+        self.etcd_member.start()
+        EtcdCluster([self.etcd_member]).wait_ready()
+
     def stop(self, member: str) -> None:
         """SIGTERM (a graceful stop; SIGKILL after a bound)."""
         if member in self.paused:
@@ -263,7 +303,7 @@ def netns_group(root: Path, members: tuple[str, ...]) -> Iterator[NetnsGroup]:
     member started yet; everything stopped, by PID, and removed when the block ends."""
     with (
         host_network(members) as net,
-        etcd_cluster(root / "etcd", 1, host=net.bridge_address) as etcd,
+        etcd_cluster(root / "etcd", 1, host=net.service_address) as etcd,
     ):
         ns = subprocess.Popen(
             [sys.executable, "-m", "tidemq.cli.main", "namesrv", "--host", net.bridge_address,
@@ -272,7 +312,7 @@ def netns_group(root: Path, members: tuple[str, ...]) -> Iterator[NetnsGroup]:
             env=os.environ | {"TIDEMQ_CLUSTER_SECRET": CLUSTER_SECRET},
         )  # fmt: skip
         namesrv = ServerProcess(ns, root / "namesrv.log")
-        group = NetnsGroup(net, root, etcd.endpoints[0], "")
+        group = NetnsGroup(net, root, etcd.members[0], "")
         try:
             group.namesrv = namesrv.wait_serving(START_TIMEOUT_S)
             yield group

@@ -30,7 +30,7 @@ from tidemq.cluster.service import NameServerService
 from tidemq.http.config import HttpConfig
 from tidemq.testing.replication import ReplicaFaultSwitch
 
-__all__ = ["GROUP", "Group", "free_port", "group"]
+__all__ = ["GROUP", "Group", "free_port", "group", "member_config"]
 
 GROUP = "g1"
 
@@ -39,6 +39,38 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def member_config(
+    data_dir: Path,
+    name: str,
+    etcd: list[str],
+    bootstrap: str,
+    broker: dict[str, object],
+    *,
+    port: int = 0,
+    replication: dict[str, object] | None = None,
+) -> BrokerConfig:
+    """A member's config: `broker` more BrokerConfig settings, `replication` more (or
+    other) ReplicationConfig settings than the tests' defaults; a free port unless given."""
+    settings: dict[str, object] = {
+        "group": GROUP,
+        "etcd": tuple(etcd),
+        "min_insync_replicas": 2,
+        "replica_lag_max_ms": 1_500,
+        "fetch_wait_ms": 200,
+        "ack_timeout_ms": 5_000,
+    } | (replication or {})
+    return broker_config(
+        data_dir,
+        broker_name=name,
+        port=port or free_port(),
+        name_servers=(bootstrap,),
+        broker_heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS,
+        broker_ttl_ms=CLUSTER_TTL_MS,
+        replication=ReplicationConfig(**settings),  # type: ignore[arg-type]
+        **broker,
+    )
 
 
 class Group:
@@ -73,23 +105,8 @@ class Group:
         )
 
     def _broker_config(self, name: str, **replication: object) -> BrokerConfig:
-        settings: dict[str, object] = {
-            "group": GROUP,
-            "etcd": tuple(self.etcd),
-            "min_insync_replicas": 2,
-            "replica_lag_max_ms": 1_500,
-            "fetch_wait_ms": 200,
-            "ack_timeout_ms": 5_000,
-        } | replication
-        return broker_config(
-            self.root / name,
-            broker_name=name,
-            port=free_port(),
-            name_servers=(self.bootstrap,),
-            broker_heartbeat_interval_ms=CLUSTER_HEARTBEAT_MS,
-            broker_ttl_ms=CLUSTER_TTL_MS,
-            replication=ReplicationConfig(**settings),  # type: ignore[arg-type]
-            **self.broker,
+        return member_config(
+            self.root / name, name, self.etcd, self.bootstrap, self.broker, replication=replication
         )
 
     async def start(
@@ -150,6 +167,15 @@ class Group:
         node = self.leader()
         assert node is not None
         return node
+
+
+async def wait_all_in_sync(node: ReplicaNode) -> None:
+    """Until `node` leads with m0, m1 and m2 in its in-sync set (each follower joins once
+    caught up; one slowed by a loaded machine may have left it for a while)."""
+    await wait_until(
+        lambda: node.leader is not None and node.leader.in_sync == ("m0", "m1", "m2"),
+        what="all three in sync",
+    )
 
 
 @asynccontextmanager

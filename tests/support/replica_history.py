@@ -12,6 +12,10 @@ A history is plain data, recorded by the test:
 * `leaders`: (epoch, member) for each term a member said it began
   (`member M leads group G under epoch E` in its log);
 * `committed`: the group's committed position, sampled in time order;
+* `group_reads`: every message a consumer group's member read (a group may read a
+  message again after a failover or a rebalance: only where it was read is checked);
+* `group_offsets`: the consumer group's committed offsets per queue, sampled in time
+  order;
 * `reads_complete`: the consumer read until it had passed every acknowledged message.
 
 `violations(history)` returns what breaks the promise, one line each (empty: none):
@@ -20,7 +24,9 @@ per-queue send order; no value that was never sent; the same records at the same
 offsets on every member; every message a consumer read is there at the offset it was
 read at, and a consumer's offsets per queue only move forward, one at a time (with
 `reads_complete`, it read every acknowledged message); no two members lead the same
-epoch; the committed position never goes backwards.
+epoch; the committed position never goes backwards; every message a group member read is
+there at the offset it was read at, and the group's committed offsets never go
+backwards.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class History:
     replicas: dict[str, dict[int, QueueLog]] = field(default_factory=dict)
     leaders: list[tuple[int, str]] = field(default_factory=list)
     committed: list[int] = field(default_factory=list)
+    group_reads: list[Read] = field(default_factory=list)
+    group_offsets: list[dict[int, int]] = field(default_factory=list)
     #: The consumer read on until it had passed every acknowledged message: each one
     #: must be among its reads.
     reads_complete: bool = False
@@ -80,11 +88,13 @@ def violations(history: History) -> list[str]:
         found += _exactly_once(final, history.attempted)
         found += _acked_in_place(final, history.acked)
         found += _reads_hold(final, history.reads)
+        found += _reads_hold(final, history.group_reads, "group member read, later lost")
     if history.reads_complete:
         found += _acked_read(history.acked, history.reads)
     found += _reads_advance(history.reads)
     found += _one_leader_per_epoch(history.leaders)
     found += _committed_grows(history.committed)
+    found += _group_offsets_grow(history.group_offsets)
     return found
 
 
@@ -145,14 +155,16 @@ def _acked_in_place(final: dict[int, QueueLog], acked: list[Ack]) -> list[str]:
     return _capped("lost", lost) + _capped("moved", moved) + _capped("out of order", order)
 
 
-def _reads_hold(final: dict[int, QueueLog], reads: list[Read]) -> list[str]:
+def _reads_hold(
+    final: dict[int, QueueLog], reads: list[Read], kind: str = "read, later lost"
+) -> list[str]:
     at = {(queue, offset): value for queue, log in final.items() for offset, value in log}
     bad = [
         f"{r.value!r} read at {r.queue}/{r.offset}, now {at.get((r.queue, r.offset))!r}"
         for r in reads
         if at.get((r.queue, r.offset)) != r.value
     ]
-    return _capped("read, later lost", bad)
+    return _capped(kind, bad)
 
 
 def _acked_read(acked: list[Ack], reads: list[Read]) -> list[str]:
@@ -187,6 +199,16 @@ def _one_leader_per_epoch(leaders: list[tuple[int, str]]) -> list[str]:
 def _committed_grows(samples: list[int]) -> list[str]:
     bad = [f"{a} then {b}" for a, b in itertools.pairwise(samples) if b < a]
     return _capped("committed position went back", bad)
+
+
+def _group_offsets_grow(samples: list[dict[int, int]]) -> list[str]:
+    bad = [
+        f"queue {queue}: {before[queue]} then {offset}"
+        for before, after in itertools.pairwise(samples)
+        for queue, offset in sorted(after.items())
+        if offset < before.get(queue, -1)
+    ]
+    return _capped("group offsets went back", bad)
 
 
 def stored_messages(data_dir: Path, topic: str, queues: int) -> dict[int, QueueLog]:

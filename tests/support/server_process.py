@@ -75,6 +75,13 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(timeout=STOP_TIMEOUT_S)
         self._copier.join(STOP_TIMEOUT_S)
+        if self._copier.is_alive():
+            # Another process holds the pipe open: a child the process left behind.
+            # Closing it would wait for the copier's read for ever.
+            raise AssertionError(
+                f"process {self.proc.pid} exited, but its stderr is still open in another "
+                "process (a child left running?)"
+            )
         if self.proc.stderr is not None:
             self.proc.stderr.close()
 
@@ -87,11 +94,14 @@ def server_process(
     command: str = "server",
     log_name: str = "server.log",
     start_timeout_s: float = START_TIMEOUT_S,
+    data_dir: str | None = "data",
 ) -> Iterator[ServerProcess]:
-    """`tidemq <command> --data-dir data --port 0 --log-level warning ARGS` run in `cwd`,
-    serving when the block starts, stopped when it ends."""
+    """`tidemq <command> --data-dir DATA_DIR --port 0 --log-level warning ARGS` run in
+    `cwd` (no --data-dir when `data_dir` is None: `tidemq namesrv`), serving when the
+    block starts, stopped when it ends."""
+    data = [] if data_dir is None else ["--data-dir", data_dir]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tidemq.cli.main", command, "--data-dir", "data",
+        [sys.executable, "-m", "tidemq.cli.main", command, *data,
          "--port", "0", "--log-level", "warning", *args],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd,
     )  # fmt: skip

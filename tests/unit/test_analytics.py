@@ -4,16 +4,31 @@ reference aggregations, and the outputs of one micro-batch."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from tidemq.spark.pipelines.analytics import AnalyticsConfig, result_messages, write_results
-from tidemq.spark.pipelines.analytics_outputs import split_kinds
+from tidemq.spark.pipelines.analytics_outputs import (
+    message_batch,
+    publish_results,
+    split_kinds,
+    stage_results,
+)
+from tidemq.spark.pipelines.analytics_publish import BatchDescriptors
+from tidemq.spark.pipelines.analytics_tasks import (
+    DESCRIPTOR_ARROW,
+    DESCRIPTOR_SCHEMA,
+    descriptor_rows,
+)
+from tidemq.spark.pipelines.archive import STALE_TMP_S, stage_table
 from tidemq.spark.pipelines.events import (
     BEHAVIORS,
     Event,
@@ -149,20 +164,71 @@ def _windows_table() -> pa.Table:
 
 def test_write_results_one_file_per_day_and_identical_on_replay(tmp_path: Path) -> None:
     table = _windows_table()
-    files = write_results(table, tmp_path, "tumbling", 7)
+    files = write_results(table, tmp_path, "tumbling", 7, task=3)
     assert [p.relative_to(tmp_path).as_posix() for p in files] == [
-        "tumbling/dt=2026-11-21/part-00000007.parquet",
-        "tumbling/dt=2026-11-22/part-00000007.parquet",
+        "tumbling/dt=2026-11-21/part-00000007-00003.parquet",
+        "tumbling/dt=2026-11-22/part-00000007-00003.parquet",
     ]
     first = {p: p.read_bytes() for p in files}
     assert pq.read_table(files[1])["behavior"].to_pylist() == ["cart", "pv"]  # sorted
     # a replay of the batch, rows in another order, writes the same bytes
-    assert write_results(table.take([2, 0, 1]), tmp_path, "tumbling", 7) == files
+    assert write_results(table.take([2, 0, 1]), tmp_path, "tumbling", 7, task=3) == files
     assert {p: p.read_bytes() for p in files} == first
     assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
         ["tumbling", "dt=2026-11-21", "dt=2026-11-22", *[p.name for p in files]]
     )
     assert write_results(table.slice(0, 0), tmp_path, "tumbling", 8) == []
+
+
+def _published(root: Path) -> dict[str, list[int]]:
+    """Published files under `root` (relative names) -> their `count` column."""
+    return {
+        p.relative_to(root).as_posix(): pq.read_table(p)["count"].to_pylist()
+        for p in sorted(root.rglob("part-*.parquet"))
+    }
+
+
+def test_a_replay_split_otherwise_replaces_the_batch_files_of_the_earlier_attempt(
+    tmp_path: Path,
+) -> None:
+    """Batch 7 published by two tasks, then replayed by one task holding all its rows:
+    only the replay's file of each day is left (an earlier attempt's file that the
+    replay does not replace would be read twice), and so is a file of batch 7 in the
+    layout before tasks wrote them (one per day); files of other batches stay."""
+    table = _windows_table()  # rows 0 and 2 on 2026-11-22, row 1 on 2026-11-21
+    day2 = tmp_path / "tumbling" / "dt=2026-11-22"
+    write_results(table.take([1]), tmp_path, "tumbling", 6, task=0)  # another batch
+    tasks = [(table.take([0]), 0), (table.take([2, 1]), 1)]
+    publish_results([s for t, n in tasks for s in stage_results(t, tmp_path, "tumbling", 7, n)], 7)
+    earlier_layout = day2 / "part-00000007.parquet"  # written on the driver, before
+    pq.write_table(table.take([0]), earlier_layout)
+    assert len(_published(tmp_path)) == 5
+    stale = day2 / ".part-00000007-00001.parquet.tmp-0123"  # left by a crashed attempt
+    stale.write_bytes(b"x")
+    os.utime(stale, (time.time() - STALE_TMP_S - 60,) * 2)
+    young = day2 / ".part-00000009-00000.parquet.tmp-4567"  # an attempt in flight
+    young.write_bytes(b"x")
+
+    staged = stage_results(table, tmp_path, "tumbling", 7, 0)
+    assert all(s.tmp.name.startswith(".") and s.tmp.exists() for s in staged)
+    publish_results(staged, 7)
+    assert _published(tmp_path) == {
+        "tumbling/dt=2026-11-21/part-00000006-00000.parquet": [1],
+        "tumbling/dt=2026-11-21/part-00000007-00000.parquet": [1],
+        "tumbling/dt=2026-11-22/part-00000007-00000.parquet": [2, 4],
+    }
+    assert not stale.exists()
+    assert young.exists()
+
+
+def test_a_failed_publish_removes_the_temporaries_it_did_not_publish(tmp_path: Path) -> None:
+    table = _windows_table()
+    staged = stage_results(table, tmp_path, "sliding", 3, 1)
+    staged[1].path.mkdir(parents=True)  # a directory where the second file goes
+    with pytest.raises(OSError, match="directory"):
+        publish_results(staged, 3)
+    assert staged[0].path.exists()  # published before the failure: the replay replaces it
+    assert not [p for p in tmp_path.rglob(".*") if p.is_file()]
 
 
 def test_result_messages_are_json_with_millisecond_times() -> None:
@@ -179,6 +245,37 @@ def test_result_messages_are_json_with_millisecond_times() -> None:
     }
     with pytest.raises(ValueError, match="rejected"):
         result_messages(_windows_table(), "rejected")
+
+
+def _sessions_table() -> pa.Table:
+    t = pa.timestamp("us", tz="UTC")
+    start = datetime(2026, 11, 22, 10, 0, 0, 123_000, tzinfo=UTC)
+    return pa.table(
+        {
+            "user_id": pa.array([7, -3, None, 2**62], pa.int64()),
+            "session_start": pa.array([start, start, start, None], t),
+            "session_end": pa.array([start] * 4, pa.timestamp("us")),  # naive: UTC
+            "events": pa.array([2, 1, 1, 5], pa.int64()),
+            "note": pa.array(['a"b', "caf\u00e9", None, "\n"], pa.string()),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "table"), [("tumbling", _windows_table), ("session", _sessions_table)]
+)
+def test_message_batch_holds_the_bytes_of_result_messages(kind: str, table: Any) -> None:
+    """The column-wise encoding (what the tasks send) gives the same keys and JSON values
+    as the row-wise one, nulls, negative and large ids, escapes and sub-second times
+    included; the tag is the kind."""
+    rows = table()
+    batch = message_batch(rows, kind)  # type: ignore[arg-type]
+    expected = result_messages(rows, kind)  # type: ignore[arg-type]
+    assert batch.column("key").to_pylist() == [k for k, _ in expected]
+    assert batch.column("value").to_pylist() == [v for _, v in expected]
+    assert batch.column("tag").to_pylist() == [kind] * rows.num_rows
+    assert json.loads(expected[0][1])["kind"] == kind
+    assert message_batch(rows.slice(0, 0), kind).num_rows == 0  # type: ignore[arg-type]
 
 
 def test_a_collected_batch_splits_into_one_table_per_kind() -> None:
@@ -206,3 +303,36 @@ def test_a_collected_batch_splits_into_one_table_per_kind() -> None:
     empty = split_kinds(table.slice(0, 0))
     assert empty["session"].num_rows == 0
     assert empty["session"].column_names == ["user_id", "events"]
+
+
+def test_what_a_task_answers_reads_back_on_the_driver(tmp_path: Path) -> None:
+    """A task's descriptors (staged files, transaction refs, counts) travel as one Arrow
+    batch of DESCRIPTOR_SCHEMA, whose DDL and Arrow forms agree, and read back whole."""
+    results = stage_results(_windows_table(), tmp_path, "sliding", 4, 2)
+    rejected = stage_table(
+        pa.table(
+            {
+                "topic": ["t", "t"],
+                "partition": pa.array([1, 1], pa.int32()),
+                "offset": pa.array([5, 9], pa.int64()),
+                "timestamp": pa.array([datetime(2026, 11, 22, 3, tzinfo=UTC)] * 2),
+                "value": [b"x", b"y"],
+            }
+        ),
+        tmp_path / "rejected",
+    )
+    refs = [("127.0.0.1:1", "txn-a"), ("127.0.0.1:2", "txn-b")]
+    rows = descriptor_rows(results, rejected, refs, {"sliding": 3, "rejected": 2}, 3)
+    batch = pa.RecordBatch.from_pylist(rows, DESCRIPTOR_ARROW)
+    ddl = [field.split(" ") for field in DESCRIPTOR_SCHEMA.split(", ")]
+    spark_types = {"string": pa.string(), "bigint": pa.int64()}
+    assert [(n, spark_types[t]) for n, t in ddl] == [(f.name, f.type) for f in batch.schema]
+
+    done = BatchDescriptors.of(batch.to_pylist())
+    assert done.results == results
+    assert done.rejected == rejected
+    assert done.refs == refs
+    assert done.rows == {"sliding": 3, "rejected": 2}
+    assert done.sent == 3
+    done.remove_temporaries()
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]

@@ -40,6 +40,10 @@ ASYNC_ONLY = {
     "send_special",
     "start_send",
     "start_send_batch",
+    # ... and for the sync `send` written on the caller's thread (blocking_send.py):
+    "broker_at",
+    "direct_target",
+    "resend_stamped_threadsafe",
 }
 #: Per class: TransactionProducer.start, which the sync constructor calls itself.
 ASYNC_ONLY_IN = {"TransactionProducer": {"start"}}

@@ -348,27 +348,80 @@ def test_no_conflicts_when_brokers_host_disjoint_queues(ns: NameServer) -> None:
 # ------------------------------------------------------------------ security writer and status
 
 
-def test_security_writer_is_the_oldest_live_broker(ns: NameServer, clock: ManualClock) -> None:
-    assert ns.security_writer() == ""
+def test_a_new_name_server_names_the_oldest_live_broker_without_a_term(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    """In its first TTL a name server cannot know whether a lease its previous run
+    granted is still live: it names a candidate (the oldest live broker) but no term."""
+    assert ns.security_writer_term() == ("", 0)
     ns.register("broker-b", "h:2", [], created_ms=1_000)
-    assert ns.security_writer() == "h:2"
+    assert ns.security_writer_term() == ("h:2", 0)
     # A broker added later does not take over, whatever its name.
     ns.register("broker-a", "h:1", [], created_ms=2_000)
     assert ns.security_writer() == "h:2"
     # Same creation time: the name decides.
     ns.register("broker-0", "h:3", [], created_ms=1_000)
-    assert ns.security_writer() == "h:3"
+    assert ns.security_writer_term() == ("h:3", 0)
     ns.unregister("broker-0")
-    # The writer lapses: the next oldest stands in; back, it takes over again.
+    clock.advance(TTL)
+    ns.register("broker-a", "h:1", [], created_ms=2_000)
+    ns.register("broker-b", "h:2", [], created_ms=1_000)
+    assert ns.security_writer_term() == ("h:2", 1)
+
+
+def test_the_writer_keeps_its_term_while_live_and_the_next_oldest_takes_the_next(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    clock.advance(TTL)  # past the first TTL: terms are granted
+    ns.register("broker-b", "h:2", [], created_ms=1_000)
+    ns.register("broker-a", "h:1", [], created_ms=2_000)
+    assert ns.security_writer_term() == ("h:2", 1)
+    # The writer lapses (paused): the next oldest takes the next term ...
     clock.advance(TTL // 2)
     ns.register("broker-a", "h:1", [], created_ms=2_000)
     clock.advance(TTL // 2 + 1)
-    assert ns.security_writer() == "h:1"
+    assert ns.security_writer_term() == ("h:1", 2)
+    # ... and keeps it when the older one comes back.
     ns.register("broker-b", "h:2", [], created_ms=1_000)
-    assert ns.security_writer() == "h:2"
-    ns.unregister("broker-b")
+    assert ns.security_writer_term() == ("h:1", 2)
     ns.unregister("broker-a")
-    assert ns.security_writer() == ""
+    assert ns.security_writer_term() == ("h:2", 3)
+    ns.unregister("broker-b")
+    assert ns.security_writer_term() == ("", 0)
+
+
+def test_a_writer_back_from_another_address_takes_a_new_term(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    """A replica group's new leader registers the group's name from its own address: the
+    previous leader's lease may still run, so the role moves to the next term."""
+    clock.advance(TTL)
+    ns.register("group-1", "h:1", [], created_ms=1_000)
+    assert ns.security_writer_term() == ("h:1", 1)
+    ns.register("group-1", "h:1", [], created_ms=1_000)
+    assert ns.security_writer_term() == ("h:1", 1)
+    ns.register("group-1", "h:9", [], created_ms=1_000)
+    assert ns.security_writer_term() == ("h:9", 2)
+
+
+def test_a_new_name_server_learns_the_writer_and_its_term_from_the_brokers(
+    ns: NameServer, clock: ManualClock
+) -> None:
+    """A restarted name server: the holder reports its lease, and is the writer at once;
+    tables written under a term it never granted keep its numbers from going back."""
+    ns.register("broker-b", "h:2", [], created_ms=1_000)
+    ns.register("broker-a", "h:1", [], created_ms=2_000)
+    ns.report_writer("broker-a", 7, (7 << 32) | 3)
+    assert ns.security_writer_term() == ("h:1", 7)
+    # A deposed writer that has not noticed reports an older term: ignored.
+    ns.report_writer("broker-b", 5, (5 << 32) | 9)
+    assert ns.security_writer_term() == ("h:1", 7)
+    # Tables of a newer term (another name server's writer): the holder here is stale.
+    ns.report_writer("broker-b", 0, (9 << 32) | 1)
+    clock.advance(TTL)
+    ns.register("broker-b", "h:2", [], created_ms=1_000)
+    ns.register("broker-a", "h:1", [], created_ms=2_000)
+    assert ns.security_writer_term() == ("h:2", 10)
 
 
 def test_brokers_without_a_creation_time_order_by_name(ns: NameServer) -> None:
@@ -546,3 +599,15 @@ def test_a_replica_groups_name_stays_with_its_newest_leader(ns: NameServer) -> N
     assert ns.brokers() == {"g1": "127.0.0.1:1002"}
     ns.register("g1", "127.0.0.1:1003", [_reg("t", 2, [0, 1])], leader_epoch=3)
     assert ns.brokers() == {"g1": "127.0.0.1:1003"}
+
+
+def test_an_old_leaders_unregister_leaves_the_new_leaders_routes(ns: NameServer) -> None:
+    """After a handover the old leader stops and unregisters the group's name; reaching
+    the name server after the new leader registered, it took the group's routes away
+    until the new leader's next heartbeat (clients got BrokerNotAvailable meanwhile)."""
+    ns.register("g1", "127.0.0.1:1001", [_reg("t", 2, [0, 1])], leader_epoch=1)
+    ns.register("g1", "127.0.0.1:1002", [_reg("t", 2, [0, 1])], leader_epoch=2)
+    assert not ns.unregister("g1", leader_epoch=1)
+    assert ns.brokers() == {"g1": "127.0.0.1:1002"}
+    assert ns.unregister("g1", leader_epoch=2)  # the leader itself stopping
+    assert ns.brokers() == {}

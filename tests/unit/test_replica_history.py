@@ -19,6 +19,8 @@ def _clean() -> History:
         replicas={"m0": {0: list(log)}, "m1": {0: list(log)}, "m2": {0: list(log)}},
         leaders=[(1, "m0"), (2, "m1"), (3, "m0")],
         committed=[10, 10, 30],
+        group_reads=[Read(0, 0, b"a"), Read(0, 1, b"b"), Read(0, 1, b"b")],  # b read again
+        group_offsets=[{}, {0: 1}, {0: 1}, {0: 2}],
         reads_complete=False,
     )
 
@@ -53,6 +55,8 @@ BREAK: dict[str, Callable[[History], None]] = {
     "consumer offsets jumped": lambda h: h.reads.append(Read(0, 0, b"a")),
     "two leaders in one epoch": lambda h: h.leaders.append((2, "m2")),
     "committed position went back": lambda h: h.committed.append(20),
+    "group member read, later lost": lambda h: h.group_reads.append(Read(0, 2, b"other")),
+    "group offsets went back": lambda h: h.group_offsets.append({0: 1}),
     "acknowledged, never read": _complete_reads,
 }
 

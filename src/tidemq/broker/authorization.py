@@ -30,8 +30,6 @@ from tidemq.core.acl import (
     AclEntry,
     Authorizer,
     Operation,
-    PatternType,
-    Permission,
     Requirement,
     ResourceType,
 )
@@ -47,6 +45,7 @@ from tidemq.protocol.acl_messages import (
     AclListResponse,
     AclsChangedResponse,
     acl_message,
+    entry_of,
 )
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import GetRoutesResponse, ListGroupsResponse, ListTopicsResponse
@@ -166,6 +165,7 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         # Name-server requests of brokers (ADR 15), signed with the cluster secret; a
         # broker's own listener refuses them whoever sends them.
         RequestCode.REPLICA_FETCH: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
+        RequestCode.REPLICA_FILE: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
         RequestCode.ELECT_LEADER: _CLUSTER_ALTER,
         RequestCode.SECURITY_PUSH: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
         RequestCode.SECURITY_PULL: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
@@ -221,29 +221,6 @@ REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
         RequestCode.STATIC_UPDATE: (_rule(_ALTER, _T, _topic),),
     }
 )
-
-
-def entry_of(msg: AclEntryMsg) -> AclEntry:
-    """The entry a message describes; InvalidRequest naming what is wrong."""
-    try:
-        return AclEntry(
-            principal=msg.principal,
-            resource_type=ResourceType(msg.resource_type.lower()),
-            resource_name=msg.resource_name,
-            pattern_type=PatternType(msg.pattern_type.lower()),
-            operation=Operation(msg.operation.lower()),
-            permission=Permission(msg.permission.lower()),
-            host=msg.host,
-        )
-    except ValueError as exc:  # AclError is a ValueError, and so are unknown enum values
-        raise InvalidRequest(f"bad ACL entry ({_describe(msg)}): {exc}") from None
-
-
-def _describe(msg: AclEntryMsg) -> str:
-    return (
-        f"{msg.permission} {msg.principal} from {msg.host} {msg.operation} "
-        f"{msg.resource_type} {msg.resource_name} ({msg.pattern_type})"
-    )
 
 
 def _row(entry: AclEntry) -> AclRow:

@@ -52,6 +52,7 @@ from tidemq.broker.offset_book import OffsetBook
 from tidemq.broker.offset_pull import PULL_REQUEST_TIMEOUT_MS, OffsetPull
 from tidemq.broker.peer_links import PeerLinks, PeerLogin, check_peer_request, is_peer, others
 from tidemq.broker.pop_service import PopService
+from tidemq.broker.producer_owner_topic import ProducerOwnerTopic
 from tidemq.broker.producer_owners import MAX_PRODUCER_OWNERS, ProducerOwners
 from tidemq.broker.replica_leader import ReplicaLeader
 from tidemq.broker.schema_validation import SchemaCheck
@@ -97,6 +98,7 @@ from tidemq.protocol.commands import (
     PopReceiveRequest,
     PopReceiveResponse,
     PopStatusResponse,
+    ProduceResponse,
     StatusResponse,
 )
 from tidemq.protocol.frame import Frame
@@ -292,6 +294,7 @@ class Broker:
             # ManualClock by hours (timers, retention) must not close its idle connections.
             ssl_context=listener_tls,
             auth_required=cfg.auth_enabled,
+            answer_now=self._answer_now,
         )
         host, port = await self._server.start(cfg.host, cfg.port)
         self.address = cfg.advertised_address or f"{host}:{port}"
@@ -301,6 +304,8 @@ class Broker:
             self._gateway,
             address=self.address,
             changed=self._security_changed,
+            # Alone with its own name server, this broker is the cluster: no lease.
+            name_servers=0 if self._embedded else len(cfg.name_servers),
         )
         self._coordinator = GroupCoordinator(
             self._clock,
@@ -439,12 +444,8 @@ class Broker:
             cluster_login=None if key is None else lambda m: check_cluster_login(key, m, clock),
         )
         self._auth.bootstrap(cfg.bootstrap_user, self._bootstrap_password)
-        self._producer_owners = ProducerOwners(
-            save=lambda pid, who: store.metadata.set_producer_owner(
-                pid, who, keep=MAX_PRODUCER_OWNERS
-            ),
-            load=store.metadata.producer_owner,
-        )
+        durable = ProducerOwnerTopic(self._gateway, keep=MAX_PRODUCER_OWNERS)
+        self._producer_owners = ProducerOwners(save=durable.save, load=durable.load)
         self._authz = Authorization(
             enabled=cfg.authorization_enabled,
             super_users=self._auth.super_users,
@@ -875,6 +876,7 @@ class Broker:
             RequestCode.TIER_OFFLOAD: plain(self._tier_offload),
             RequestCode.ELECT_LEADER: plain(self._elect_leader),
             RequestCode.REPLICA_FETCH: plain(self._replica_fetch),
+            RequestCode.REPLICA_FILE: plain(self._replica_fetch),
         }
 
     async def _elect_leader(self, req: ElectLeaderRequest) -> ElectLeaderResponse:
@@ -884,7 +886,7 @@ class Broker:
 
     async def _replica_fetch(self, _: object) -> None:
         raise InvalidRequest(
-            "REPLICA_FETCH goes to a replica group member's replication listener "
+            "REPLICA_FETCH and REPLICA_FILE go to a replica group member's replication listener "
             "(replication.port), not to its client listener"
         )
 
@@ -943,20 +945,43 @@ class Broker:
         principal = conn.principal
         if authz.enabled and code is RequestCode.GET_ROUTES:
             header.known = authz.route_token(header.known, principal, conn.host)
-        if principal is not None and code is RequestCode.PRODUCE and header.producer_id >= 0:
-            self._producer_owners.check(header.producer_id, principal)
+        if (
+            principal is not None
+            and code is RequestCode.PRODUCE
+            and header.producer_id >= 0
+            and not self._producer_owners.known(header.producer_id, principal)
+        ):
+            await self._producer_owners.check(header.producer_id, principal)
         started = time.perf_counter()
         try:
             answer, body = await self._serve(code, header, frame, conn)
         finally:
             self.request_times.observe(code.name, time.perf_counter() - started)
         if principal is not None and code is RequestCode.INIT_PRODUCER:
-            self._producer_owners.issued(answer.producer_id, principal)
+            await self._producer_owners.issued(answer.producer_id, principal)
         if authz.enabled and code in FILTERED_CODES:
             answer = authz.filter(code, header, answer, principal, conn.host)
             if code is RequestCode.GET_ROUTES:
                 answer.generation = authz.route_token(answer.generation, principal, conn.host)
         return answer, body
+
+    def _answer_now(self, frame: Frame, conn: ServerConnection) -> ProduceResponse | None:
+        """A request answered from the protocol callback, with no task, when it needs no
+        waiting (`DataHandlers.produce_now`): a PRODUCE, with no authentication and no
+        ACLs to check (those go through `_dispatch`). None: `_dispatch` serves it."""
+        if (
+            frame.code != RequestCode.PRODUCE
+            or self._auth.enabled
+            or self._authz.enabled
+            or not self._gateway.appends_at_once
+        ):
+            return None
+        started = time.perf_counter()
+        _, header = decode_request(frame)
+        answer = self._data.produce_now(header, frame.body)
+        if answer is not None:
+            self.request_times.observe("PRODUCE", time.perf_counter() - started)
+        return answer
 
     def _authorize_cancel(self, message_id: str, conn: ServerConnection) -> None:
         """WRITE on the topic of the delayed message a cancel names (an id unknown here is
@@ -1062,7 +1087,8 @@ def server_limits(cfg: BrokerConfig) -> ServerLimits:
 
 def _created_ms(store: MessageStore) -> int:
     """When this broker's data directory was first used (epoch ms), saved on first start:
-    the name servers make the oldest live broker the security writer (ADR 15)."""
+    the name servers make the oldest live broker the security writer when the role is
+    free (ADR 15, ADR 20)."""
     saved = store.metadata.service_state(_CREATED_KEY)
     if saved is not None and len(saved) == 8:
         return int.from_bytes(saved, "big")

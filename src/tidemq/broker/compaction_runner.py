@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from tidemq.broker.worker_lifetime import die_with_parent
 from tidemq.core.errors import DiskFull
 from tidemq.store.compaction import CompactionResult, run_compaction
 from tidemq.store.message_store import MessageStore
@@ -43,10 +45,13 @@ class CompactionRunner:
 
     def _executor(self) -> ProcessPoolExecutor:
         """The worker process, started on the first run ("spawn": never a fork of a
-        process with threads and open sockets)."""
+        process with threads and open sockets), killed when this process dies."""
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
-                max_workers=1, mp_context=multiprocessing.get_context("spawn")
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=die_with_parent,
+                initargs=(os.getpid(),),
             )
         return self._pool
 
@@ -54,6 +59,12 @@ class CompactionRunner:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held while a run is planned, done and installed: whoever holds it knows no run
+        is under way (a follower starting over replaces its store under it)."""
+        return self._lock
 
     async def run_forever(self) -> None:
         while True:
@@ -66,7 +77,8 @@ class CompactionRunner:
                 log.exception("compaction failed")
 
     async def run_due(self) -> list[CompactionResult]:
-        due = self._store().compaction_due()
+        async with self._lock:  # the store may be replaced meanwhile, never under it
+            due = self._store().compaction_due()
         return [await self.compact_queue(item.topic, item.queue_id) for item in due]
 
     async def compact_queue(self, topic: str, queue: int) -> CompactionResult:

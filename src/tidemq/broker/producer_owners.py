@@ -7,17 +7,18 @@ bound to another principal is refused (FencedProducer, naming neither). Ids are 
 order, so guessing one is easy: the binding, not the id, is what protects it.
 
 Kept in memory, bounded (`MAX_PRODUCER_OWNERS`, least recently used forgotten first), and
-in the store's metadata (the `MAX_PRODUCER_OWNERS` newest ids), so a restart or a
-forgotten entry does not unbind an id: an id the memory does not know is looked up there.
-Only an id the store does not know either (issued before owners were stored, or among the
-oldest) is bound to the first principal that produces with it (trust on first use). Not
-thread-safe: owned by the broker's loop.
+durably (`producer_owner_topic.py`: records of a compact internal topic, so they
+replicate with the log), so a restart, a failover or a forgotten entry does not unbind an
+id: an id the memory does not know is looked up there. Only an id the durable copy does
+not know either (issued before owners were stored, or among the oldest) is bound to the
+first principal that produces with it (trust on first use). Not thread-safe: owned by the
+broker's loop.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from tidemq.core.errors import FencedProducer
@@ -33,8 +34,8 @@ class ProducerOwners:
         self,
         max_owners: int = MAX_PRODUCER_OWNERS,
         *,
-        save: Callable[[int, str], None] | None = None,
-        load: Callable[[int], str | None] | None = None,
+        save: Callable[[int, str], Awaitable[None]] | None = None,
+        load: Callable[[int], Awaitable[str | None]] | None = None,
     ) -> None:
         """`save(id, principal)` and `load(id)`: the durable copy (None: memory only)."""
         if max_owners < 1:
@@ -44,31 +45,41 @@ class ProducerOwners:
         self._save = save
         self._load = load
 
-    def issued(self, producer_id: int, principal: str) -> None:
-        """INIT_PRODUCER gave `producer_id` to `principal`."""
-        if self._save is not None:
-            self._save(producer_id, principal)
+    async def issued(self, producer_id: int, principal: str) -> None:
+        """INIT_PRODUCER gave `producer_id` to `principal`: returns once that is durable
+        (the id may be handed out then)."""
         self._remember(producer_id, principal)
+        if self._save is not None:
+            await self._save(producer_id, principal)
 
-    def check(self, producer_id: int, principal: str) -> None:
+    def known(self, producer_id: int, principal: str) -> bool:
+        """Whether memory binds `producer_id` to `principal` (the produce path's check,
+        with no wait); raise FencedProducer if it binds it to another principal. False:
+        ask `check`."""
+        owner = self._owners.get(producer_id)
+        if owner is None:
+            return False
+        if owner != principal:
+            raise _fenced(producer_id)
+        self._owners.move_to_end(producer_id)
+        return True
+
+    async def check(self, producer_id: int, principal: str) -> None:
         """Raise FencedProducer if `producer_id` belongs to another principal; bind an
         id nobody knows to `principal`."""
-        owner = self._owners.get(producer_id)
-        if owner is None and self._load is not None:
-            owner = self._load(producer_id)
-            if owner is not None:
-                self._remember(producer_id, owner)
+        if self.known(producer_id, principal):
+            return
+        owner = None if self._load is None else await self._load(producer_id)
+        if owner is None:
+            owner = self._owners.get(producer_id)  # bound meanwhile, by another request
         if owner is None:
             self._remember(producer_id, principal)
             if self._save is not None:
-                self._save(producer_id, principal)
+                await self._save(producer_id, principal)
             return
+        self._remember(producer_id, owner)
         if owner != principal:
-            raise FencedProducer(
-                f"producer id {producer_id} was issued to another user; ask for one with "
-                "INIT_PRODUCER"
-            )
-        self._owners.move_to_end(producer_id)
+            raise _fenced(producer_id)
 
     def _remember(self, producer_id: int, principal: str) -> None:
         self._owners[producer_id] = principal
@@ -78,3 +89,9 @@ class ProducerOwners:
 
     def __len__(self) -> int:
         return len(self._owners)
+
+
+def _fenced(producer_id: int) -> FencedProducer:
+    return FencedProducer(
+        f"producer id {producer_id} was issued to another user; ask for one with INIT_PRODUCER"
+    )

@@ -26,7 +26,16 @@ from typing import Final, Protocol
 from tidemq.broker.compaction_runner import CompactionRunner
 from tidemq.broker.metrics import disk_usage
 from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
+from tidemq.broker.replica_start_over import (
+    StartOverFailed,
+    copy_compacted_files,
+    plan_of,
+    restart_empty,
+    restart_store,
+)
 from tidemq.broker.replication_config import ReplicationConfig
+from tidemq.broker.service_state_cut import drop_states_past
+from tidemq.broker.thread_calls import finish_in_thread
 from tidemq.cluster.election import ElectionFaults
 from tidemq.cluster.group_keys import LeaderRecord
 from tidemq.cluster.security_link import cluster_login
@@ -36,10 +45,13 @@ from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import (
     ReplicaFetchRequest,
     ReplicaFetchResponse,
+    ReplicaFileRequest,
     ReplicaServiceState,
+    ReplicaStartOver,
     ReplicaTopic,
 )
 from tidemq.store.epoch_file import EpochEntry, EpochHistory
+from tidemq.store.files import OsFileSystem
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import CleanupPolicy, MessageType, TopicInfo
 from tidemq.store.replica_log import LogChunk, TopicsBehind
@@ -67,6 +79,10 @@ class ReplicaFaults(ElectionFaults, Protocol):
     lost too)."""
 
     def fetch_held(self) -> bool: ...
+
+    def start_over_step(self, step: str) -> None:
+        """Called (on a worker thread) before each step of a start-over
+        (`store.start_over.start_over`): a test may hold it there, to kill the process."""
 
 
 def apply_service_state(store: MessageStore, state: ReplicaServiceState) -> None:
@@ -142,7 +158,10 @@ class ReplicaFollower:
         self._pending_state: ReplicaServiceState | None = None
         self.state_applied = 0
         self._retention_due = time.monotonic() + _RETENTION_INTERVAL_S
-        self._compaction = CompactionRunner(lambda: store, compaction_interval_ms)
+        self._compaction = CompactionRunner(lambda: self._store, compaction_interval_ms)
+        #: Starting over now (never elected meanwhile), and start-overs done.
+        self.starting_over = False
+        self.start_overs = 0
 
     @property
     def store(self) -> MessageStore:
@@ -185,7 +204,7 @@ class ReplicaFollower:
             compaction.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await compaction
-            await asyncio.to_thread(self._compaction.close)
+            await finish_in_thread(self._compaction.close)
 
     async def _follow_leaders(self) -> None:
         while True:
@@ -245,6 +264,20 @@ class ReplicaFollower:
         self.rounds += 1
         self.leader_end = answer.leader_end
         self._answered_ms = self._clock.monotonic_ms()
+        if 0 <= answer.diverged_at < store.log.start_position:
+            log.warning(
+                "group %s member %s: log differs from leader %s's from %d on, below this "
+                "log's start %d (its retention deleted the cut point): starting over",
+                self._config.group,
+                self._member,
+                leader.member,
+                answer.diverged_at,
+                store.log.start_position,
+            )
+            async with self._compaction.lock:
+                self._store = await restart_empty(store, history, clock=self._clock)
+            self.truncations += 1
+            return
         if answer.diverged_at >= 0:
             log.warning(
                 "group %s member %s: log differs from leader %s's from %d on (end %d): cut",
@@ -256,12 +289,19 @@ class ReplicaFollower:
             )
             store.replica.truncate(answer.diverged_at)
             history.truncate_to(answer.diverged_at)
+            dropped = drop_states_past(store, answer.diverged_at)
+            if dropped:
+                log.info("group %s member %s: saved states of %s were past the cut: dropped",
+                         self._config.group, self._member, ", ".join(dropped))  # fmt: skip
             self.truncations += 1
             return
         if answer.topics is not None:
             store.replica.mirror_topics([topic_info(t) for t in answer.topics], answer.max_topic_id)
             store.metadata.note_producer_id(answer.last_producer_id)
             self._topics_version = answer.topics_version
+        if answer.start_over is not None:
+            await self._start_over(conn, answer, answer.start_over, leader)
+            return
         if body:
             try:
                 store.replica.append_chunk(LogChunk(answer.position, body, answer.records))
@@ -269,8 +309,9 @@ class ReplicaFollower:
                 self._topics_version = -1  # the next answer carries the table
                 return
             # The fdatasync off the loop: the member's other tasks (the election's
-            # keep-alives) must not wait for the disk.
-            await asyncio.to_thread(store.flush)
+            # keep-alives) must not wait for the disk. A cancellation (the member
+            # stops following, then closes the store) waits for it to end.
+            await finish_in_thread(store.flush)
         entries = [
             EpochEntry(e.epoch, e.start_position)
             for e in answer.epochs
@@ -294,6 +335,67 @@ class ReplicaFollower:
             # leader (a follower without them would keep every segment).
             with contextlib.suppress(TidemqError):
                 store.enforce_retention()
+
+    async def _start_over(
+        self,
+        conn: ClientConnection,
+        answer: ReplicaFetchResponse,
+        start: ReplicaStartOver,
+        leader: LeaderRecord,
+    ) -> None:
+        """This log ends below the leader's log start: copy the leader's compacted log
+        files, then start the store over at the leader's log start (`store/start_over.py`),
+        with the leader's epoch history up to there. Not electable meanwhile."""
+        plan = plan_of(start)
+        old = self._store
+        config = old.config
+        fs = OsFileSystem()
+        log.warning(
+            "group %s member %s: log ends at %d, below leader %s's log start %d: starting "
+            "over there",
+            self._config.group,
+            self._member,
+            old.end_position,
+            leader.member,
+            plan.position,
+        )
+        self.starting_over = True
+        try:
+            base = ReplicaFileRequest(
+                group=self._config.group,
+                member=self._member,
+                epoch=leader.epoch,
+                topic_id=0,
+                queue_id=0,
+                generation=0,
+                offset=0,
+                max_bytes=self._config.fetch_max_bytes,
+            )
+            await copy_compacted_files(conn, plan, fs=fs, data_dir=config.data_dir, base=base)
+            epochs = [
+                EpochEntry(e.epoch, e.start_position)
+                for e in answer.epochs
+                if e.start_position <= plan.position
+            ]
+            async with self._compaction.lock:
+                try:
+                    self._store = await restart_store(
+                        old,
+                        plan,
+                        self._history,
+                        epochs,
+                        clock=self._clock,
+                        step=None if self._faults is None else self._faults.start_over_step,
+                    )
+                except StartOverFailed as failed:
+                    self._store = failed.store
+                    raise
+        finally:
+            self.starting_over = False
+        self.start_overs += 1
+        self.committed = min(self.committed, plan.position)
+        self._store.commit_limit = self.committed
+        self._topics_version = self._state_version = -1  # the table and state again
 
     async def _ask(
         self, conn: ClientConnection, request: ReplicaFetchRequest, leader: LeaderRecord

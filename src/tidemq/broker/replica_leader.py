@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
+from tidemq.broker.replica_start_over import add_topic_table, start_over_answer
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.core.clock import Clock
 from tidemq.core.errors import (
@@ -46,14 +47,17 @@ from tidemq.protocol.replica_messages import (
     EpochStart,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
+    ReplicaFileRequest,
+    ReplicaFileResponse,
     ReplicaServiceState,
-    ReplicaTopic,
 )
 from tidemq.store.epoch_file import EpochHistory
+from tidemq.store.start_over import read_compacted_file
 
 if TYPE_CHECKING:
     from tidemq.broker.store_gateway import StoreGateway
     from tidemq.cluster.group_keys import LeaderRecord
+    from tidemq.store.message_store import MessageStore
 
 __all__ = ["PRODUCER_ID_TERM_SHIFT", "ReplicaLeader"]
 
@@ -282,7 +286,7 @@ class ReplicaLeader:
         gateway = self._gateway
         if gateway is None:
             raise NotLeader(f"group {self._config.group}: the leader is starting; retry")
-        self._check_request(req)
+        self._check_member(req.group, req.member, req.epoch)
         store = gateway.store
         diverged = self._divergence(req, store.end_position)
         if diverged is not None:
@@ -293,6 +297,8 @@ class ReplicaLeader:
         follower.position, follower.durable = req.position, min(req.durable, req.position)
         self._reported.set()
         self._reported = asyncio.Event()
+        if req.position < store.log.start_position:
+            return self._start_over(req, store, follower), b""
         if req.position >= follower.answered_end:
             follower.caught_up_ms = self._clock.monotonic_ms()
         if req.position >= store.end_position and req.max_wait_ms > 0:
@@ -322,23 +328,45 @@ class ReplicaLeader:
         if self._state is not None and req.state_version != self._state.version:
             answer.state = self._state
         if req.topics_version != store.topics_version:
-            answer.topics = [
-                ReplicaTopic(
-                    t.id,
-                    t.name,
-                    t.queues,
-                    t.message_type.value,
-                    t.cleanup_policy.value,
-                    t.retention_ms,
-                    t.retention_bytes,
-                    dict(t.config),
-                    t.created_ms,
-                )
-                for t in store.topics()
-            ]
-            answer.max_topic_id = store.metadata.max_topic_id()
-            answer.last_producer_id = store.metadata.last_producer_id()
+            add_topic_table(answer, store)
         return answer, chunk.data
+
+    def _start_over(
+        self, req: ReplicaFetchRequest, store: MessageStore, follower: _Follower
+    ) -> ReplicaFetchResponse:
+        """The follower asked below this log's start: retention deleted what it needs
+        next. It starts over at the log start; until it has caught up from there it is
+        not in sync (dropped at the next check if it was)."""
+        follower.caught_up_ms = float("-inf")
+        follower.answered_end = store.end_position
+        answer = start_over_answer(
+            store, req.position, epoch=self.epoch, committed=self._committed, history=self._history
+        )
+        log.info(
+            "group %s epoch %d: %s asked from log position %d, below this log's start %d: "
+            "it starts over there",
+            self._config.group,
+            self.epoch,
+            req.member,
+            req.position,
+            store.log.start_position,
+        )
+        return answer
+
+    async def fetch_file(self, req: ReplicaFileRequest) -> tuple[ReplicaFileResponse, bytes]:
+        """Bytes of one of this store's compacted log files, for a follower starting over."""
+        gateway = self._gateway
+        if gateway is None:
+            raise NotLeader(f"group {self._config.group}: the leader is starting; retry")
+        self._check_member(req.group, req.member, req.epoch)
+        data, size = read_compacted_file(
+            gateway.store,
+            (req.topic_id, req.queue_id),
+            req.generation,
+            req.offset,
+            min(req.max_bytes, self._config.fetch_max_bytes),
+        )
+        return ReplicaFileResponse(size=size, offset=req.offset), data
 
     async def elect(self, req: ElectLeaderRequest) -> ElectLeaderResponse:
         """Hand leadership to `req.member` (an in-sync follower) without losing anything
@@ -379,18 +407,19 @@ class ReplicaLeader:
             previous=self._record.member, epoch=self.epoch, paused_ms=paused_ms
         )
 
-    def _check_request(self, req: ReplicaFetchRequest) -> None:
-        if req.group != self._config.group:
+    def _check_member(self, group: str, member: str, epoch: int) -> None:
+        if group != self._config.group:
             raise InvalidRequest(
-                f"REPLICA_FETCH for group {req.group!r} reached a member of {self._config.group!r}"
+                f"a replication request for group {group!r} reached a member of "
+                f"{self._config.group!r}"
             )
-        if req.member == self._record.member:
-            raise InvalidRequest(f"member {req.member!r} is this group's leader")
+        if member == self._record.member:
+            raise InvalidRequest(f"member {member!r} is this group's leader")
         if not self._is_leader():
             raise self._fenced("its lease is lost")
-        if req.epoch != self.epoch:
+        if epoch != self.epoch:
             raise NotLeader(
-                f"group {self._config.group}: the follower asked under epoch {req.epoch}, "
+                f"group {self._config.group}: the follower asked under epoch {epoch}, "
                 f"this leader holds epoch {self.epoch}; read the leader from etcd again",
                 group=self._config.group,
                 current_epoch=self.epoch,

@@ -39,6 +39,7 @@ from tidemq.broker.config import BrokerConfig
 from tidemq.broker.replica_follower import ReplicaFaults, ReplicaFollower
 from tidemq.broker.replica_leader import ReplicaLeader
 from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
+from tidemq.broker.thread_calls import finish_in_thread
 from tidemq.cluster.election import Election, ElectionConfig, ElectionStatus
 from tidemq.cluster.election_state import State
 from tidemq.cluster.etcd_client import Delete, EtcdClient, Put, ValueIs
@@ -263,11 +264,17 @@ class ReplicaNode:
             return
         self._lock()
         try:
-            store = await asyncio.to_thread(MessageStore.open, self.config.store, clock=self._clock)
+            # A cancellation (the member is stopping) waits for the open and closes it.
+            store = await finish_in_thread(
+                lambda: MessageStore.open(self.config.store, clock=self._clock),
+                discard=MessageStore.close,
+            )
         except BaseException:
             self._unlock()
             raise
         self._store = store
+        # Opening may have wiped an interrupted start-over, the epoch file with it.
+        self._history = EpochHistory(OsFileSystem(), self.config.store.data_dir)
         self.follower = ReplicaFollower(
             self.config.replication,
             member=self.member,
@@ -288,7 +295,11 @@ class ReplicaNode:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # The follower's store, not the one opened: a start-over replaces it.
+        follower = self.follower
         store, self._store = self._store, None
+        if follower is not None and store is not None:
+            store = follower.store
         if store is not None:
             store.close()
         self._unlock()
@@ -339,7 +350,11 @@ class ReplicaNode:
         await _wait_for(election, lambda s: s.leader != record)
 
     async def _eligible(self) -> bool:
-        """In the group's in-sync set (or no set yet: a new group), or unclean election."""
+        """In the group's in-sync set (or no set yet: a new group), or unclean election;
+        never while starting over (its store is being replaced: nothing to lead with)."""
+        follower = self.follower
+        if follower is not None and follower.starting_over:
+            return False
         if self.config.replication.unclean_election:
             return True
         election = self.election
@@ -369,14 +384,18 @@ class ReplicaNode:
         if self._gate is not None and conn.principal is None:
             return await self._gate.before_login(frame, conn), b""
         code, header = decode_request(frame)
-        if code is not RequestCode.REPLICA_FETCH:
-            raise InvalidRequest(f"the replication listener serves REPLICA_FETCH, not {code.name}")
+        if code not in (RequestCode.REPLICA_FETCH, RequestCode.REPLICA_FILE):
+            raise InvalidRequest(
+                f"the replication listener serves REPLICA_FETCH and REPLICA_FILE, not {code.name}"
+            )
         leader = self.leader
         if leader is None:
             raise NotLeader(
                 f"member {self.member} of group {self.config.replication.group} does not lead",
                 group=self.config.replication.group,
             )
+        if code is RequestCode.REPLICA_FILE:
+            return await leader.fetch_file(header)
         return await leader.fetch(header)
 
     # ------------------------------------------------------------------ the data directory

@@ -1,19 +1,29 @@
-"""The broker's users and ACL entries as the cluster's (ADR 15).
+"""The broker's users and ACL entries as the cluster's (ADR 15), changed by one fenced
+writer (ADR 20).
 
 The tables have a version (counter, digest; protocol/security_messages.py). Only the
-cluster's writer, the group coordinator that the name servers name in their registration
-answers, changes them: each change carries the next counter, written in the same SQLite
-transaction as the change. Every registration reports the version; a broker whose name
-server holds a newer one pulls it and replaces both tables in one transaction
-(`Metadata.replace_security`), then its login and ACL caches (`Authenticator`,
-`Authorization`) at once, so deletions and password changes converge like additions.
+cluster's security writer changes them: each change carries the next counter, written in
+the same SQLite transaction as the change. Every registration reports the version; a
+broker whose name server holds a newer one pulls it and replaces both tables in one
+transaction (`Metadata.replace_security`), then its login and ACL caches
+(`Authenticator`, `Authorization`) at once, so deletions and password changes converge
+like additions.
 
-The writer refuses a change while it knows of a newer version than its own (it would
-build on old tables and its change would lose against the newer one): the client is told
-to retry (BrokerNotAvailable) and the next beat catches it up. One writer per cluster
-keeps concurrent changes from two admins ordered; two writers at once (a failover seen
-differently by two name servers) can still each make change N, and then the larger digest
-wins everywhere and the other change is lost: ADR 15 says why that is accepted for now.
+The writer is fenced by a term (ADR 20). The name servers grant the role with a term
+(cluster/writer_terms.py), and each registration answer renews this broker's lease on it
+for the name server's broker TTL, counted from when the registration was sent. A change
+is made only while a majority of the name servers hold a live lease for this broker,
+and its counter carries the term in its high bits, so anything a newer writer makes
+orders above anything made under an older term. A writer paused (SIGSTOP, a VM pause)
+or cut off finds its lease run out on its own clock when it resumes, before it has
+heard of a newer writer, and refuses the change (WriterFenced); a name server refuses
+tables written under an older term than those it holds, and the deposed broker then
+takes the newer tables. With an embedded name server (`tidemq server`) the broker is the
+cluster: no lease is needed.
+
+The writer also refuses a change while it knows of a newer version than its own (it
+would build on old tables): the client is told to retry (BrokerNotAvailable) and the
+next beat catches it up.
 """
 
 from __future__ import annotations
@@ -25,9 +35,19 @@ from tidemq.broker.auth import Authenticator
 from tidemq.broker.authorization import Authorization
 from tidemq.broker.store_gateway import StoreGateway
 from tidemq.cluster.security_holder import check_snapshot, users_of
-from tidemq.core.errors import BrokerNotAvailable, InvalidRequest, NotCoordinator
+from tidemq.cluster.writer_lease import WriterLeases
+from tidemq.core.clock import Clock, SystemClock
+from tidemq.core.errors import BrokerNotAvailable, InvalidRequest, WriterFenced
 from tidemq.protocol.acl_messages import AclEntryMsg
-from tidemq.protocol.security_messages import SecuritySnapshot, UserRow, acl_key, snapshot_digest
+from tidemq.protocol.security_messages import (
+    SecuritySnapshot,
+    UserRow,
+    acl_key,
+    counter_of,
+    counter_text,
+    snapshot_digest,
+    term_of,
+)
 
 __all__ = ["SecuritySync"]
 
@@ -45,21 +65,29 @@ class SecuritySync:
         *,
         address: str,
         changed: Callable[[], None],
+        name_servers: int = 0,
+        clock: Clock | None = None,
     ) -> None:
         """`address`: this broker's, to compare with the writer's. `changed`: called
-        after a change made here (register now, so the name servers ask for it)."""
+        after a change made here (register now, so the name servers ask for it).
+        `name_servers`: how many this broker registers with (0: an embedded one; no
+        lease then). `clock`: real time for the leases (the registrations' clock)."""
         self._auth = auth
         self._authz = authz
         self._gateway = gateway
-        self._address = address
         self._changed = changed
         self._counter = gateway.store.metadata.security_counter()
         self._digest = 0
         self._digest = self.snapshot().digest
         #: The newest version a name server holds, as far as this broker knows.
         self._newest = (0, 0)
-        #: The writer's address, as the name servers last named it ("": unknown).
-        self._writer = ""
+        #: The writer role as the name servers grant it (None: an embedded name server,
+        #: this broker is the cluster and needs no lease).
+        self._leases = (
+            None
+            if name_servers == 0
+            else WriterLeases(address, name_servers, clock or SystemClock())
+        )
         auth.next_counter = authz.next_counter = self.next_counter
         auth.on_change = authz.on_change = self._after_change
 
@@ -81,28 +109,47 @@ class SecuritySync:
         digest = snapshot_digest(users, acls)
         return SecuritySnapshot(counter=self._counter, digest=digest, users=users, acls=acls)
 
-    def seen(self, newest: tuple[int, int], writer: str) -> None:
+    def seen(
+        self,
+        server: str,
+        newest: tuple[int, int],
+        writer: str,
+        *,
+        term: int,
+        lease_until_ms: float,
+    ) -> None:
         self._newest = max(self._newest, newest)
-        self._writer = writer
+        if self._leases is not None:
+            self._leases.seen(server, writer, term, lease_until_ms)
+
+    def held_term(self) -> int:
+        return 0 if self._leases is None else self._leases.held_term()
 
     def behind(self) -> bool:
         """A name server holds a newer cluster-wide version than this broker's."""
         return self._newest[0] >= 1 and self._newest > self.version()
 
     def next_counter(self) -> int:
-        """The counter of a change about to be made here; NotCoordinator if this broker
-        is not the writer, BrokerNotAvailable (retriable) while it is catching up."""
-        if self._writer and self._writer != self._address:
-            raise NotCoordinator(
-                f"users and ACL entries are changed on the cluster's writer {self._writer}, "
-                f"not on {self._address}"
-            )
+        """The counter of a change about to be made here. NotCoordinator if this broker
+        is not the writer, WriterFenced if its lease ran out or a newer term wrote,
+        BrokerNotAvailable (retriable) while it is catching up or not yet granted."""
+        term = 0
+        if self._leases is not None:
+            term = self._leases.held_term()
+            if term == 0:
+                raise self._leases.refusal()
+            newest_term = term_of(max(self._newest[0], self._counter))
+            if newest_term > term:
+                raise WriterFenced(
+                    f"users and ACL entries were changed under writer term {newest_term}; "
+                    f"this broker's term {term} is deposed; retry on the current writer"
+                )
         if self.behind():
             raise BrokerNotAvailable(
                 f"this broker is catching up with users and ACL entries version "
-                f"{self._newest[0]} (it has {self._counter}); retry"
+                f"{counter_text(self._newest[0])} (it has {counter_text(self._counter)}); retry"
             )
-        return max(self._counter, self._newest[0]) + 1
+        return max(counter_of(term, 0), self._counter, self._newest[0]) + 1
 
     def _after_change(self, counter: int | None) -> None:
         if counter is not None:
@@ -133,9 +180,9 @@ class SecuritySync:
         self._digest = self.snapshot().digest
         if self._digest != snapshot.digest:  # an entry this version cannot read
             log.error(
-                "users and ACL entries version %d: stored, but some entries were not "
+                "users and ACL entries version %s: stored, but some entries were not "
                 "understood (see above); this broker reports digest %x",
-                counter,
+                counter_text(counter),
                 self._digest,
             )
         return True

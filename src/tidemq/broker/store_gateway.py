@@ -127,19 +127,11 @@ class StoreGateway:
         flags: int = 0,
     ) -> AppendResult:
         """Append one batch; returns once it is durable per the flush mode."""
-        if self._closed:
-            raise StoreClosed("the broker is shutting down")
-        if self.check_writable is not None:
-            self.check_writable()
-        result = self._store.append(
-            topic, queue_id, payload, producer=producer, properties=properties, flags=flags
-        )
-        if self.appended is not None and not result.duplicate:
-            self.appended()
         if not self._sync:
-            if not result.duplicate:
-                self._on_data({(topic, queue_id)})
-            return result
+            return self.append_now(
+                topic, queue_id, payload, producer=producer, properties=properties, flags=flags
+            )
+        result = self._append(topic, queue_id, payload, producer, properties, flags)
         if result.end_position <= self._acknowledged:
             return result  # a retried batch that is durable (and committed) already
         if (
@@ -158,6 +150,49 @@ class StoreGateway:
         self._unflushed_queues.add((topic, queue_id))
         self._request_flush()
         await future
+        return result
+
+    @property
+    def appends_at_once(self) -> bool:
+        """Whether an append is answered without waiting (async flush): `append_now`."""
+        return not self._sync
+
+    def append_now(
+        self,
+        topic: str,
+        queue_id: int,
+        payload: bytes | memoryview,
+        *,
+        producer: ProducerStamp | None = None,
+        properties: bytes = b"",
+        flags: int = 0,
+    ) -> AppendResult:
+        """`append` with async flush (`appends_at_once`), where nothing is waited for:
+        callable from a protocol callback, with no task."""
+        assert not self._sync
+        result = self._append(topic, queue_id, payload, producer, properties, flags)
+        if not result.duplicate:
+            self._on_data({(topic, queue_id)})
+        return result
+
+    def _append(  # noqa: PLR0917
+        self,
+        topic: str,
+        queue_id: int,
+        payload: bytes | memoryview,
+        producer: ProducerStamp | None,
+        properties: bytes,
+        flags: int,
+    ) -> AppendResult:
+        if self._closed:
+            raise StoreClosed("the broker is shutting down")
+        if self.check_writable is not None:
+            self.check_writable()
+        result = self._store.append(
+            topic, queue_id, payload, producer=producer, properties=properties, flags=flags
+        )
+        if self.appended is not None and not result.duplicate:
+            self.appended()
         return result
 
     async def append_many(

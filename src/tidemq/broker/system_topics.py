@@ -10,7 +10,8 @@ memory and rebuild those on start (docs/design/timers-and-transactions.md):
 * `POP_TOPIC` holds pop-consumption operations (leases, acks, changes, nacks).
 
 (Consumer groups' committed offsets are in `OFFSETS_TOPIC`, a compact internal topic of
-the offset book, `offset_book.py`.)
+the offset book, `offset_book.py`; producer ids' owners in `PRODUCERS_TOPIC`, another,
+`producer_owner_topic.py`.)
 
 Each has one queue, infinite time and size retention, and is trimmed by its service as
 entries finish. Clients can neither write nor read them, and they are not in routes.

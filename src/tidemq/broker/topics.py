@@ -175,12 +175,16 @@ class TopicTable:
                 info = self.get(topic)
         if info is None:
             raise TopicNotFound(f"topic {topic[:140]!r} does not exist on this broker")
+        self.check_hosted(topic, queue)
+        return info
+
+    def check_hosted(self, topic: str, queue: int) -> None:
+        """QueueNotFound unless this broker serves `queue` of `topic` (a known topic)."""
         if queue not in self._hosted.get(topic, ()):
             raise QueueNotFound(
                 f"queue {queue} of topic {topic!r} is not served by this broker "
                 f"(it serves {self.hosted(topic)})"
             )
-        return info
 
     # ------------------------------------------------------------------ admin
 

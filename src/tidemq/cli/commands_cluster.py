@@ -21,6 +21,7 @@ from tidemq.cli.common import (
 )
 from tidemq.client.sync import Admin
 from tidemq.core.errors import TidemqError
+from tidemq.protocol.security_messages import counter_text
 
 __all__ = ["app"]
 
@@ -173,10 +174,15 @@ def _replication(s: dict[str, Any]) -> str:
 
 
 def _security(row: dict[str, Any]) -> str:
-    """ "3 (1a2b3c4d)": the users' and ACLs' version and the start of its digest; equal
-    on every broker once a change has reached them all (ADR 15)."""
+    """ "2.3 (1a2b3c4d), writer": the users' and ACLs' version (writer term, change
+    within it) and the start of its digest, equal on every broker once a change has
+    reached them all (ADR 15); "writer" on the broker holding the role (ADR 20)."""
     digest = row.get("security_digest", "")
-    return f"{row.get('security_counter', 0)} ({digest[:8]})" if digest else "-"
+    if not digest:
+        return "-"
+    text = f"{counter_text(int(row.get('security_counter', 0)))} ({digest[:8]})"
+    writer_term = row.get("writer_term", 0)
+    return f"{text}, writer (term {writer_term})" if writer_term else text
 
 
 def _connections(s: dict[str, Any]) -> str:

@@ -211,7 +211,10 @@ def namesrv(
     broker.tls_ca_file to require client certificates). With TIDEMQ_CLUSTER_SECRET set,
     only brokers that sign their registrations with the same secret may register; with
     it and --set broker.auth_enabled=true, clients log in as the cluster's users, which
-    the name server learns from the brokers; see docs/guide/security.md.
+    the name server learns from the brokers; with --set broker.authorization_enabled=true
+    too, a user learns only the routes of the topics the cluster's ACL entries let it
+    describe (super users: broker.super_users and broker.bootstrap_user); see
+    docs/guide/security.md.
     """
     _logging(log_level)
     cfg, _ = _load(
@@ -232,6 +235,8 @@ def namesrv(
             ssl_context=listener_ssl_context(cfg),
             cluster_secret=secret,
             auth_enabled=cfg.auth_enabled,
+            authorization_enabled=cfg.authorization_enabled,
+            super_users=[u for u in (*cfg.super_users, cfg.bootstrap_user) if u],
         )
 
     serve(make)

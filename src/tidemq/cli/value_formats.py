@@ -145,15 +145,21 @@ def _protobuf_encoder(registry: SchemaRegistry, topic: str) -> Callable[[bytes, 
     """JSON lines -> the first message of the subject's latest Protobuf schema."""
     from google.protobuf import json_format  # noqa: PLC0415 - protobuf on demand
 
-    from tidemq.client.protobuf_serde import message_class  # noqa: PLC0415
+    from tidemq.client.protobuf_serde import message_class, registered_imports  # noqa: PLC0415
 
     try:
-        schema_id, text, kind = registry.version_info(f"{topic}-value")
+        answer = registry.version_answer(f"{topic}-value")
     except TidemqError as exc:
         raise CliUsageError(f"no Protobuf schema registered for {topic}-value: {exc}") from None
+    kind = answer.get("schemaType", "AVRO")
     if kind != "PROTOBUF":
         raise CliUsageError(f"{topic}-value holds a {kind} schema, not PROTOBUF")
-    cls = message_class(str(text), [0])
+    schema_id = int(answer["id"])
+    try:
+        imports = registered_imports(registry, answer.get("references") or [])
+        cls = message_class(str(answer["schema"]), [0], imports=imports)
+    except (TidemqError, TypeError, ValueError) as exc:
+        raise CliUsageError(f"{topic}-value's Protobuf schema cannot be built: {exc}") from None
     prefix = encode_message_indexes([0])
 
     def encode(value: bytes, number: int) -> bytes:
@@ -169,11 +175,19 @@ def _protobuf_encoder(registry: SchemaRegistry, topic: str) -> Callable[[bytes, 
 def _protobuf_reader(registry: SchemaRegistry) -> Callable[[bytes], Any]:
     """A framed Protobuf value -> a dict, with its writer's message type."""
     from google.protobuf import json_format  # noqa: PLC0415 - protobuf on demand
+    from google.protobuf.message import DecodeError  # noqa: PLC0415
 
     from tidemq.client.protobuf_serde import WriterMessages  # noqa: PLC0415
 
     messages = WriterMessages(registry)
-    return lambda value: json_format.MessageToDict(messages.read(value))
+
+    def read(value: bytes) -> Any:
+        try:
+            return json_format.MessageToDict(messages.read(value))
+        except (TypeError, ValueError, DecodeError) as exc:  # a schema that cannot be built
+            raise TidemqError(f"a value cannot be read as Protobuf: {exc}") from None
+
+    return read
 
 
 #: The CA (PEM) an https registry URL is verified against (default: the system's CAs,

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["call_soon", "run", "submit"]
+__all__ = ["call_soon", "in_client_thread", "run", "submit"]
 
 T = TypeVar("T")
 
@@ -70,3 +70,9 @@ def call_soon(callback: Callable[..., object], *args: Any) -> None:
     if threading.current_thread() is _thread:
         raise RuntimeError("a sync tidemq call from the client loop itself would deadlock")
     loop.call_soon_threadsafe(callback, *args)
+
+
+def in_client_thread() -> bool:
+    """Whether the caller runs on the client loop's thread (where a blocking call would
+    stall every client object of the process)."""
+    return threading.current_thread() is _thread

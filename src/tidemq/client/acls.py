@@ -109,9 +109,10 @@ T = TypeVar("T")
 
 
 async def writer_call(cluster: ClusterClient, request: msgspec.Struct, expected: type[T]) -> T:
-    """A request to the cluster's writer of users and ACL entries (the security writer:
-    the oldest live broker, ADR 15), which serialises every change and hands it to the
-    other brokers through the name servers."""
+    """A request to the cluster's writer of users and ACL entries (the security writer,
+    ADR 15 and 20), which serialises every change and hands it to the other brokers
+    through the name servers. A broker that is not the writer (any more) answers
+    NotCoordinator or WriterFenced, and the request goes to the writer named anew."""
     for attempt in range(1, _WRITER_ATTEMPTS + 1):
         writer = await cluster.security_writer()
         try:

@@ -864,7 +864,7 @@ class AsyncAdmin:
         self, name: str, password: str, *, iterations: int = DEFAULT_ITERATIONS
     ) -> None:
         """Create a user of SCRAM authentication, or set a new password for an existing
-        one, in the cluster: on its security writer (the oldest live broker), whence the change
+        one, in the cluster: on its security writer (ADR 20), whence the change
         reaches every broker and name server within a few heartbeats, those that are
         down or join later included (ADR 15). Only the salted keys leave this process
         (use TLS all the same); with `broker.auth_enabled`, only a super user may."""

@@ -223,6 +223,11 @@ class ClusterClient:
         self._check_connections()
         return self._routes
 
+    def peek_routes(self) -> RouteTable:
+        """The routes as known now, from any thread: nothing is checked or changed (the
+        brokers whose connection closed since the last `routes` are still in)."""
+        return self._routes
+
     def _check_connections(self) -> None:
         """Mark down the brokers whose pooled connection has closed (a killed broker's
         socket is closed by its kernel): noticed at the next lookup, not the next send."""
@@ -454,8 +459,8 @@ class ClusterClient:
                     await self.refresh_routes(force=True)
 
     async def security_writer(self) -> str:
-        """The address of the broker that changes users and ACL entries: the oldest live
-        broker, as the name server names it (ADR 15). Not a group's coordinator."""
+        """The address of the broker that changes users and ACL entries, as the name
+        server names it (ADR 15, ADR 20). Not a group's coordinator."""
         routes = await self.refresh_routes()
         if not routes.security_writer:
             routes = await self.refresh_routes(force=True)

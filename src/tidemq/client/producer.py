@@ -31,6 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from tidemq.client import checks
+from tidemq.client._loop import call_soon
 from tidemq.client.accumulator import Accumulator
 from tidemq.client.cluster import ClientConfig, ClusterClient
 from tidemq.client.producer_config import ProducerConfig
@@ -41,6 +42,7 @@ from tidemq.client.queue_sender import (
     ReceiptFuture,
     SenderContext,
     Special,
+    Stamp,
     WholeFuture,
 )
 from tidemq.client.records import (
@@ -469,6 +471,56 @@ class AsyncProducer:
         if self._closed:
             raise RuntimeError("the producer is closed")
 
+    # ------------------------------------------------------------------ the sync fast path
+
+    def direct_target(
+        self, topic: str, key: bytes | None, queue: int | None
+    ) -> tuple[int, str] | None:
+        """(queue, broker address) for a send made now, from routes trusted without a
+        lookup; None when the send must go through the loop (a route to look up, sends
+        waiting for one, no broker for the queue). Safe from another thread: it reads the
+        loop's state, changing nothing but the round-robin counter."""
+        if self._closed or self._route_wait.waiting(topic):
+            return None
+        q = self._queue_now(topic, key, queue, peek=True)
+        if q is None:
+            return None
+        address = self._cluster.peek_routes().broker_for(topic, q)
+        return None if address is None else (q, address)
+
+    def broker_at(self, address: str) -> str:
+        """The name of the broker serving at `address`, by the routes known now."""
+        return self._ctx.broker_at(address)
+
+    def resend_stamped_threadsafe(  # noqa: PLR0917
+        self,
+        sink: concurrent.futures.Future[Receipt],
+        topic: str,
+        queue: int,
+        payload: bytes,
+        stamp: Stamp,
+        deadline: float,
+    ) -> None:
+        """From another thread: hand one message written with `stamp` and not answered to
+        the queue's sender, which resends it under that stamp (so the broker answers a
+        copy it stored with its first offset) or fails it, completing `sink`."""
+        call_soon(self._resend_stamped, sink, topic, queue, payload, stamp, deadline)
+
+    def _resend_stamped(  # noqa: PLR0917
+        self,
+        sink: concurrent.futures.Future[Receipt],
+        topic: str,
+        queue: int,
+        payload: bytes,
+        stamp: Stamp,
+        deadline: float,
+    ) -> None:
+        if not sink.set_running_or_notify_cancel():
+            return
+        self._accumulator.seal(topic, queue)
+        batch = Batch(topic, queue, payload, 1, [sink], None, deadline, stamp)
+        self._sender(topic, queue).add(batch)
+
     # ------------------------------------------------------------------ to its queue, in order
 
     def _submit(
@@ -490,13 +542,20 @@ class AsyncProducer:
             topic, WaitingSend(key, queue, deliver, fail, self._ctx.new_deadline())
         )
 
-    def _queue_now(self, topic: str, key: bytes | None, queue: int | None) -> int | None:
+    def _queue_now(
+        self, topic: str, key: bytes | None, queue: int | None, *, peek: bool = False
+    ) -> int | None:
         """The send's queue from routes checked less than `ROUTES_RECHECK_S` ago; None
-        when that needs a route lookup."""
-        if queue is not None:
+        when that needs a route lookup. `peek`: from another thread (the routes as they
+        are, without checking the connections, which only the loop may do)."""
+        if queue is not None and not peek:
             return queue
-        routes = self._cluster.routes
-        if not self._ctx.routes_trusted() or topic not in routes:
+        if not self._ctx.routes_trusted():
+            return None
+        routes = self._cluster.peek_routes() if peek else self._cluster.routes
+        if queue is not None:
+            return queue  # (peek: the caller finds its broker in these routes)
+        if topic not in routes:
             return None
         try:
             return routes.select_queue(topic, key, self._route_wait.next_round_robin())

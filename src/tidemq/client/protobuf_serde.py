@@ -14,11 +14,17 @@ The files it imports are registered too, each under its file name as subject (Co
 default reference subject), and named as references; Protobuf's own well-known types
 (`google/protobuf/*.proto`), which every reader knows, are skipped, as Confluent's
 serializer skips them.
+
+Readers without generated code (the CLI, Spark) build the writer's
+message class at run time (`WriterMessages`): from the schema of the value's id and the
+schemas its references name, fetched recursively (`registered_imports`), each added to a
+descriptor pool under the file name its importer uses, as Confluent's deserializer does.
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from google.protobuf.descriptor import Descriptor
@@ -29,10 +35,12 @@ from tidemq.schema.wire import decode_message_indexes, encode_message_indexes, f
 
 __all__ = [
     "ProtobufDeserializer",
+    "ProtobufImports",
     "ProtobufSerializer",
     "WriterMessages",
     "message_class",
     "message_indexes",
+    "registered_imports",
 ]
 
 M = TypeVar("M", bound=Message)
@@ -124,32 +132,55 @@ class ProtobufDeserializer(Generic[M]):
             ) from None
 
 
-def message_class(schema: str, indexes: list[int], *, name: str = "") -> type[Message]:
+#: The files a schema imports, as (file name, serialized schema in base64), each after
+#: the files it imports itself: what `message_class` needs besides the schema.
+ProtobufImports = tuple[tuple[str, str], ...]
+
+
+def registered_imports(
+    registry: SchemaRegistry, references: Iterable[Mapping[str, Any]]
+) -> ProtobufImports:
+    """The files a schema's `references` ({"name", "subject", "version"} each, as the
+    registry answers them) name, fetched from the registry with their own references,
+    recursively (each file once, its imports before it)."""
+    found: dict[str, str] = {}
+
+    def walk(refs: Iterable[Mapping[str, Any]], chain: tuple[str, ...]) -> None:
+        for ref in refs:
+            name = str(ref["name"])
+            if name in found:
+                continue
+            if name in chain:
+                raise ValueError(f"the references import one another: {' -> '.join(chain)}")
+            answer = registry.version_answer(str(ref["subject"]), str(ref["version"]))
+            if answer.get("schemaType") != "PROTOBUF":
+                raise ValueError(
+                    f"reference {name} ({ref['subject']} version {ref['version']}) is a "
+                    f"{answer.get('schemaType', 'AVRO')} schema, not PROTOBUF"
+                )
+            walk(answer.get("references") or [], (*chain, name))
+            found[name] = str(answer["schema"])
+
+    walk(references, ())
+    return tuple(found.items())
+
+
+def message_class(
+    schema: str, indexes: list[int], *, name: str = "", imports: ProtobufImports = ()
+) -> type[Message]:
     """The message class a registered Protobuf schema (serialized, base64) declares at
     `indexes` (or under the full `name`, when given), built at run time (for readers
-    without generated code: the CLI, Spark)."""
-    from google.protobuf import (  # noqa: PLC0415 - the well-known types join the default pool
-        any_pb2,  # noqa: F401
-        descriptor_pb2,
-        descriptor_pool,
-        duration_pb2,  # noqa: F401
-        empty_pb2,  # noqa: F401
-        message_factory,
-        struct_pb2,  # noqa: F401
-        timestamp_pb2,  # noqa: F401
-        wrappers_pb2,  # noqa: F401
-    )
+    without generated code: the CLI, Spark). `imports`: the files it imports
+    (`registered_imports`); Protobuf's well-known types need none."""
+    from google.protobuf import descriptor_pb2, message_factory  # noqa: PLC0415
 
     proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema))
-    if not proto.name:
-        proto.name = "schema.proto"
-    pool = descriptor_pool.DescriptorPool()
-    default = descriptor_pool.Default()
-    for imported in proto.dependency:
-        if not imported.startswith(_BUILTIN_PREFIX):
-            raise TypeError(f"the schema imports {imported}: imports are not supported yet")
-        pool.AddSerializedFile(default.FindFileByName(imported).serialized_pb)
-    pool.Add(proto)
+    files = dict(imports)
+    if not proto.name or proto.name in files:
+        proto.name = next(
+            n for i in range(len(files) + 1) if (n := f"schema{i}.proto") not in files
+        )
+    pool = _pool_with(proto, files)
     file = pool.FindFileByName(proto.name)
     if name:
         try:
@@ -163,9 +194,52 @@ def message_class(schema: str, indexes: list[int], *, name: str = "") -> type[Me
     return message_factory.GetMessageClass(descriptor)
 
 
+def _pool_with(proto: Any, files: Mapping[str, str]) -> Any:
+    """A descriptor pool holding `proto` and, before it, every file it imports (from
+    `files`, by the name the import uses, or the well-known types)."""
+    from google.protobuf import (  # noqa: PLC0415 - the well-known types join the default pool
+        any_pb2,  # noqa: F401
+        descriptor_pb2,
+        descriptor_pool,
+        duration_pb2,  # noqa: F401
+        empty_pb2,  # noqa: F401
+        struct_pb2,  # noqa: F401
+        timestamp_pb2,  # noqa: F401
+        wrappers_pb2,  # noqa: F401
+    )
+
+    pool = descriptor_pool.DescriptorPool()
+    default = descriptor_pool.Default()
+    added: set[str] = set()
+
+    def add(file: Any) -> None:
+        added.add(file.name)
+        for imported in file.dependency:
+            if imported in added:
+                continue
+            if imported in files:
+                dep = descriptor_pb2.FileDescriptorProto.FromString(
+                    base64.b64decode(files[imported])
+                )
+                dep.name = imported  # the name the importer knows it by
+                add(dep)
+            elif imported.startswith(_BUILTIN_PREFIX):
+                added.add(imported)
+                pool.AddSerializedFile(default.FindFileByName(imported).serialized_pb)
+            else:
+                raise TypeError(
+                    f"{file.name} imports {imported}, which none of the schema's references names"
+                )
+        pool.Add(file)
+
+    add(proto)
+    return pool
+
+
 class WriterMessages:
-    """Framed values read as their writer's message type (from the registry, built at run
-    time, cached per schema id and message indexes): readers without generated code."""
+    """Framed values read as their writer's message type (from the registry with the
+    files it imports, built at run time, cached per schema id and message indexes):
+    readers without generated code."""
 
     def __init__(self, registry: SchemaRegistry) -> None:
         self._registry = registry
@@ -177,6 +251,9 @@ class WriterMessages:
         key = (framed.schema_id, tuple(indexes))
         cls = self._classes.get(key)
         if cls is None:
-            text, _ = self._registry.schema_text(framed.schema_id)
-            cls = self._classes[key] = message_class(text, indexes)
+            answer = self._registry.schema_answer(framed.schema_id)
+            imports = registered_imports(self._registry, answer.get("references") or [])
+            cls = self._classes[key] = message_class(
+                str(answer["schema"]), indexes, imports=imports
+            )
         return cls.FromString(bytes(payload))

@@ -244,6 +244,9 @@ class BrokerInfo:
     security_counter: int = 0
     #: The tables' digest, 16 hex digits.
     security_digest: str = ""
+    #: The security writer's term if this broker holds the role (0: it does not, or
+    #: the name server is too new to grant it; docs/adr/0020).
+    writer_term: int = 0
 
 
 def broker_info_from_wire(msg: wire.BrokerStatus) -> BrokerInfo:
@@ -254,6 +257,7 @@ def broker_info_from_wire(msg: wire.BrokerStatus) -> BrokerInfo:
         topics=msg.topics,
         security_counter=msg.security_counter,
         security_digest=f"{msg.security_digest:016x}",
+        writer_term=msg.writer_term,
     )
 
 

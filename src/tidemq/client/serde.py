@@ -184,16 +184,30 @@ class SchemaRegistry:
     def version_info(self, subject: str, version: str | int = "latest") -> tuple[int, Any, str]:
         """(schema id, schema, schema type) of a subject's version ("latest" by default):
         the parsed JSON of an Avro or JSON schema, the serialized text of a Protobuf one."""
-        quoted = urllib.parse.quote(subject, safe="")
-        answer = self.request("GET", f"/subjects/{quoted}/versions/{version}?format=serialized")
+        answer = self.version_answer(subject, version)
         kind = str(answer.get("schemaType", "AVRO"))
         text = str(answer["schema"])
         return int(answer["id"]), (text if kind == "PROTOBUF" else json.loads(text)), kind
 
+    def version_answer(self, subject: str, version: str | int = "latest") -> dict[str, Any]:
+        """The registry's answer for a subject's version: `id`, `version`, `schemaType`,
+        `schema` (a Protobuf one serialized) and `references` (when it has some)."""
+        quoted = urllib.parse.quote(subject, safe="")
+        answer: dict[str, Any] = self.request(
+            "GET", f"/subjects/{quoted}/versions/{version}?format=serialized"
+        )
+        return answer
+
     def schema_text(self, schema_id: int) -> tuple[str, str]:
         """(the schema's text as registered, its schema type) of an id."""
-        answer = self.request("GET", f"/schemas/ids/{schema_id}?format=serialized")
+        answer = self.schema_answer(schema_id)
         return str(answer["schema"]), str(answer.get("schemaType", "AVRO"))
+
+    def schema_answer(self, schema_id: int) -> dict[str, Any]:
+        """The registry's answer for an id: `schema` (a Protobuf one serialized),
+        `schemaType` and `references` (when it has some)."""
+        answer: dict[str, Any] = self.request("GET", f"/schemas/ids/{schema_id}?format=serialized")
+        return answer
 
     def schema(self, schema_id: int) -> dict[str, Any]:
         """The schema of an id (cached: ids never change meaning)."""

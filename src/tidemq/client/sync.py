@@ -15,6 +15,7 @@ from typing import Any, Generic, Self, TypeVar
 from tidemq.client._loop import call_soon, run
 from tidemq.client.acls import Acl
 from tidemq.client.admin import AsyncAdmin
+from tidemq.client.blocking_send import BlockingSends
 from tidemq.client.broadcast_consumer import AsyncBroadcastConsumer
 from tidemq.client.cluster import ClientConfig
 from tidemq.client.group_consumer import AssignmentCallback, AsyncGroupConsumer
@@ -51,6 +52,7 @@ from tidemq.client.transaction import (
     Checker,
     TxnRef,
 )
+from tidemq.core.batch import MessageRecord
 from tidemq.core.errors import RequestTimeout, TidemqError
 from tidemq.core.filters import Sql92
 from tidemq.core.message import Message, MessageBatch, Receipt, V
@@ -112,6 +114,7 @@ class Producer:
         #: The longest a blocking send waits: the delivery timeout, one attempt's grace,
         #: and a margin. Past it, something is wrong in the client itself: say so.
         self._wait_s = delivery_timeout_ms / 1000 + _SEND_WAIT_MARGIN_S
+        self._blocking = BlockingSends(self._p)
 
     def serialize(self, topic: object, value: object) -> object:
         """`value` through the producer's `value_serializer` (as it is without one)."""
@@ -136,12 +139,28 @@ class Producer:
         deliver_at: DeliverAt = None,
     ) -> Receipt:
         """Send one message and wait for its receipt. `delay` (seconds or a timedelta) or
-        `deliver_at` (aware datetime or epoch seconds) schedules it (see `cancel`)."""
-        future = self.send_async(
-            topic, value, key=key, tag=tag, keys=keys, headers=headers, queue=queue,
-            timestamp=timestamp, delay=delay, deliver_at=deliver_at,
-        )  # fmt: skip
-        return _wait(future, self._wait_s)
+        `deliver_at` (aware datetime or epoch seconds) schedules it (see `cancel`).
+
+        When nothing else of this producer is on its way, the message is written and its
+        answer read on the calling thread (`blocking_send.py`), not on the client loop."""
+        checked = check_send(
+            topic,
+            self._p.serialize(topic, value),
+            self._p.serialize_key(topic, key),
+            tag,
+            keys,
+            headers,
+            queue,
+            timestamp,
+        )
+        due_ms = due_ms_of(delay, deliver_at)
+        if not due_ms:
+            sent = self._blocking.send(*checked)
+            if isinstance(sent, Receipt):
+                return sent
+            if sent is not None:  # handed to the loop after an unknown outcome
+                return _wait(sent, self._wait_s)
+        return _wait(self._start_send(checked, due_ms), self._wait_s)
 
     def send_async(
         self,
@@ -161,7 +180,7 @@ class Producer:
         together to one queue travel as one batch (but for the first, which leaves at once
         when nothing else is on its way to that queue). Cancelling the future stops the
         send only before the client loop has picked it up."""
-        checked_topic, record, checked_key, checked_queue = check_send(
+        checked = check_send(
             topic,
             self._p.serialize(topic, value),
             self._p.serialize_key(topic, key),
@@ -171,12 +190,15 @@ class Producer:
             queue,
             timestamp,
         )
-        due_ms = due_ms_of(delay, deliver_at)
+        return self._start_send(checked, due_ms_of(delay, deliver_at))
+
+    def _start_send(
+        self, checked: tuple[str, MessageRecord, bytes | None, int | None], due_ms: int
+    ) -> concurrent.futures.Future[Receipt]:
         future: concurrent.futures.Future[Receipt] = concurrent.futures.Future()
+        self._blocking.track(future)  # no blocking send overtakes it
         # One loop wake-up, no task: the producer completes `future` from the answer.
-        call_soon(
-            self._p.start_send, future, checked_topic, record, checked_key, checked_queue, due_ms
-        )
+        call_soon(self._p.start_send, future, *checked, due_ms)
         return future
 
     def send_batch(
@@ -217,6 +239,7 @@ class Producer:
         checked = self._p.check_batch(topic, values, keys, tags, headers, queue, timestamp)
         due_ms = due_ms_of(delay, deliver_at)
         future: concurrent.futures.Future[Sequence[Receipt]] = concurrent.futures.Future()
+        self._blocking.track(future)
         call_soon(self._p.start_send_batch, future, *checked, due_ms)
         return future
 
@@ -228,6 +251,7 @@ class Producer:
         run(self._p.flush())
 
     def close(self) -> None:
+        self._blocking.close()
         run(self._p.close())
 
     def __enter__(self) -> Producer:

@@ -331,6 +331,14 @@ class EtcdClient:
         if isinstance(event, Exception):
             # aetcd hands a broken watch stream's error over as the "event".
             raise EtcdUnavailable(f"etcd watch {key!r} failed on {list(self.endpoints)}: {event}")
+        if event.kv.key != key:
+            # aetcd pairs a "watch created" answer with whichever watch waits for one: a
+            # watch request that timed out (etcd stalled) and is answered late takes the
+            # place of the next one, on another key. Never hand out another key's change.
+            raise EtcdUnavailable(
+                f"etcd watch {key!r}: got a change of {event.kv.key!r} (a late answer to an "
+                "earlier watch); ask again"
+            )
         kind = EventKind.DELETE if event.kind == aetcd.EventKind.DELETE else EventKind.PUT
         return WatchEvent(kind, _key_value(event.kv))
 

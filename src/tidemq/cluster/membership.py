@@ -22,7 +22,7 @@ from typing import Final
 import msgspec
 
 from tidemq.core.errors import AuthenticationFailed, ConfigError
-from tidemq.protocol.commands import RegisterBrokerRequest
+from tidemq.protocol.commands import RegisterBrokerRequest, UnregisterBrokerRequest
 
 __all__ = [
     "CLUSTER_SECRET_ENV",
@@ -31,6 +31,7 @@ __all__ = [
     "check_secret",
     "registration_fields",
     "sign",
+    "unregistration_fields",
     "verify",
 ]
 
@@ -65,6 +66,16 @@ def registration_fields(request: RegisterBrokerRequest) -> list[object]:
         fields += [request.epoch, request.version, request.base_version, request.removed]
     if request.security_counter or request.security_digest:  # docs/adr/0015
         fields += ["security", request.security_counter, request.security_digest]
+    if request.leader_epoch:  # a replica group's leader
+        fields += ["leader_epoch", request.leader_epoch]
+    if request.writer_term:  # docs/adr/0020
+        fields += ["writer_term", request.writer_term]
+    return fields
+
+
+def unregistration_fields(request: UnregisterBrokerRequest) -> list[object]:
+    """What an unregistration claims, in the signed order."""
+    fields: list[object] = [request.broker_name]
     if request.leader_epoch:  # a replica group's leader
         fields += ["leader_epoch", request.leader_epoch]
     return fields

@@ -44,13 +44,14 @@ Consumer groups are not coordinated here: a client computes each group's coordin
 from the live broker names that `brokers` lists, by rendezvous hashing
 (`tidemq.cluster.group_coordinator`, ADR 17). The name servers only agree on that list.
 
-The security writer, the one broker that changes users and ACL entries (ADR 15), is the
-oldest live broker: the smallest (creation time, name), where the creation time is when
-the broker's data directory was first used (it registers it, and it survives restarts).
-A pure function of the live set, so every name server names the same one, and adding a
-broker never moves it. When it stops, the next oldest takes over; when it returns, it
-takes the role back. Routes answers carry it in the field `coordinator` (its name from
-when it coordinated the groups too), registration answers in `security_writer`.
+The security writer, the one broker that changes users and ACL entries (ADR 15), holds a
+numbered term (writer_terms.py, ADR 20): the broker holding the current term keeps the
+role while it is live; when it lapses or unregisters, the oldest live broker (the
+smallest (creation time, name), where the creation time is when the broker's data
+directory was first used) takes it under the next term. Adding a broker never moves it,
+and a writer back from a pause does not take it back. Routes answers carry it in the
+field `coordinator` (its name from when it coordinated the groups too), registration
+answers in `security_writer` with its term in `writer_term`.
 
 Not thread-safe. No I/O.
 """
@@ -65,6 +66,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from tidemq.cluster.writer_terms import WriterTerms
 from tidemq.core import limits
 from tidemq.core.clock import Clock
 from tidemq.core.errors import ConfigError, InvalidRequest, InvalidTopicName
@@ -227,6 +229,7 @@ class NameServer:
         #: so that a restarted name server never repeats an earlier run's generation.
         self._changes = 0
         self._run_key = secrets.token_bytes(16)
+        self._terms = WriterTerms(started_ms=clock.monotonic_ms(), grace_ms=broker_ttl_ms)
 
     # ------------------------------------------------------------------ brokers
 
@@ -267,6 +270,8 @@ class NameServer:
             broker = None
         if broker is not None:
             _check_leader_epoch(broker, leader_epoch)
+            if broker.address != address:
+                self._terms.release(broker_name)
         new = broker is None
         if broker is None:
             if len(self._brokers) >= self._max_brokers:
@@ -387,10 +392,12 @@ class NameServer:
         """(heartbeat_interval_ms, broker_ttl_ms) this name server asks of brokers."""
         return self._interval, self._ttl
 
-    def unregister(self, broker_name: str) -> bool:
+    def unregister(self, broker_name: str, *, leader_epoch: int = 0) -> bool:
         """Forget the broker (a clean shutdown; its topics become stale); False if it was
-        not registered."""
-        if broker_name not in self._brokers:
+        not registered, or if a replica group's leader under a newer epoch than
+        `leader_epoch` registered it since (the old leader stopping after a handover)."""
+        broker = self._brokers.get(broker_name)
+        if broker is None or leader_epoch < broker.leader_epoch:
             return False
         self._remove(broker_name)
         return True
@@ -409,6 +416,12 @@ class NameServer:
             del self._stale[topic]
         return lapsed
 
+    def report_writer(self, broker_name: str, held_term: int, counter: int) -> None:
+        """A registration's writer lease (the term `broker_name` holds; 0: none) and the
+        counter of its users and ACL entries (writer_terms.py)."""
+        if self._terms.report(broker_name, held_term, counter):
+            self._changes += 1
+
     def extend_leases(self, paused_ms: float) -> None:
         """The name server itself was stopped for `paused_ms` (SIGSTOP, a VM pause): brokers
         could not reach it, so that time does not count as their silence."""
@@ -420,18 +433,20 @@ class NameServer:
 
     def generation(self) -> int:
         """A token of what `routes()` (of every topic), `brokers()` and `security_writer()`
-        answer now: equal tokens, equal answers. A client that has the routes of one
-        generation asks with it and is told "unchanged" instead of fetching 100,000 routes
-        again every few seconds. Read from the change count, the live brokers and the
-        stale topics still remembered; a positive 63-bit integer."""
+        answer now (a writer is elected first if one is due): equal tokens, equal answers.
+        A client that has the routes of one generation asks with it and is told
+        "unchanged" instead of fetching 100,000 routes again every few seconds. Read from
+        the change count, the live brokers, the writer and its term, and the stale topics
+        still remembered; a positive 63-bit integer."""
         now = self._clock.monotonic_ms()
         stale = len(self._stale)
         for _, until in self._stale.values():  # expiry order: the expired ones first
             if until > now:
                 break
             stale -= 1
+        writer, term = self.security_writer_term()
         digest = hashlib.blake2b(key=self._run_key, digest_size=8)
-        digest.update(f"{self._changes}|{stale}".encode())
+        digest.update(f"{self._changes}|{stale}|{writer}@{term}".encode())
         for name in sorted(self._brokers):
             broker = self._brokers[name]
             if self._live(broker, now):
@@ -464,13 +479,17 @@ class NameServer:
         }
 
     def security_writer(self) -> str:
-        """Address of the oldest live broker (smallest creation time, then name), the one
-        that changes users and ACL entries; "" if none is live."""
+        """Address of the broker that changes users and ACL entries (see the module
+        doc); "" if none is live."""
+        return self.security_writer_term()[0]
+
+    def security_writer_term(self) -> tuple[str, int]:
+        """(address of the security writer, its term); term 0 while this name server
+        is too new to grant the role (writer_terms.py); ("", 0) if no broker is live."""
         now = self._clock.monotonic_ms()
-        live = [b for b in self._brokers.values() if self._live(b, now)]
-        if not live:
-            return ""
-        return min(live, key=lambda b: (b.created_ms, b.name)).address
+        live = [(b.created_ms, b.name) for b in self._brokers.values() if self._live(b, now)]
+        holder, term = self._terms.writer(live, now)
+        return (self._brokers[holder].address if holder else ""), term
 
     def status(self) -> list[BrokerStatus]:
         """Every registered broker, lapsed ones included until `expire()`, by name."""

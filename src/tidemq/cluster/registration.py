@@ -21,7 +21,7 @@ import logging
 import ssl
 from collections.abc import Callable
 
-from tidemq.cluster.membership import registration_fields, sign
+from tidemq.cluster.membership import registration_fields, sign, unregistration_fields
 from tidemq.cluster.security_link import SecurityTables, cluster_login, follow
 from tidemq.cluster.topic_journal import TopicJournal, TopicLookup
 from tidemq.core.clock import Clock, SystemClock
@@ -161,6 +161,7 @@ class Registration:
         request.leader_epoch = self._leader_epoch
         if self._security is not None:
             request.security_counter, request.security_digest = self._security.version()
+            request.writer_term = self._security.held_term()
         if self._cluster_key is not None:
             request.signed_ms, request.signature = sign(
                 self._cluster_key,
@@ -176,12 +177,15 @@ class Registration:
             request = self._delta(server)
             try:
                 conn = await self._conn(server)
+                # A writer's lease runs from when its registration was sent (ADR 20).
+                sent_ms = self._clock.monotonic_ms()
                 if request is not None:
                     answer, _ = await conn.request(
                         request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S
                     )
                 if request is None or not answer.accepted:
                     request = full = full or self._full()
+                    sent_ms = self._clock.monotonic_ms()
                     answer, _ = await conn.request(
                         request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S
                     )
@@ -197,10 +201,10 @@ class Registration:
                 log.warning("registered with name server %s again", server)
             self._follow_interval(server, answer.heartbeat_interval_ms)
             if self._security is not None:
-                await self._follow_security(server, conn, answer)
+                await self._follow_security(server, conn, answer, sent_ms)
 
     async def _follow_security(
-        self, server: str, conn: ClientConnection, answer: RegisterBrokerResponse
+        self, server: str, conn: ClientConnection, answer: RegisterBrokerResponse, sent_ms: float
     ) -> None:
         """Push or pull users and ACL entries as the answer says; a failure is logged
         once until it succeeds again, and retried at the next beat."""
@@ -214,6 +218,7 @@ class Registration:
                 key=self._cluster_key,
                 clock=self._clock,
                 timeout_s=_REQUEST_TIMEOUT_S,
+                sent_ms=sent_ms,
             )
         except TidemqError as exc:
             if server not in self._security_failing:
@@ -279,12 +284,14 @@ class Registration:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for server in self._servers:
-            request = UnregisterBrokerRequest(broker_name=self._name)
+            request = UnregisterBrokerRequest(
+                broker_name=self._name, leader_epoch=self._leader_epoch
+            )
             if self._cluster_key is not None:
                 request.signed_ms, request.signature = sign(
                     self._cluster_key,
                     "UNREGISTER_BROKER",
-                    [self._name],
+                    unregistration_fields(request),
                     now_ms=self._clock.now_ms(),
                 )
             try:

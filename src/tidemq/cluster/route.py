@@ -23,8 +23,8 @@ unlike a topic missing from the table (TopicNotFound).
 
 Two brokers are named besides the queues' hosts: each consumer group's coordinator, by
 rendezvous hashing of the group over the brokers the name server lists (`group_coordinator`,
-ADR 17), and the security writer, the oldest live broker, which alone changes users and
-ACL entries (`security_writer`, ADR 15). Neither moves when a client marks a broker down
+ADR 17), and the security writer, which alone changes users and ACL entries
+(`security_writer`, ADR 15 and 20). Neither moves when a client marks a broker down
 (`without`): only the name server's list moves them, so every client agrees.
 """
 

@@ -15,7 +15,7 @@ import msgspec
 
 from tidemq.cluster.membership import sign, verify
 from tidemq.core.clock import Clock
-from tidemq.core.errors import AuthenticationFailed, InvalidRequest, Unsupported
+from tidemq.core.errors import AuthenticationFailed, InvalidRequest, Unsupported, WriterFenced
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.commands import (
     RegisterBrokerResponse,
@@ -31,9 +31,11 @@ from tidemq.protocol.security_messages import (
     SecurityPushRequest,
     SecurityPushResponse,
     SecuritySnapshot,
+    counter_text,
 )
 
 __all__ = [
+    "BROKER_PRINCIPAL_PREFIX",
     "SecurityTables",
     "check_cluster_login",
     "cluster_login",
@@ -44,6 +46,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: The principal of a broker logged in with the cluster secret: this and its name.
+BROKER_PRINCIPAL_PREFIX = "Broker:"
 #: Kinds signed with the cluster secret (membership.sign), besides the registrations.
 LOGIN_KIND = "CLUSTER_LOGIN"
 PUSH_KIND = "SECURITY_PUSH"
@@ -61,8 +65,22 @@ class SecurityTables(Protocol):
         """The tables now, whole."""
         ...
 
-    def seen(self, newest: tuple[int, int], writer: str) -> None:
-        """A name server holds `newest`; `writer` changes the tables ("" unknown)."""
+    def seen(
+        self,
+        server: str,
+        newest: tuple[int, int],
+        writer: str,
+        *,
+        term: int,
+        lease_until_ms: float,
+    ) -> None:
+        """Name server `server` holds `newest`; `writer` changes the tables ("" unknown)
+        under `term` (0: no lease granted), until `lease_until_ms` (monotonic) if it is
+        this broker (docs/adr/0020)."""
+        ...
+
+    def held_term(self) -> int:
+        """The writer term this broker holds a live lease for (0: none)."""
         ...
 
     async def apply(self, snapshot: SecuritySnapshot) -> bool:
@@ -116,7 +134,7 @@ def check_cluster_login(key: bytes, message: bytes, clock: Clock) -> str:
         signature=login.signature,
         now_ms=clock.now_ms(),
     )
-    return f"Broker:{login.broker_name}"
+    return f"{BROKER_PRINCIPAL_PREFIX}{login.broker_name}"
 
 
 async def follow(
@@ -128,27 +146,53 @@ async def follow(
     key: bytes | None,
     clock: Clock,
     timeout_s: float,
+    sent_ms: float,
 ) -> None:
-    """After a registration answer: push or pull the tables as it says."""
+    """After a registration answer (its request sent at `sent_ms`, monotonic): note the
+    writer and its lease, then push or pull the tables as the answer says."""
     newest = (answer.security_counter, answer.security_digest)
-    tables.seen(newest, answer.security_writer)
+    tables.seen(
+        conn.address,
+        newest,
+        answer.security_writer,
+        term=answer.writer_term,
+        lease_until_ms=sent_ms + answer.broker_ttl_ms,
+    )
     if answer.security_push:
         push = SecurityPushRequest(broker_name=broker_name, snapshot=tables.snapshot())
         if key is not None:
             push.signed_ms, push.signature = sign(
                 key, PUSH_KIND, push_fields(push), now_ms=clock.now_ms()
             )
-        await conn.request(push, SecurityPushResponse, timeout_s=timeout_s)
+        try:
+            await conn.request(push, SecurityPushResponse, timeout_s=timeout_s)
+        except WriterFenced as exc:
+            # Tables made here under a deposed term: the newer writer's (a newer
+            # version: term first) replace them.
+            log.warning("users and ACL entries refused by %s: %s", conn.address, exc)
+            await _pull(conn, tables, broker_name, key=key, clock=clock, timeout_s=timeout_s)
     elif newest[0] >= 1 and newest > tables.version():
-        pull = SecurityPullRequest(broker_name=broker_name)
-        if key is not None:
-            pull.signed_ms, pull.signature = sign(
-                key, PULL_KIND, login_fields(broker_name), now_ms=clock.now_ms()
-            )
-        snapshot, _ = await conn.request(pull, SecuritySnapshot, timeout_s=timeout_s)
-        if await tables.apply(snapshot):
-            log.info(
-                "took users and ACL entries version %d from name server %s",
-                snapshot.counter,
-                conn.address,
-            )
+        await _pull(conn, tables, broker_name, key=key, clock=clock, timeout_s=timeout_s)
+
+
+async def _pull(
+    conn: ClientConnection,
+    tables: SecurityTables,
+    broker_name: str,
+    *,
+    key: bytes | None,
+    clock: Clock,
+    timeout_s: float,
+) -> None:
+    pull = SecurityPullRequest(broker_name=broker_name)
+    if key is not None:
+        pull.signed_ms, pull.signature = sign(
+            key, PULL_KIND, login_fields(broker_name), now_ms=clock.now_ms()
+        )
+    snapshot, _ = await conn.request(pull, SecuritySnapshot, timeout_s=timeout_s)
+    if await tables.apply(snapshot):
+        log.info(
+            "took users and ACL entries version %s from name server %s",
+            counter_text(snapshot.counter),
+            conn.address,
+        )

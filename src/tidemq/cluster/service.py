@@ -8,16 +8,23 @@ import contextlib
 import logging
 import os
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from tidemq.cluster.membership import CLUSTER_SECRET_ENV, check_secret, registration_fields, verify
+from tidemq.cluster.membership import (
+    CLUSTER_SECRET_ENV,
+    check_secret,
+    registration_fields,
+    unregistration_fields,
+    verify,
+)
 from tidemq.cluster.nameserver import (
     DEFAULT_BROKER_TTL_MS,
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_STALE_TOPIC_MS,
     NameServer,
 )
+from tidemq.cluster.route_acls import RouteAcls
 from tidemq.cluster.security_holder import SecurityHolder
 from tidemq.cluster.security_link import (
     PULL_KIND,
@@ -28,7 +35,13 @@ from tidemq.cluster.security_link import (
 )
 from tidemq.core import limits
 from tidemq.core.clock import Clock, SystemClock
-from tidemq.core.errors import AuthenticationFailed, ConfigError, InvalidRequest, Unsupported
+from tidemq.core.errors import (
+    AuthenticationFailed,
+    ConfigError,
+    InvalidRequest,
+    Unsupported,
+    WriterFenced,
+)
 from tidemq.net.login import LoginGate
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
 from tidemq.net.tls import is_loopback
@@ -49,6 +62,7 @@ from tidemq.protocol.security_messages import (
     SecurityPullRequest,
     SecurityPushRequest,
     SecurityPushResponse,
+    term_of,
 )
 
 __all__ = ["NAMESERVER_CODES", "NameServerHandlers", "NameServerService"]
@@ -110,6 +124,8 @@ class NameServerHandlers:
         self.cluster_gate: LoginGate | None = None
         #: Called before each request is handled (the standalone service's pause check).
         self.before_request: Callable[[], None] | None = None
+        #: Routes cut by the ACLs (a standalone name server with authorization on).
+        self.route_acls: RouteAcls | None = None
 
     def handle(self, code: RequestCode, header: Any) -> Any:
         ns = self.nameserver
@@ -122,12 +138,13 @@ class NameServerHandlers:
             return self._security_answer(header, self._register(header))
         if code is RequestCode.UNREGISTER_BROKER:
             assert isinstance(header, UnregisterBrokerRequest)
-            self._verify(code.name, [header.broker_name], header)
-            ns.unregister(header.broker_name)
+            self._verify(code.name, unregistration_fields(header), header)
+            ns.unregister(header.broker_name, leader_epoch=header.leader_epoch)
             return Empty()
         if code is RequestCode.SECURITY_PUSH:
             assert isinstance(header, SecurityPushRequest)
             self._verify(PUSH_KIND, push_fields(header), header)
+            self._check_term(header)
             return SecurityPushResponse(accepted=self.security.offer(header.snapshot))
         if code is RequestCode.SECURITY_PULL:
             assert isinstance(header, SecurityPullRequest)
@@ -135,6 +152,20 @@ class NameServerHandlers:
             return self.security.snapshot
         assert isinstance(header, ClusterStatusRequest)
         return self._status()
+
+    def _check_term(self, header: SecurityPushRequest) -> None:
+        """The fence at the receiver (docs/adr/0020): tables written under an older
+        writer term than the tables held are a deposed writer's, and are refused, with
+        the terms named, rather than quietly kept or dropped. (Term 0, tables from before
+        any term, are older than any held and simply not kept, as before ADR 20.)"""
+        written = term_of(header.snapshot.counter)
+        held = term_of(self.security.held[0])
+        if 0 < written < held:
+            raise WriterFenced(
+                f"SECURITY_PUSH from {header.broker_name} refused: its users and ACL "
+                f"entries were written under writer term {written}, and this name server "
+                f"holds tables of term {held} (a newer writer's); pull those instead"
+            )
 
     def _routes(self, header: GetRoutesRequest) -> GetRoutesResponse:
         ns = self.nameserver
@@ -194,13 +225,19 @@ class NameServerHandlers:
         now_ms = self._clock.monotonic_ms()
         answer.security_push = holder.report(header.broker_name, version, now_ms)
         answer.security_counter, answer.security_digest = holder.held
-        answer.security_writer = self.nameserver.security_writer()
+        self.nameserver.report_writer(
+            header.broker_name, header.writer_term, header.security_counter
+        )
+        answer.security_writer, answer.writer_term = self.nameserver.security_writer_term()
         return answer
 
     def _status(self) -> ClusterStatusResponse:
         brokers = self.nameserver.status()
+        writer, term = self.nameserver.security_writer_term()
         for b in brokers:
             b.security_counter, b.security_digest = self.security.reported(b.name)
+            if b.address == writer:
+                b.writer_term = term
         counter, digest = self.security.held
         return ClusterStatusResponse(
             brokers=brokers, security_counter=counter, security_digest=digest
@@ -242,7 +279,13 @@ class NameServerHandlers:
                 f"{code.name} refused: users and ACL entries are shared only with a cluster "
                 f"secret ({CLUSTER_SECRET_ENV}) or over loopback"
             )
-        return self.handle(code, header), b""
+        acls = self.route_acls
+        if acls is not None and code is RequestCode.CLUSTER_STATUS:
+            acls.check_status(conn.principal, conn.host)
+        if acls is None or code is not RequestCode.GET_ROUTES:
+            return self.handle(code, header), b""
+        header.known = acls.token(header.known, conn.principal, conn.host)
+        return acls.filter(header, self.handle(code, header), conn.principal, conn.host), b""
 
     async def _sasl(self, frame: Frame, code: RequestCode, conn: ServerConnection) -> Any:
         """SASL on a connection that needs no login: a broker's cluster login (taken when
@@ -284,15 +327,25 @@ class NameServerService:
         ssl_context: ssl.SSLContext | None = None,
         cluster_secret: str | None = None,
         auth_enabled: bool = False,
+        authorization_enabled: bool = False,
+        super_users: Iterable[str] = (),
     ) -> None:
         """`ssl_context`: the listener speaks TLS only (tidemq.net.tls.server_context).
         `cluster_secret`: brokers must sign their registrations with it. `auth_enabled`:
         clients log in with SCRAM-SHA-256 as users of the cluster, which the name server
-        learns from the brokers (ADR 15; needs `cluster_secret`)."""
+        learns from the brokers (ADR 15; needs `cluster_secret`). `authorization_enabled`:
+        a user learns only the routes of the topics the cluster's ACL entries let it
+        describe (route_acls.py; needs `auth_enabled`); `super_users` (user names) see
+        every route."""
         if auth_enabled and cluster_secret is None:
             raise ConfigError(
                 "a name server with broker.auth_enabled needs the cluster secret "
                 f"({CLUSTER_SECRET_ENV}): it learns the users from brokers that sign with it"
+            )
+        if authorization_enabled and not auth_enabled:
+            raise ConfigError(
+                "broker.authorization_enabled needs broker.auth_enabled: ACL entries name "
+                "users, and without login every client is anonymous"
             )
         self._host = host
         self._port = port
@@ -312,6 +365,10 @@ class NameServerService:
             self.nameserver, cluster_key=self._cluster_key, clock=self._clock
         )
         self._handlers.before_request = self.check_pause
+        if authorization_enabled:
+            self._handlers.route_acls = RouteAcls(
+                self._handlers.security, super_users=[f"User:{u}" for u in super_users]
+            )
         #: The users and ACL entries this name server holds (pushed by the brokers).
         self.security = self._handlers.security
         self._auth_enabled = auth_enabled
@@ -365,6 +422,8 @@ class NameServerService:
         tls = " (TLS)" if self._server.ssl_context is not None else ""
         signed = ", registrations signed" if self._cluster_key is not None else ""
         auth = " (SCRAM-SHA-256 authentication)" if self._auth_enabled else ""
+        if self._handlers.route_acls is not None:
+            auth += " (routes cut by the ACLs)"
         log.info("name server serving on %s%s%s%s", self.address, tls, signed, auth)
         if self._cluster_key is None and not is_loopback(host):
             log.warning(

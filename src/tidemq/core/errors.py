@@ -50,6 +50,7 @@ __all__ = [
     "UnknownMessage",
     "UnknownTransaction",
     "Unsupported",
+    "WriterFenced",
     "for_code",
 ]
 
@@ -93,6 +94,7 @@ class ErrorCode(IntEnum):
     LEADER_FENCED = 36
     ETCD_UNAVAILABLE = 37
     NOT_ENOUGH_REPLICAS = 38
+    WRITER_FENCED = 39
 
 
 class TidemqError(Exception):
@@ -329,6 +331,16 @@ class LeaderFenced(NotLeader):
     won a later epoch). It must not acknowledge anything more under that epoch. The
     message names etcd's current epoch and leader; retriable for a client, which retries
     at the new leader."""
+
+
+@_error(ErrorCode.WRITER_FENCED, retriable=True)
+class WriterFenced(NotCoordinator):
+    """A change of users or ACL entries made (or tried) under a security writer's term
+    that is not the newest: the broker's lease on the writer role ran out (it was paused
+    or cut off from the name servers, and another broker may hold a newer term), or the
+    tables it carries were written under a term older than the tables already held
+    (docs/adr/0020). The message names both terms. Retriable for a client, which asks
+    the name servers for the writer again and retries there."""
 
 
 @_error(ErrorCode.NOT_ENOUGH_REPLICAS, retriable=True)

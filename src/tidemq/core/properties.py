@@ -49,6 +49,7 @@ __all__ = [
     "OFFSETS_TOPIC",
     "OP_TOPIC",
     "POP_TOPIC",
+    "PRODUCERS_TOPIC",
     "TIMER_TOPIC",
     "SystemProperties",
     "decode_properties",
@@ -66,6 +67,9 @@ OP_TOPIC: Final = "%SYS%TXN_OP"
 POP_TOPIC: Final = "%SYS%POP"
 #: Consumer groups' committed offsets (`tidemq.broker.offset_book`): compact.
 OFFSETS_TOPIC: Final = "%SYS%OFFSETS"
+#: Which user each producer id was issued to (`tidemq.broker.producer_owner_topic`):
+#: compact.
+PRODUCERS_TOPIC: Final = "%SYS%PRODUCERS"
 
 
 class SystemProperties(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -1,7 +1,7 @@
 """Messages as the web console shows them: JSON-ready dicts, the value as text (or base64
 when it is not UTF-8), and, when the value is in Confluent's wire format with a schema
-id the registry knows, decoded with that schema (Avro, JSON Schema, or Protobuf without
-imports).
+id the registry knows, decoded with that schema (Avro, JSON Schema, or Protobuf, with
+the files it imports).
 
 A value that does not decode is shown as it is, with the reason: the console is where an
 operator looks at a bad message, so a decoding failure must never hide it.
@@ -96,7 +96,7 @@ def _reader(parsed: ParsedSchema, indexes: list[int]) -> Callable[[bytes], Any]:
         return lambda payload: fastavro.schemaless_reader(io.BytesIO(payload), schema, None)
     if parsed.schema_type is SchemaType.JSON:
         return json.loads
-    cls = message_class(serialized(parsed.document), indexes)
+    cls = message_class(serialized(parsed.document), indexes, imports=parsed.referenced)
     return lambda payload: json_format.MessageToDict(cls.FromString(payload))
 
 

@@ -2,7 +2,10 @@
 
 Frames are decoded by `tidemq.protocol.frame.FrameDecoder` and each request runs as its
 own task through the dispatcher; responses are written in the order they complete (the
-correlation id pairs them up). What one client can make the server hold or do is
+correlation id pairs them up). A request the server's `answer_now` can answer without
+waiting (a one-message produce with async flush) is answered from the protocol callback
+instead, with no task: only when nothing of that connection is running, so it cannot
+overtake an earlier request. What one client can make the server hold or do is
 bounded (`ServerLimits`; the table is in docs/design/protocol.md, "Connection limits"):
 
 * requests: at most `max_in_flight` run per connection. Decoded requests beyond that wait
@@ -64,6 +67,7 @@ T = TypeVar("T")
 
 __all__ = [
     "PREAUTH_MAX_FRAME_BYTES",
+    "AnswerNow",
     "Dispatcher",
     "Reply",
     "ServerConnection",
@@ -76,6 +80,9 @@ log = logging.getLogger(__name__)
 #: A handler's answer: the response header and an optional raw body.
 Reply = tuple[Any, bytes | memoryview]
 Dispatcher = Callable[[Frame, "ServerConnection"], Awaitable[Reply]]
+#: The response header for a request answered at once, or None: it goes to the dispatcher.
+#: Raises what a handler raises (a TidemqError is answered as an error).
+AnswerNow = Callable[[Frame, "ServerConnection"], Any]
 
 #: Socket buffers: large enough that a 256-message batch is one or two syscalls.
 _SOCKET_BUFFER_BYTES = 4 << 20
@@ -271,12 +278,15 @@ class ServerConnection(asyncio.BufferedProtocol):
         limit = self._limits.max_in_flight
         started = 0
         loop = self._loop
+        answer_now = self._server.answer_now
         while (
             self._waiting and self._in_flight < limit and started < self._limits.requests_per_turn
         ):
             frame = self._waiting.popleft()
-            self._in_flight += 1
             started += 1
+            if answer_now is not None and not self._in_flight and self._answered_now(frame):
+                continue
+            self._in_flight += 1
             task = loop.create_task(self._handle(frame))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
@@ -285,6 +295,38 @@ class ServerConnection(asyncio.BufferedProtocol):
             loop.call_soon(self._pump)
         self._set_inbound(self._decoder.buffered_bytes + self._frame_bytes)
         self.update_reading()
+
+    def _answered_now(self, frame: Frame) -> bool:
+        """Answer `frame` here if the server's `answer_now` can (see the module's
+        docstring): True if it did, False to run it as a task."""
+        answer_now = self._server.answer_now
+        assert answer_now is not None
+        try:
+            header = answer_now(frame, self)
+            if header is None:
+                return False
+            out = encode_response(frame.code, frame.correlation_id, header, b"")
+        except TidemqError as exc:
+            out = encode_error(frame.code, frame.correlation_id, _remote(exc))
+        except Exception:
+            out = self._internal_error(frame)
+        if frame.kind is FrameKind.REQUEST:
+            self.send(out)
+        self._frame_bytes -= _cost(frame)
+        return True
+
+    def _internal_error(self, frame: Frame) -> list[bytes | memoryview]:
+        """Log the exception being handled; the answer that says to look there."""
+        self._server.log_event(
+            logging.ERROR,
+            "internal",
+            "request %d from %s failed",
+            frame.code,
+            self.peer,
+            exc_info=True,
+        )
+        err = TidemqError("internal error; see the broker log")
+        return encode_error(frame.code, frame.correlation_id, err)
 
     async def _handle(self, frame: Frame) -> None:
         task = asyncio.current_task()
@@ -297,16 +339,7 @@ class ServerConnection(asyncio.BufferedProtocol):
                 out = encode_error(frame.code, frame.correlation_id, _remote(exc))
                 close_after = isinstance(exc, AuthenticationFailed)
             except Exception:
-                self._server.log_event(
-                    logging.ERROR,
-                    "internal",
-                    "request %d from %s failed",
-                    frame.code,
-                    self.peer,
-                    exc_info=True,
-                )
-                err = TidemqError("internal error; see the broker log")
-                out = encode_error(frame.code, frame.correlation_id, err)
+                out = self._internal_error(frame)
             if frame.kind is FrameKind.REQUEST:
                 self.send(out)
             if close_after:
@@ -471,9 +504,12 @@ class TcpServer(ConnectionLedger["ServerConnection"]):
         clock: Clock | None = None,
         ssl_context: ssl.SSLContext | None = None,
         auth_required: bool = False,
+        answer_now: AnswerNow | None = None,
     ) -> None:
         super().__init__(limits, clock or SystemClock(), log)
         self.dispatcher = dispatcher
+        #: Answers the requests that need no waiting from the protocol callback.
+        self.answer_now = answer_now
         self.ssl_context = ssl_context
         #: Connections start unauthenticated, with the pre-auth frame limit.
         self.auth_required = auth_required

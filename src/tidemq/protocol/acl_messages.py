@@ -10,7 +10,8 @@ from typing import Final
 
 import msgspec
 
-from tidemq.core.acl import AclEntry
+from tidemq.core.acl import AclEntry, Operation, PatternType, Permission, ResourceType
+from tidemq.core.errors import InvalidRequest
 from tidemq.protocol.codes import RequestCode
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "AclListResponse",
     "AclsChangedResponse",
     "acl_message",
+    "entry_of",
 ]
 
 
@@ -53,6 +55,29 @@ def acl_message(entry: AclEntry) -> AclEntryMsg:
         permission=entry.permission.value,
         pattern_type=entry.pattern_type.value,
         host=entry.host,
+    )
+
+
+def entry_of(msg: AclEntryMsg) -> AclEntry:
+    """The entry a message describes; InvalidRequest naming what is wrong."""
+    try:
+        return AclEntry(
+            principal=msg.principal,
+            resource_type=ResourceType(msg.resource_type.lower()),
+            resource_name=msg.resource_name,
+            pattern_type=PatternType(msg.pattern_type.lower()),
+            operation=Operation(msg.operation.lower()),
+            permission=Permission(msg.permission.lower()),
+            host=msg.host,
+        )
+    except ValueError as exc:  # AclError is a ValueError, and so are unknown enum values
+        raise InvalidRequest(f"bad ACL entry ({_describe(msg)}): {exc}") from None
+
+
+def _describe(msg: AclEntryMsg) -> str:
+    return (
+        f"{msg.permission} {msg.principal} from {msg.host} {msg.operation} "
+        f"{msg.resource_type} {msg.resource_name} ({msg.pattern_type})"
     )
 
 

@@ -89,6 +89,9 @@ class RequestCode(IntEnum):
     REPLICA_FETCH = 130
     # ... and an operator moves a group's leadership to another member (cluster elect)
     ELECT_LEADER = 131
+    # ... and a follower starting over (the leader's log start passed it) fetches the
+    # leader's compacted log files, chunk by chunk
+    REPLICA_FILE = 132
     # users and ACL entries shared by a cluster (docs/adr/0015): a broker gives the name
     # servers its tables, and takes newer ones from them; with a cluster secret, a broker
     # logs its name-server connections in with it (mechanism CLUSTER_MECHANISM)

@@ -432,7 +432,7 @@ class RegisterBrokerRequest(_Msg):
     #: (topic, total queues, message type, hosted queue ids)
     topics: list[tuple[str, int, str, list[int]]]
     #: When the broker's data directory was created (epoch ms): the oldest live broker
-    #: coordinates the groups.
+    #: takes the security writer role when it is free (ADR 20).
     created_ms: int = 0
     #: With a cluster secret (tidemq.cluster.membership): when the broker signed this
     #: request (epoch ms), and the HMAC-SHA256 of what it claims.
@@ -455,6 +455,9 @@ class RegisterBrokerRequest(_Msg):
     #: one it holds for the name: a deposed leader that has not noticed yet cannot take
     #: the group's routes back.
     leader_epoch: int = 0
+    #: The security writer's term this broker holds a lease for (docs/adr/0020; 0:
+    #: none): a name server that restarted learns the writer from it.
+    writer_term: int = 0
 
 
 class RegisterBrokerResponse(_Msg):
@@ -470,9 +473,13 @@ class RegisterBrokerResponse(_Msg):
     #: The broker's version is newer than what this name server holds: push it.
     security_push: bool = False
     #: The address of the broker that changes users and ACL entries (the security
-    #: writer: the oldest live broker, ADR 15); a change sent to another broker is
-    #: refused (NotCoordinator).
+    #: writer, ADR 15 and 20); a change sent to another broker is refused
+    #: (NotCoordinator).
     security_writer: str = ""
+    #: The term `security_writer` holds (docs/adr/0020): to that broker, a lease on the
+    #: role for `broker_ttl_ms` from when it sent the registration; 0: no lease now (the
+    #: name server is new and still learning who held the role).
+    writer_term: int = 0
 
 
 class UnregisterBrokerRequest(_Msg):
@@ -480,6 +487,10 @@ class UnregisterBrokerRequest(_Msg):
     #: As for RegisterBrokerRequest.
     signed_ms: int = 0
     signature: bytes = b""
+    #: A replica group's leader: the epoch it led under (0: not a group). A name server
+    #: ignores an unregister from an older epoch than the group's registration: the old
+    #: leader stopping after a handover must not take the new leader's routes away.
+    leader_epoch: int = 0
 
 
 class GetRoutesRequest(_Msg):
@@ -519,6 +530,9 @@ class BrokerStatus(_Msg):
     #: The version of its users and ACL entries, as it last reported it.
     security_counter: int = 0
     security_digest: int = 0
+    #: The security writer's term, if this broker holds the role here (0: it does not;
+    #: docs/adr/0020).
+    writer_term: int = 0
 
 
 class ClusterStatusResponse(_Msg):

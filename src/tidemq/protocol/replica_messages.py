@@ -7,6 +7,12 @@ as they are in the leader's log (`store/replica_log.py`); the follower appends t
 the same positions. The request doubles as the follower's report: `position` (its log's
 end) and `durable` (its flushed position) tell the leader how far it is, which is what
 the leader's committed position and its in-sync set are computed from.
+
+When `position` is below the leader's log start (retention deleted what the follower
+needs next), the answer carries `start_over` instead of records: the leader's log start,
+each queue's first offset at or after it, and its compact queues' compacted log files,
+which the follower fetches with REPLICA_FILE (body: bytes of one file from `offset`)
+before it starts its store over at that position (`store/start_over.py`).
 """
 
 from __future__ import annotations
@@ -22,9 +28,14 @@ __all__ = [
     "ElectLeaderRequest",
     "ElectLeaderResponse",
     "EpochStart",
+    "ReplicaCompactedFile",
     "ReplicaFetchRequest",
     "ReplicaFetchResponse",
+    "ReplicaFileRequest",
+    "ReplicaFileResponse",
+    "ReplicaQueueStart",
     "ReplicaServiceState",
+    "ReplicaStartOver",
     "ReplicaTopic",
 ]
 
@@ -91,6 +102,38 @@ class ReplicaServiceState(_Msg):
     trims: list[tuple[str, int, int]] = msgspec.field(default_factory=list)
 
 
+class ReplicaQueueStart(_Msg, array_like=True):
+    """Where a queue continues at the leader's log start: the offset of its first record
+    at or after it (its next offset when it has none there)."""
+
+    topic_id: int
+    queue_id: int
+    next_offset: int
+
+
+class ReplicaCompactedFile(_Msg, array_like=True):
+    """One compact queue's compacted log as the leader has it: a whole generation, one
+    self-contained file (records, entries, key index, footer; `format.compacted`)."""
+
+    topic_id: int
+    queue_id: int
+    generation: int
+    #: The queue's offsets it serves, [start, end).
+    start: int
+    end: int
+    #: The file's length in bytes.
+    size: int
+
+
+class ReplicaStartOver(_Msg):
+    """The follower's log ends below the leader's log start: start over there."""
+
+    #: The leader's log start: the follower's log starts here, empty.
+    position: int
+    queues: list[ReplicaQueueStart] = msgspec.field(default_factory=list)
+    compacted: list[ReplicaCompactedFile] = msgspec.field(default_factory=list)
+
+
 class ReplicaFetchResponse(_Msg):
     epoch: int
     #: Where the body's records start (the request's position), and how many there are.
@@ -114,6 +157,30 @@ class ReplicaFetchResponse(_Msg):
     last_producer_id: int = 0
     #: The leader's newest saved service state, when the request's version differs.
     state: ReplicaServiceState | None = None
+    #: The follower asked below the leader's log start: it starts over (body empty).
+    #: Such an answer always carries the topic table.
+    start_over: ReplicaStartOver | None = None
+
+
+class ReplicaFileRequest(_Msg):
+    """Bytes of one of the leader's compacted log files (`ReplicaCompactedFile`), from
+    `offset` on, at most `max_bytes`; the answer's body."""
+
+    group: str
+    member: str
+    epoch: int
+    topic_id: int
+    queue_id: int
+    generation: int
+    offset: int
+    max_bytes: int = 1 << 20
+
+
+class ReplicaFileResponse(_Msg):
+    #: The file's whole length (the follower asks until it has all of it).
+    size: int
+    #: Where the body starts in the file (the request's offset).
+    offset: int
 
 
 class ElectLeaderRequest(_Msg):
@@ -137,4 +204,5 @@ class ElectLeaderResponse(_Msg):
 REPLICA_REQUESTS: Final = {
     RequestCode.REPLICA_FETCH: (ReplicaFetchRequest, ReplicaFetchResponse),
     RequestCode.ELECT_LEADER: (ElectLeaderRequest, ElectLeaderResponse),
+    RequestCode.REPLICA_FILE: (ReplicaFileRequest, ReplicaFileResponse),
 }

@@ -18,6 +18,11 @@ Both requests are signed with the cluster secret like REGISTER_BROKER
 (`cluster/membership.py`): the push over (counter, digest), which the name server checks
 against the tables it carries; the pull over the broker's name. Fields only ever added at
 the end.
+
+Writer terms (docs/adr/0020): the counter's high bits are the term of the writer that
+made the change (`counter_of(term, seq)`), so comparing counters compares terms first:
+whatever a writer makes under a newer term orders above anything a deposed writer made
+under an older one, whatever their sequence numbers.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from tidemq.protocol.codes import RequestCode
 __all__ = [
     "CLUSTER_MECHANISM",
     "SECURITY_REQUESTS",
+    "TERM_SHIFT",
     "ClusterLogin",
     "SecurityPullRequest",
     "SecurityPushRequest",
@@ -41,12 +47,40 @@ __all__ = [
     "SecuritySnapshot",
     "UserRow",
     "acl_key",
+    "counter_of",
+    "counter_text",
     "snapshot_digest",
+    "term_of",
 ]
 
 #: The SASL mechanism with which a broker logs in to a name server that requires logins:
 #: one SASL_AUTHENTICATE whose message is a `ClusterLogin`, signed with the cluster secret.
 CLUSTER_MECHANISM: Final = "TIDEMQ-CLUSTER-HMAC-SHA256"
+
+
+#: Bits of a counter below its writer term: 2**32 changes per term, far beyond any
+#: cluster's (a change is an operator's act), and terms up to 2**31 fit a signed 64-bit
+#: integer (SQLite, msgpack).
+TERM_SHIFT: Final = 32
+_SEQ_MASK: Final = (1 << TERM_SHIFT) - 1
+
+
+def counter_of(term: int, seq: int) -> int:
+    """The counter of change `seq` of a writer holding `term` (seq 0: the term's floor)."""
+    assert term >= 0, term
+    assert 0 <= seq <= _SEQ_MASK, seq
+    return (term << TERM_SHIFT) | seq
+
+
+def term_of(counter: int) -> int:
+    """The writer term a counter was made under (0: before terms, or a broker's own
+    tables before any cluster-wide change)."""
+    return counter >> TERM_SHIFT
+
+
+def counter_text(counter: int) -> str:
+    """A counter as people read it: "<term>.<change within the term>"."""
+    return f"{term_of(counter)}.{counter & _SEQ_MASK}"
 
 
 class _Msg(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -20,7 +20,7 @@ import jsonschema.exceptions
 import jsonschema.validators
 
 from tidemq.schema.model import ErrorCode, Reference, RegistryError, SchemaType
-from tidemq.schema.protobuf_schema import parse_protobuf, protobuf_identity
+from tidemq.schema.protobuf_schema import parse_protobuf, protobuf_identity, serialized
 
 __all__ = ["ParsedSchema", "parse_schema"]
 
@@ -35,7 +35,9 @@ class ParsedSchema:
     references: tuple[Reference, ...]
     #: The parsed JSON document.
     document: Any
-    #: Referenced schemas' documents, in dependency order (Avro named types first).
+    #: Referenced schemas' documents, in dependency order (Avro named types first); for
+    #: Protobuf, (file name, serialized schema) of every file it imports, recursively, each
+    #: after its own imports (what `protobuf_serde.message_class` takes as `imports`).
     referenced: tuple[Any, ...] = ()
 
 
@@ -63,7 +65,8 @@ def parse_schema(
         raise _invalid("the schema is empty")
     if schema_type is SchemaType.PROTOBUF:
         try:
-            proto = parse_protobuf(text)
+            imported = tuple(r.document for r in referenced if r.schema_type is schema_type)
+            proto = parse_protobuf(text, imported)
         except ValueError as exc:
             raise _invalid(f"invalid Protobuf schema: {exc}") from None
         return ParsedSchema(
@@ -72,6 +75,7 @@ def parse_schema(
             identity=protobuf_identity(proto),
             references=references,
             document=proto,
+            referenced=_protobuf_imports(references, referenced),
         )
     document = _load_json(text, f"the {schema_type.value} schema")
     if schema_type is SchemaType.AVRO:
@@ -86,6 +90,17 @@ def parse_schema(
         document=document,
         referenced=tuple(r.document for r in referenced),
     )
+
+
+def _protobuf_imports(
+    references: tuple[Reference, ...], referenced: tuple[ParsedSchema, ...]
+) -> tuple[tuple[str, str], ...]:
+    found: dict[str, str] = {}
+    for ref, schema in zip(references, referenced, strict=False):
+        if schema.schema_type is SchemaType.PROTOBUF:
+            found.update((name, text) for name, text in schema.referenced if name not in found)
+            found.setdefault(ref.name, serialized(schema.document))
+    return tuple(found.items())
 
 
 def _check_avro(document: Any, referenced: tuple[ParsedSchema, ...]) -> None:

@@ -52,15 +52,17 @@ _RESERVED_NUMBERS: Final = range(19000, 20000)
 _MAX_FIELD_NUMBER: Final = (1 << 29) - 1
 
 
-def parse_protobuf(text: str) -> FileProto:
-    """The descriptor of a serialized Protobuf schema; ValueError saying what is wrong."""
+def parse_protobuf(text: str, imported: tuple[FileProto, ...] = ()) -> FileProto:
+    """The descriptor of a serialized Protobuf schema; ValueError saying what is wrong.
+    `imported`: the files the schema's references name (their types resolve the text
+    form's names)."""
     stripped = text.strip()
     try:
         raw = base64.b64decode(stripped, validate=True)
     except (binascii.Error, ValueError):
         raw = None
     if raw is None or "message " in stripped or "syntax" in stripped:
-        proto = parse_proto_text(text)
+        proto = parse_proto_text(text, imported)
     else:
         proto = FileProto()
         try:

@@ -4,9 +4,9 @@ Parsed by `proto-schema-parser` (an ANTLR grammar of proto2 and proto3), then la
 protoc would: packages, imports, messages (nested), enums, fields with their labels
 (proto3 `optional` as a synthetic oneof), oneofs, and map fields as repeated nested
 `<Name>Entry` messages. Type names are resolved by Protobuf's scoping rules, innermost
-scope first, against the file's own messages and enums; a name the file does not declare
-(an imported type) is taken as a message of that full name. Options are not kept: they
-change neither the wire format nor compatibility.
+scope first, against the file's own messages and enums and those of the files it imports
+(the schema's references); a name none declares is taken as a message of that full name.
+Options are not kept: they change neither the wire format nor compatibility.
 """
 
 from __future__ import annotations
@@ -45,8 +45,11 @@ _LABELS: Final = {
 }
 
 
-def parse_proto_text(text: str) -> descriptor_pb2.FileDescriptorProto:
-    """The descriptor of a `.proto` file's text; ValueError saying what is wrong."""
+def parse_proto_text(
+    text: str, imported: tuple[descriptor_pb2.FileDescriptorProto, ...] = ()
+) -> descriptor_pb2.FileDescriptorProto:
+    """The descriptor of a `.proto` file's text; ValueError saying what is wrong.
+    `imported`: the files it imports (its references), whose types its names may use."""
     try:
         tree = Parser().parse(text)
     except Exception as exc:  # the grammar's errors carry no common base
@@ -59,7 +62,8 @@ def parse_proto_text(text: str) -> descriptor_pb2.FileDescriptorProto:
         elif isinstance(element, ast.Import):
             proto.dependency.append(element.name)
     scope = f".{proto.package}" if proto.package else ""
-    declared = dict(_declared(tree.file_elements, scope))
+    declared = dict(_imported_declarations(imported))
+    declared.update(_declared(tree.file_elements, scope))
     for element in tree.file_elements:
         if isinstance(element, ast.Message):
             _message(proto.message_type.add(), element, scope, declared, proto.syntax)
@@ -77,6 +81,24 @@ def _declared(elements: list[Any], scope: str) -> Iterator[tuple[str, int]]:
             yield from _declared(e.elements, name)
         elif isinstance(e, ast.Enum):
             yield f"{scope}.{e.name}", F.TYPE_ENUM
+
+
+def _imported_declarations(
+    files: tuple[descriptor_pb2.FileDescriptorProto, ...],
+) -> Iterator[tuple[str, int]]:
+    """(full name with a leading dot, kind) of every message and enum `files` declare."""
+
+    def walk(scope: str, messages: Any, enums: Any) -> Iterator[tuple[str, int]]:
+        for e in enums:
+            yield f"{scope}.{e.name}", F.TYPE_ENUM
+        for m in messages:
+            yield f"{scope}.{m.name}", F.TYPE_MESSAGE
+            yield from walk(f"{scope}.{m.name}", m.nested_type, m.enum_type)
+
+    for file in files:
+        yield from walk(
+            f".{file.package}" if file.package else "", file.message_type, file.enum_type
+        )
 
 
 def _resolve(name: str, scope: str, declared: dict[str, int]) -> tuple[str, int]:

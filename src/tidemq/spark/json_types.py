@@ -4,9 +4,10 @@
 Objects with `properties` become structs (fields in the schema's order, all nullable: a
 JSON document may leave a property out), `array` with `items` arrays, `string` strings
 (`format: date-time` and `date` too: JSON carries text), `integer` longs, `number`
-doubles, `boolean` booleans; `["T", "null"]` is a nullable T. Anything else (`oneOf`,
-`$ref`, several non-null types, an object without properties) has no single Spark type
-and is refused, naming where it is.
+doubles, `boolean` booleans, objects without `properties` whose `additionalProperties` is
+a schema maps of strings to that type; `["T", "null"]` is a nullable T. Anything else
+(`oneOf`, `$ref`, several non-null types, an object with neither) has no single Spark
+type and is refused, naming where it is.
 """
 
 from __future__ import annotations
@@ -53,7 +54,17 @@ def spark_json_of_json_schema(schema: Any, where: str = "the schema") -> Any:
                 for name, prop in schema["properties"].items()
             ],
         }
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return {
+            "type": "map",
+            "keyType": "string",
+            "valueType": spark_json_of_json_schema(
+                schema["additionalProperties"], f"{where}'s additionalProperties"
+            ),
+            "valueContainsNull": True,
+        }
     raise ValueError(
-        f"{where} has no Spark type (use type object with properties, array with items, "
+        f"{where} has no Spark type (use type object with properties or additionalProperties, "
+        "array with items, "
         "string, integer, number or boolean)"
     )

@@ -3,8 +3,10 @@ Python values Arrow builds that struct from. No pyspark here (Spark's JSON form 
 
 Types: 32-bit ints -> integer, 64-bit ints -> long (unsigned 64-bit too: values past 2^63
 fail the task), float, double, bool, string, bytes -> binary, enums -> string (the value's
-name), messages -> structs (null when unset), repeated -> arrays, maps -> maps. Recursive
-message types have no Spark type and are refused when the query starts.
+name), `google.protobuf.Timestamp` -> timestamp (as Spark's `from_protobuf` reads it),
+messages -> structs (null when unset; so are proto3 `optional` fields and oneof members),
+repeated -> arrays, maps -> maps. Recursive message types have no Spark type and are
+refused when the query starts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from google.protobuf.descriptor import FieldDescriptor
 __all__ = ["json_of_row", "protobuf_row", "spark_json_of_message"]
 
 _F = FieldDescriptor
+#: Read as a Spark timestamp, as Spark's own `from_protobuf` reads it.
+_TIMESTAMP: Final = "google.protobuf.Timestamp"
 _SCALARS: Final[dict[int, str]] = {
     _F.TYPE_DOUBLE: "double",
     _F.TYPE_FLOAT: "float",
@@ -84,6 +88,8 @@ def _field_type(field: Any, seen: tuple[str, ...]) -> Any:
 
 
 def _value_type(field: Any, seen: tuple[str, ...]) -> Any:
+    if field.type == _F.TYPE_MESSAGE and field.message_type.full_name == _TIMESTAMP:
+        return "timestamp"
     if field.type in (_F.TYPE_MESSAGE, _F.TYPE_GROUP):
         return spark_json_of_message(field.message_type, seen)
     return _SCALARS[field.type]
@@ -99,8 +105,9 @@ def protobuf_row(message: Any) -> dict[str, Any]:
             out[f.name] = [(k, _value(value_field, v)) for k, v in value.items()]
         elif _is_repeated(f):
             out[f.name] = [_value(f, v) for v in value]
-        elif f.type == _F.TYPE_MESSAGE:
-            out[f.name] = protobuf_row(value) if message.HasField(f.name) else None
+        elif f.type == _F.TYPE_MESSAGE or f.has_presence:
+            # Fields with presence (messages, proto3 `optional`, oneof members): null unset.
+            out[f.name] = _value(f, value) if message.HasField(f.name) else None
         else:
             out[f.name] = _value(f, value)
     return out
@@ -111,6 +118,8 @@ def _value(field: Any, value: Any) -> Any:
         found = field.enum_type.values_by_number.get(value)
         return found.name if found is not None else str(value)
     if field.type == _F.TYPE_MESSAGE:
+        if field.message_type.full_name == _TIMESTAMP:
+            return value.ToDatetime(tzinfo=dt.UTC)
         return protobuf_row(value)
     return value
 

@@ -1,16 +1,17 @@
-"""Writing a struct `value` column as Confluent-framed Avro or JSON
-(`valueFormat=avro|json` on the batch writer and the streaming sink, with
-`schemaRegistry`, and optionally `subject` and `schemaVersion`).
+"""Writing a struct `value` column as Confluent-framed Avro, Protobuf or JSON
+(`valueFormat=avro|protobuf|json` on the batch writer and the streaming sink, with
+`schemaRegistry`, and optionally `subject`, `schemaVersion` and `protobufMessage`).
 
 Resolved once, on the driver, when the write starts (`resolve_write_format`): the
 subject's version (latest by default; the subject defaults to `<topic>-value` with the
-`topic` option) gives the schema and its id. With Avro and a subject that has no version
-yet, an Avro schema is derived from the column's Spark type (record `topLevelRecord`, as
-Spark's own `to_avro` names it; nullable fields become `["null", T]` with default null)
-and registered. Executors then encode each row's struct with that schema and frame it with
-the id (`encode_value_column`); a row that does not fit the schema fails the task naming
-its index in the batch. JSON values are written as they are (the schema's constraints are
-the registry's and the readers' to check); the subject must exist.
+`topic` option) gives the schema and its id. When the subject has no version yet (and no
+`schemaVersion` is asked for), a schema is derived from the column's Spark type
+(`value_schemas.py`: an Avro record, a proto3 message or a JSON Schema object, named
+`topLevelRecord` as Spark's own `to_avro` names it) and registered. Executors then encode
+each row's struct with that schema and frame it with the id (`encode_value_column`); a
+row that does not fit the schema fails the task naming its index in the batch. JSON
+values are written as they are (maps as objects; the schema's constraints are the
+registry's and the readers' to check).
 """
 
 from __future__ import annotations
@@ -18,21 +19,18 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 import fastavro
 import pyarrow as pa
 
 from tidemq.core.errors import InvalidBatch, InvalidRequest
 from tidemq.schema.wire import frame
-from tidemq.spark.value_format import ValueFormat, format_request
+from tidemq.spark.value_format import ValueFormat, format_request, protobuf_imports
+from tidemq.spark.value_schemas import derived_schema
 
-__all__ = ["avro_schema_of_arrow", "encode_value_column", "resolve_write_format"]
-
-#: Spark's `to_avro` names the top record so.
-TOP_RECORD: Final = "topLevelRecord"
+__all__ = ["encode_value_column", "resolve_write_format"]
 
 
 def resolve_write_format(
@@ -52,71 +50,30 @@ def resolve_write_format(
     registry = request.login.registry(request.registry_url)
     version = options.get("schemaversion")
     try:
-        schema_id, schema, kind = registry.version_info(subject, version or "latest")
+        answer = registry.version_answer(subject, version or "latest")
     except InvalidRequest as exc:
-        if version is not None or fmt != "avro" or "40401" not in str(exc):
+        if version is not None or "40401" not in str(exc):
             raise ValueError(f"valueFormat={fmt}: subject {subject!r}: {exc}") from None
-        schema = avro_schema_of_arrow(value_type, TOP_RECORD)
-        schema_id, kind = registry.register(subject, schema, "AVRO"), "AVRO"
+        text, kind = derived_schema(fmt, value_type)
+        answer = {"id": registry.register_text(subject, text, kind), "schema": text}
+        answer["schemaType"] = kind
+    kind = str(answer.get("schemaType", "AVRO"))
     if kind.lower() != fmt:
         raise ValueError(f"subject {subject!r} holds a {kind} schema, not valueFormat={fmt}")
-    if fmt == "avro":
-        fastavro.parse_schema(schema)  # a schema fastavro cannot write fails here
-    text = schema if isinstance(schema, str) else json.dumps(schema)
+    if fmt == "avro":  # a schema fastavro cannot write fails here
+        fastavro.parse_schema(json.loads(answer["schema"]))
     found = ValueFormat(
         request.registry_url,
-        text,
+        str(answer["schema"]),
         fmt,
-        schema_id=schema_id,
+        schema_id=int(answer["id"]),
         message=request.message,
         login=request.login,
+        imports=protobuf_imports(registry, answer),
     )
     if fmt == "protobuf":
         found.spark_json()  # the message exists (and has a Spark type)
     return found
-
-
-def avro_schema_of_arrow(struct: Any, name: str) -> dict[str, Any]:
-    """An Avro record schema for an Arrow struct type."""
-    fields = []
-    for i in range(struct.num_fields):
-        f = struct.field(i)
-        avro = _avro_of(f.type, f"{name}_{f.name}")
-        if f.nullable:
-            fields.append({"name": f.name, "type": ["null", avro], "default": None})
-        else:
-            fields.append({"name": f.name, "type": avro})
-    return {"type": "record", "name": _avro_name(name), "fields": fields}
-
-
-def _avro_name(name: str) -> str:
-    cleaned = re.sub(r"[^A-Za-z0-9_]", "_", name)
-    return cleaned if re.match(r"[A-Za-z_]", cleaned) else f"_{cleaned}"
-
-
-def _avro_of(t: Any, name: str) -> Any:  # noqa: PLR0911 - one branch per Arrow type family
-    if pa.types.is_boolean(t):
-        return "boolean"
-    if pa.types.is_integer(t):
-        return "long" if t.bit_width > 32 else "int"
-    if pa.types.is_floating(t):
-        return "double" if t.bit_width > 32 else "float"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "string"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return "bytes"
-    if pa.types.is_timestamp(t):
-        return {"type": "long", "logicalType": "timestamp-micros"}
-    if pa.types.is_date32(t):
-        return {"type": "int", "logicalType": "date"}
-    if pa.types.is_struct(t):
-        return avro_schema_of_arrow(t, name)
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        item = _avro_of(t.value_type, f"{name}_item")
-        return {"type": "array", "items": ["null", item]}
-    if pa.types.is_map(t) and (pa.types.is_string(t.key_type)):
-        return {"type": "map", "values": ["null", _avro_of(t.item_type, f"{name}_value")]}
-    raise ValueError(f"valueFormat=avro cannot derive an Avro type for {t} (field {name})")
 
 
 def encode_value_column(batch: Any, fmt: ValueFormat) -> Any:
@@ -126,11 +83,14 @@ def encode_value_column(batch: Any, fmt: ValueFormat) -> Any:
     rows = batch.column(index).to_pylist()
     encoded: list[bytes | None] = []
     if fmt.kind == "json":
+        value_type = batch.schema.field(index).type
         for row in rows:
             encoded.append(
                 None
                 if row is None
-                else frame(fmt.schema_id, json.dumps(row, default=_json).encode())
+                else frame(
+                    fmt.schema_id, json.dumps(_json_row(row, value_type), default=_json).encode()
+                )
             )
     elif fmt.kind == "protobuf":
         encoded = _protobuf_values(rows, fmt)
@@ -163,7 +123,7 @@ def _protobuf_values(rows: list[Any], fmt: ValueFormat) -> list[bytes | None]:
     from tidemq.schema.wire import encode_message_indexes  # noqa: PLC0415
     from tidemq.spark.protobuf_types import json_of_row  # noqa: PLC0415
 
-    cls = message_class(fmt.reader_schema, [0], name=fmt.message)
+    cls = message_class(fmt.reader_schema, [0], name=fmt.message, imports=fmt.imports)
     prefix = encode_message_indexes(message_indexes(cls.DESCRIPTOR))
     out: list[bytes | None] = []
     for i, row in enumerate(rows):
@@ -188,6 +148,23 @@ def _avro_row(value: Any) -> Any:
         if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
             return {k: _avro_row(v) for k, v in value}
         return [_avro_row(v) for v in value]
+    return value
+
+
+def _json_row(value: Any, t: Any) -> Any:
+    """Arrow's Python value of type `t` as JSON has it: maps (which Arrow gives as lists
+    of pairs) as objects."""
+    if value is None:
+        return None
+    if pa.types.is_struct(t):
+        return {
+            t.field(i).name: _json_row(value.get(t.field(i).name), t.field(i).type)
+            for i in range(t.num_fields)
+        }
+    if pa.types.is_map(t):
+        return {str(k): _json_row(v, t.item_type) for k, v in value}
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return [_json_row(v, t.value_type) for v in value]
     return value
 
 

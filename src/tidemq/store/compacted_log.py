@@ -164,6 +164,14 @@ class CompactedLog:
             raise CorruptRecordError(f"compacted log {self.path} ends inside a record")
         return data
 
+    def file_size(self) -> int:
+        """The whole file's length (a follower starting over copies it as it is)."""
+        return self._handle.size()
+
+    def read_file(self, offset: int, max_bytes: int) -> bytes:
+        """Up to `max_bytes` of the file from `offset` (short at its end)."""
+        return self._handle.pread(offset, max(0, min(max_bytes, self.file_size() - offset)))
+
     def candidates(self, key_hash: int) -> list[int]:
         """Offsets (newest first) of kept messages whose key has this hash."""
         hashes = self.keys["hash"]

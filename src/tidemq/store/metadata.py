@@ -107,6 +107,7 @@ CREATE TABLE IF NOT EXISTS producer_state (
     epoch INTEGER NOT NULL, window TEXT NOT NULL,
     PRIMARY KEY (topic_id, queue_id, producer_id)
 );
+-- Read only: producer ids' owners as versions before PRODUCERS_TOPIC kept them.
 CREATE TABLE IF NOT EXISTS producer_owners (
     producer_id INTEGER PRIMARY KEY, principal TEXT NOT NULL
 );
@@ -528,6 +529,23 @@ class Metadata:
             )
 
     @_writes
+    def forget_log_state(self) -> None:
+        """Drop every row derived from the commit log (a replica starting over at its
+        leader's log start, `start_over.py`): queue bounds, index ends, compacted logs,
+        producer windows, the offset book's view. Topics, counters, users, ACLs, service
+        state, static chains and remote ranges stay."""
+        with self._tx():
+            for table in (
+                "queue_state",
+                "queue_index_end",
+                "compacted_logs",
+                "producer_state",
+                "consumer_offsets",
+            ):
+                self._db.execute(f"DELETE FROM {table}")
+            self._db.execute("INSERT OR REPLACE INTO counters VALUES ('offsets_applied', 0)")
+
+    @_writes
     def clear_offsets_view(self) -> None:
         """Empty the view, to rebuild it from the topic's start."""
         with self._tx():
@@ -599,18 +617,16 @@ class Metadata:
             )
 
     @_writes
-    def set_producer_owner(self, producer_id: int, principal: str, *, keep: int) -> None:
-        """The user a producer id was issued to (authentication on); only the `keep`
-        newest ids are kept (ids are issued in increasing order)."""
+    def delete_service_state(self, names: Iterable[str]) -> None:
+        """Forget the states of these services (their next start rebuilds from scratch)."""
         with self._tx():
-            self._db.execute(
-                "INSERT OR REPLACE INTO producer_owners VALUES (?, ?)", (producer_id, principal)
-            )
-            self._db.execute(
-                "DELETE FROM producer_owners WHERE producer_id <= ?", (producer_id - keep,)
+            self._db.executemany(
+                "DELETE FROM service_state WHERE name = ?", [(name,) for name in names]
             )
 
     def producer_owner(self, producer_id: int) -> str | None:
+        """The user a producer id was issued to, as versions before the compact topic of
+        owners (`broker/producer_owner_topic.py`) kept it; read only, for those ids."""
         row = self._db.execute(
             "SELECT principal FROM producer_owners WHERE producer_id = ?", (producer_id,)
         ).fetchone()

@@ -337,6 +337,19 @@ class QueueIndex:
             return np.zeros(0, dtype=ENTRY_DTYPE)
         return np.concatenate([self._file_array(i) for i in range(len(self._files))])
 
+    def offset_at_position(self, log_position: int) -> int:
+        """The offset of the queue's first record at or after `log_position` (its next
+        offset when none is): where the queue continues in a log that starts there."""
+        if self._files:
+            # Most queues' first entry is already at or past it (retention deletes a
+            # segment only below every queue's first kept record): one file read.
+            first = self._file_array(0)
+            if len(first) and int(first[0]["log_position"]) >= log_position:
+                return int(first[0]["base_offset"])
+        entries = self.all_entries()
+        i = int(np.searchsorted(entries["log_position"], np.uint64(log_position), side="left"))
+        return int(entries[i]["base_offset"]) if i < len(entries) else self._next_offset
+
     # ------------------------------------------------------------------ trimming
 
     def advance_min_offset(self, offset: int) -> None:

@@ -11,12 +11,16 @@
    from the whole log first.
 5. Truncate the torn tail and write a fresh checkpoint.
 
+Before all this, a replica's interrupted start-over (its marker file) is wiped away
+(`start_over.discard_interrupted`): the store then opens empty.
+
 After this no index entry points past the recovered log, and every queue continues at
 the offset after its last recovered record.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from tidemq.core.batch import parse_envelope
@@ -34,8 +38,11 @@ from tidemq.store.metadata import Metadata
 from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp, ProducerStates
 from tidemq.store.queue_index import IndexFileCache, QueueIndex
 from tidemq.store.segmented_log import SegmentedLog
+from tidemq.store.start_over import discard_interrupted
 
 __all__ = ["recover"]
+
+log_ = logging.getLogger(__name__)
 
 
 def recover(config: StoreConfig, fs: FileSystem, clock: Clock, metadata_path: Path) -> MessageStore:
@@ -49,6 +56,12 @@ def recover(config: StoreConfig, fs: FileSystem, clock: Clock, metadata_path: Pa
 
 
 def _recover(config: StoreConfig, fs: FileSystem, clock: Clock, meta: Metadata) -> MessageStore:
+    if discard_interrupted(fs, config.data_dir, meta):
+        log_.warning(
+            "%s: a replica's start-over was interrupted; the store is wiped and opens empty "
+            "(its follower starts over again)",
+            config.data_dir,
+        )
     cp = read_checkpoint(fs, config.data_dir)
     segments = SegmentedLog(fs, config.data_dir / "commitlog", config.segment_size_bytes)
     log = CommitLog(segments, clock=clock)

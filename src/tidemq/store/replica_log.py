@@ -34,6 +34,7 @@ from tidemq.store.producer_state import NO_PRODUCER, ProducerStamp
 if TYPE_CHECKING:
     from tidemq.core.batch import Envelope
     from tidemq.store.message_store import MessageStore
+    from tidemq.store.queue_index import QueueIndex
 
 __all__ = ["LogChunk", "LogDiverged", "ReplicaView", "TopicsBehind"]
 
@@ -166,13 +167,15 @@ class ReplicaView:
                         topic_id=header.topic_id,
                     )
                 expected = next_offsets.get(key, index.next_offset)
-                if header.base_offset != expected:
+                if header.base_offset != expected and not (
+                    key not in next_offsets and _starts_queue(store, index, header)
+                ):
                     raise LogDiverged(
                         f"record at log position {where} has offset {header.base_offset} "
                         f"for topic id {header.topic_id} queue {header.queue_id}, which "
                         f"continues at {expected} here"
                     )
-                next_offsets[key] = expected + header.count
+                next_offsets[key] = header.base_offset + header.count
             out.append((info, header, record, env))
             at += header.size
         return out
@@ -187,6 +190,8 @@ class ReplicaView:
             return
         key = (header.topic_id, header.queue_id)
         index = store.queue_indexes()[key]
+        if _starts_queue(store, index, header):
+            index.reset(header.base_offset)
         payload = record[header.payload_start :]
         keys = None
         if info.cleanup_policy is not CleanupPolicy.DELETE and key in store.dirty_keys:
@@ -259,3 +264,17 @@ class ReplicaView:
             if old is not None and old != info:
                 store.put_topic(info)
         store.metadata.note_topic_id(max_topic_id)
+
+
+def _starts_queue(store: MessageStore, index: QueueIndex, header: RecordHeader) -> bool:
+    """A record that starts its queue in this log below where the queue was set to
+    continue: the log was started over at the leader's log start (`start_over.py`),
+    whose queue offsets come from the leader's indexes, and those may lack entries of
+    records past the log start that the leader's retention already dropped from its
+    queue (below its min offset; the segment holding them stays while any queue needs
+    it). Such records are the queue's first here, and the queue starts at them."""
+    return (
+        index.last_position < 0
+        and header.base_offset < index.next_offset
+        and store.log.start_position > 0
+    )

@@ -17,6 +17,11 @@ address; the test's clients, in the root namespace, reach every host through the
   in or out of the host any more (no reset either: its peers' connections hang, as when a
   cable is pulled), while its processes run on. `heal(host)` sets it up again. netem and
   iptables are not needed (many kernels and containers lack them); `ip` is.
+* **Cutting one link.** The bridge has a second address, `service_address` (.254), for a
+  root-namespace server that a test wants to cut one host off from alone (etcd, say):
+  `cut(host, address)` adds a blackhole route to `address` in the host's namespace, so
+  what the host sends there fails at once while it still reaches every other address;
+  `mend(host, address)` removes the route.
 * **Names.** Everything is named with `PREFIX` and the network's index, and the bridge's
   alias names the creating process (`tidemq-test pid=1234`). The index is claimed by
   creating the bridge (creation fails when another process holds it), so parallel test
@@ -196,8 +201,12 @@ class HostNetwork:
         self.subnet = subnet
         #: The bridge's address: servers of the root namespace listen here for the hosts.
         self.bridge_address = str(subnet.network_address + 1)
+        #: The bridge's second address, for a server that `cut` may separate from a host
+        #: (above every host's: at most `_MAX_HOSTS` of them from .2).
+        self.service_address = str(subnet.broadcast_address - 1)
         self._number = {h: i for i, h in enumerate(self.hosts)}
         self._partitioned: set[str] = set()
+        self._cut: set[tuple[str, str]] = set()
 
     # ---------------------------------------------------------------- naming
 
@@ -262,6 +271,7 @@ class HostNetwork:
         bridge = self.bridge
         _ip("link", "set", "dev", bridge, "alias", f"tidemq-test pid={os.getpid()}")
         _ip("addr", "add", f"{self.bridge_address}/24", "dev", bridge)
+        _ip("addr", "add", f"{self.service_address}/24", "dev", bridge)
         _ip("link", "set", bridge, "up")
         for host in self.hosts:
             ns, outer, inner = self.namespace(host), self._outer(host), self._inner(host)
@@ -294,11 +304,26 @@ class HostNetwork:
     def partitioned(self, host: str) -> bool:
         return host in self._partitioned
 
+    def cut(self, host: str, address: str) -> None:
+        """Cut the host off from `address` alone (a blackhole route in its namespace):
+        its packets to it are dropped at once, everything else still flows."""
+        _ip("-n", self.namespace(host), "route", "add", "blackhole", f"{address}/32")
+        self._cut.add((host, address))
+
+    def mend(self, host: str, address: str) -> None:
+        """Undo `cut`."""
+        _ip("-n", self.namespace(host), "route", "del", "blackhole", f"{address}/32")
+        self._cut.discard((host, address))
+
+    def is_cut(self, host: str, address: str) -> bool:
+        return (host, address) in self._cut
+
     def close(self) -> None:
         """Remove the hosts and the bridge. Processes still running in a namespace keep
         it alive until they exit (the caller stops them first), but its link to the
         bridge goes now."""
         self._partitioned.clear()
+        self._cut.clear()
         _remove_index(self.index)
 
 

@@ -147,6 +147,43 @@ class DataHandlers:
             store_time_ms=result.store_time_ms,
         )
 
+    def produce_now(self, req: ProduceRequest, body: bytes | memoryview) -> ProduceResponse | None:
+        """`produce` of a request that needs no waiting, answered here (from the protocol
+        callback, with no task): a plain batch to a queue of a known topic that is not
+        static and validates no schema, with async flush. None for any other: `produce`
+        serves it. Checks and errors as `produce`'s, in the same order."""
+        if req.deliver_at_ms or req.txn_id or not self._gateway.appends_at_once:
+            return None
+        topics = self._topics
+        info = topics.get(req.topic)
+        if info is None or topics.schema_validation(req.topic):
+            return None
+        topics.check_hosted(req.topic, req.queue)
+        if self._static.view(req.topic, req.queue) is not None:
+            return None
+        limit = topics.max_message_bytes(req.topic)
+        if len(body) > limit:
+            raise BatchTooLarge(
+                f"batch of {len(body)} bytes exceeds max.message.bytes ({limit}) of "
+                f"topic {req.topic!r}"
+            )
+        _check_type(req.topic, info.message_type, MessageType.NORMAL)
+        stamp = None
+        if req.producer_id >= 0:
+            if req.epoch < 0 or req.base_sequence < 0:
+                raise InvalidRequest("an idempotent produce needs epoch and base_sequence >= 0")
+            stamp = ProducerStamp(req.producer_id, req.epoch, req.base_sequence)
+        result = self._gateway.append_now(req.topic, req.queue, body, producer=stamp)
+        if not result.duplicate:
+            fifo = info.message_type is MessageType.FIFO
+            self.traffic.stored(req.topic, result.count, len(body), "fifo" if fifo else "normal")
+        return ProduceResponse(
+            base_offset=result.base_offset,
+            count=result.count,
+            duplicate=result.duplicate,
+            store_time_ms=result.store_time_ms,
+        )
+
     async def fetch(
         self, req: FetchRequest, *, budget: ConnectionBudget | None = None
     ) -> tuple[FetchResponse, bytes]:

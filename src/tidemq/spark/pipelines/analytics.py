@@ -23,27 +23,34 @@ The aggregations run in append mode: a window (or session) is written once, when
 watermark passes its end, with its final counts. Window bounds are epoch milliseconds in
 the topic and timestamps in Parquet.
 
-Outputs of micro-batch N (`analytics_outputs`):
+Outputs of micro-batch N, written by Spark's tasks where they run (`analytics_tasks`);
+the driver only publishes them (`analytics_publish`) and never holds a row (issue 21):
 
-* Parquet: ``<output>/<kind>/dt=YYYY-MM-DD/part-<N>.parquet`` (zstd; `dt` is the UTC day
-  of the window or session start). `rejected` uses the archive layout under
-  ``<output>/rejected/`` (`archive.write_table`).
+* Parquet: ``<output>/<kind>/dt=YYYY-MM-DD/part-<N>-<task>.parquet`` (zstd; `dt` is the UTC
+  day of the window or session start; `task` the partition of the batch that wrote it).
+  `rejected` uses the archive layout under ``<output>/rejected/`` (`archive.py`).
 * The results topic (not for `rejected`): one JSON message per row with tag `kind` (so a
-  consumer subscribes to `tumbling || sliding` with a tag filter), all of batch N in one
-  transaction committed with the marker (sink id ``<name>-results-<token>``, N; the token
-  is the checkpoint's, `sink_ids.py`, so that runs with other checkpoints never share
-  markers).
+  consumer subscribes to `tumbling || sliding` with a tag filter). Each task sends its
+  rows in transactions of the group ``spark-sink-<sink id>``, left open; the driver
+  commits all of batch N's as one unit per broker with the marker (sink id
+  ``<name>-results-<token>``, N; the token is the checkpoint's, `sink_ids.py`, so that
+  runs with other checkpoints never share markers).
 
 Why each output is exactly once: Spark replays micro-batch N after a crash with the same
-offset ranges and the same state version, so it computes the same rows. The Parquet
-files of batch N have names that depend only on N and the rows, and are published with an
-atomic rename, so a replay replaces them with identical files. For the topic, the batch
-is skipped when the sink's marker already says N was committed; else it is sent in a
-transaction that commits together with the marker.
+offset ranges and the same state version, so it computes the same rows. Tasks stage
+files under hidden temporary names, rows sorted; the driver renames them into place with
+names that depend only on N, the kind, the day and the task (a replay computes the same
+rows in the same tasks), after removing any file of batch N that an earlier attempt
+published and this one does not replace: a replay replaces files instead of adding any.
+For the topic, the driver commits batch N's transactions with the marker, unless the
+marker says N was committed already: then they are rolled back. A failed batch's
+transactions are rolled back (those of tasks whose results Spark discarded are never
+committed, and their brokers roll them back after the check-backs).
 
-Results are collected to the driver (`toArrow()`, one action per batch): aggregates are
-small next to their input, so this suits local mode and small clusters; `rejected` rows
-are bounded with `max_offsets_per_trigger`.
+`output` must be a directory that the executors and the driver see alike: a local one in
+local mode (the default), a shared mount on a cluster. A task holds its share of a
+micro-batch's results (or rejected rows) in memory while it writes them: bound it with
+`max_offsets_per_trigger`.
 """
 
 from __future__ import annotations
@@ -53,11 +60,11 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from tidemq.client.sync import Admin
 from tidemq.core.errors import TopicNotFound
-from tidemq.spark.options import ClientOptions
+from tidemq.spark.options import ClientOptions, WriteOptions
 from tidemq.spark.pipelines.analytics_frames import (
     EVENT_SCHEMA,
     INPUT_METRICS,
@@ -66,12 +73,9 @@ from tidemq.spark.pipelines.analytics_frames import (
     analytics_frame,
     parsed_events,
 )
-from tidemq.spark.pipelines.analytics_outputs import (
-    BatchOutputs,
-    ResultSink,
-    result_messages,
-    write_results,
-)
+from tidemq.spark.pipelines.analytics_outputs import result_messages, write_results
+from tidemq.spark.pipelines.analytics_publish import BatchOutputs
+from tidemq.spark.pipelines.analytics_tasks import AnswersParam
 from tidemq.spark.pipelines.sink_ids import sink_id, sink_token
 from tidemq.spark.pipelines.streams import (
     DEFAULT_MAX_OFFSETS_PER_TRIGGER,
@@ -82,10 +86,11 @@ from tidemq.spark.pipelines.streams import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
     from tidemq.spark.pipelines.progress import ProgressTotals
+    from tidemq.spark.sink import SinkOptions
 
 __all__ = [
     "EVENT_SCHEMA",
@@ -255,12 +260,11 @@ def run_analytics(
     token = sink_token(checkpoints)
     client = client or ClientOptions()
     partitions = _input_queues(bootstrap, topics, client)
-    sink = None
-    if results_topic is not None:
-        _ensure_topic(bootstrap, results_topic, client)
-        group, marker = sink_id(name, "analytics", token), sink_id(name, "results", token)
-        sink = ResultSink(bootstrap, results_topic, group, marker, client)
-    outputs = BatchOutputs(root, sink)
+    # What the tasks staged and began, also when their job fails (analytics_publish).
+    # (AnswersParam is Spark's AccumulatorParam by its methods: no pyspark import here.)
+    answers: Any = spark.sparkContext.accumulator([], AnswersParam())  # type: ignore[arg-type]
+    sink = _results_sink(bootstrap, results_topic, name, token, client)
+    outputs = BatchOutputs(root, sink, answers)
     source = read_topics(
         spark,
         bootstrap=bootstrap,
@@ -280,15 +284,12 @@ def run_analytics(
         session_gap_s=config.session_gap_s,
     )
 
-    def write(df: DataFrame, batch_id: int) -> None:
-        outputs.write(df.toArrow(), batch_id)
-
     from tidemq.spark.pipelines.progress import ProgressTotals  # noqa: PLC0415 - pyspark
 
     progress = ProgressTotals(spark)
     writer = (
         frame.writeStream.outputMode("append")
-        .foreachBatch(write)
+        .foreachBatch(outputs.write)
         .queryName(f"tidemq-{name}-{uuid.uuid4().hex[:6]}")
         .option("checkpointLocation", str(checkpoints / QUERY_DIR))
     )
@@ -303,6 +304,19 @@ def run_analytics(
     if trigger == "available_now":
         run.close()  # the query is done
     return run
+
+
+def _results_sink(
+    bootstrap: str, topic: str | None, name: str, token: str, client: ClientOptions
+) -> SinkOptions | None:
+    """The tasks' sink to the results topic (created when missing), None without one."""
+    if topic is None:
+        return None
+    from tidemq.spark.sink import SinkOptions  # noqa: PLC0415 - pyspark on demand
+
+    _ensure_topic(bootstrap, topic, client)
+    write = WriteOptions(bootstrap, topic, client=client)
+    return SinkOptions(write, sink_id(name, "results", token))
 
 
 def _source_options(

@@ -51,6 +51,8 @@ __all__ = [
     "hour_partition",
     "part_path",
     "publish",
+    "skip_temporary",
+    "stage_file",
     "stage_table",
     "write_table",
 ]
@@ -366,15 +368,38 @@ def publish(staged: Sequence[Staged]) -> None:
         raise
 
 
+def stage_file(table: pa.Table, target: Path) -> Path:
+    """Write `table` (zstd) under a hidden temporary name next to `target`, creating the
+    directory; returns that name. Readers (Spark, DuckDB, pyarrow) skip it. (The
+    analytics pipeline's tasks stage their outputs with it.)"""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex}")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def skip_temporary(entry: Path, now: float) -> bool:
+    """Whether `entry` is a staged temporary file; one older than `STALE_TMP_S`, left by
+    a crashed attempt, is removed."""
+    name = entry.name
+    if not (name.startswith(".") and ".tmp-" in name):
+        return False
+    with contextlib.suppress(FileNotFoundError):  # published or removed meanwhile
+        if now - entry.stat().st_mtime > STALE_TMP_S:
+            entry.unlink(missing_ok=True)
+    return True
+
+
 def _remove_overlapping(directory: Path, files: list[Staged]) -> None:
     new = {s.file.path.name for s in files}
     now = time.time()
     for existing in directory.iterdir():
         name = existing.name
-        if name.startswith(".") and ".tmp-" in name:
-            with contextlib.suppress(FileNotFoundError):  # another publish removed it
-                if now - existing.stat().st_mtime > STALE_TMP_S:
-                    existing.unlink(missing_ok=True)  # left by a crashed attempt
+        if skip_temporary(existing, now):
             continue
         parsed = _parse_part(name)
         if parsed is None or name in new:
