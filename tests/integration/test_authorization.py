@@ -35,7 +35,11 @@ from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import REQUESTS
 from tidemq.protocol.kv_messages import CompactRequest, KvGetRequest
 from tidemq.protocol.query_messages import OriginMessageRequest, QueryMessagesRequest
-from tidemq.protocol.replica_messages import ElectLeaderRequest, ReplicaFetchRequest
+from tidemq.protocol.replica_messages import (
+    ElectLeaderRequest,
+    ReplicaFetchRequest,
+    ReplicaFileRequest,
+)
 from tidemq.protocol.security_messages import (
     SecurityPullRequest,
     SecurityPushRequest,
@@ -111,6 +115,9 @@ SAMPLES: dict[RequestCode, msgspec.Struct] = {
     RequestCode.ELECT_LEADER: ElectLeaderRequest(group="g", member="m1"),
     RequestCode.REPLICA_FETCH: ReplicaFetchRequest(
         group="g", member="evil", epoch=1, position=0, durable=0
+    ),
+    RequestCode.REPLICA_FILE: ReplicaFileRequest(
+        group="g", member="evil", epoch=1, topic_id=1, queue_id=0, generation=1, offset=0
     ),
     RequestCode.CLUSTER_STATUS: c.ClusterStatusRequest(),
     RequestCode.STATUS: c.StatusRequest(),

@@ -6,13 +6,13 @@ task may fail up to 3 times) whose Python workers are `tests/support/spark_task_
 The test arms the gate; the next task attempt to produce output claims it and waits,
 its work done (an archive task has staged its Parquet files) and its result not yet
 sent; the test sees the claim, SIGKILLs that worker and arms the gate again, KILLS times
-(5; 40 under TIDEMQ_SOAK=1: analytics in 4 rounds of 10), at most once per task
-attempt. Archive's killed tasks are its source's, which fetch their ranges and stage
-the Parquet files in one Python worker (ADR 21), killed with the files staged and not yet
-reported; analytics' are the tidemq source's reads. Then: Spark's
-event log shows one failed task attempt per kill ("Python worker exited unexpectedly")
-and no other failure; the archive holds every message once, and the analytics outputs
-equal the pure-Python reference, in Parquet and in the results topic, once each.
+(archive 5, 40 under TIDEMQ_SOAK=1; analytics only under soak, 4 rounds of 10), at most
+once per task attempt. Archive's killed tasks are its source's, which fetch their ranges
+and stage the Parquet files in one Python worker (ADR 21), killed with the files staged
+and not yet reported; analytics' are the tidemq source's reads. Then: Spark's event log
+shows one failed task attempt per kill ("Python worker exited unexpectedly") and no other
+failure; the archive holds every message once, and the analytics outputs equal the
+pure-Python reference, in Parquet and in the results topic, once each.
 """
 
 from __future__ import annotations
@@ -158,6 +158,11 @@ def test_archive_with_python_workers_killed_mid_task_is_exactly_once(
 def test_analytics_with_python_workers_killed_mid_task_is_exactly_once(
     admin: Admin, options: Options, consume: Consume, topic_name: str, tmp_path: Path
 ) -> None:
+    # 6.5 minutes on two cores since analytics' tasks write its outputs (ADR 18): with
+    # the rest of the suite that is past make test's budget. Its replays after failed
+    # tasks and publishes are in make test (test_pipeline_analytics_replay.py).
+    if not SOAK:
+        pytest.skip("TIDEMQ_SOAK=1 runs it (make soak)")
     # Under soak, more rounds rather than bigger ones. (When the source shared a batch's
     # limit equally over the queues, a queue with sparser events got ahead in event time,
     # and with 3,000 events per queue or micro-batches of 240 Spark dropped late rows,

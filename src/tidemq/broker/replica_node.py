@@ -252,10 +252,13 @@ class ReplicaNode:
         await _wait_for(election, lambda s: s.state is not State.LEADER)
 
     async def _stop_leading(self) -> None:
+        # Both let go at once: while the replica leader closes (it refuses every append
+        # from then on), this member no longer counts as running the group's broker,
+        # which the next leader may already run.
         leader, self.leader = self.leader, None
+        broker, self.broker = self.broker, None
         if leader is not None:
             await leader.close()
-        broker, self.broker = self.broker, None
         if broker is not None:
             await broker.stop()
 
