@@ -55,6 +55,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(ROUNDS * RUN_TIMEOUT_S + 30
 QUEUES = 4
 JOB = Path(__file__).with_name("worker_kill_job.py")
 GATE_MODULE_DIR = Path(__file__).resolve().parent.parent / "support"
+#: Spark's message for a Python worker that did not connect back in time.
+LAUNCH_TIMEOUT = "Python worker failed to connect back"
 #: How often the test looks for a claimed gate (a file appearing: no event to wait on).
 POLL_S = 0.02
 
@@ -116,9 +118,13 @@ def _run_killing_workers(
                 proc.wait()
     assert proc.returncode == 0, log.read_text(errors="replace")[-4000:]
     result: dict[str, Any] = json.loads((Path(args["out"]) / "result.json").read_text())
-    # Each kill failed one task attempt, which Spark ran again; nothing else failed.
-    assert len(result["failed_tasks"]) == kills, result["failed_tasks"]
-    assert all("Python worker exited unexpectedly" in f for f in result["failed_tasks"])
+    # Each kill failed one task attempt, which Spark ran again; nothing else failed but
+    # launches: Spark gives a new Python worker 10 s to connect back, which a loaded
+    # machine can miss (seen with six sessions on two cores); that attempt never ran.
+    failed = result["failed_tasks"]
+    crashed = [f for f in failed if "Python worker exited unexpectedly" in f]
+    assert len(crashed) == kills, failed
+    assert all(f in crashed or LAUNCH_TIMEOUT in f for f in failed), failed
     return kills, result
 
 
