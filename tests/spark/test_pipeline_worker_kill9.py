@@ -7,11 +7,12 @@ The test arms the gate; the next task attempt to produce output claims it and wa
 its work done (an archive task has staged its Parquet files) and its result not yet
 sent; the test sees the claim, SIGKILLs that worker and arms the gate again, KILLS times
 (archive 5, 40 under TIDEMQ_SOAK=1; analytics only under soak, 4 rounds of 10), at most
-once per task attempt. Killed tasks are of both kinds that run Python: the tidemq
-source's reads and archive's staging. Then: Spark's event log shows one failed task
-attempt per kill ("Python worker exited unexpectedly") and no other failure; the archive
-holds every message once, and the analytics outputs equal the pure-Python reference, in
-Parquet and in the results topic, once each.
+once per task attempt. Archive's killed tasks are its source's, which fetch their ranges
+and stage the Parquet files in one Python worker (ADR 21), killed with the files staged
+and not yet reported; analytics' are the tidemq source's reads. Then: Spark's event log
+shows one failed task attempt per kill ("Python worker exited unexpectedly") and no other
+failure; the archive holds every message once, and the analytics outputs equal the
+pure-Python reference, in Parquet and in the results topic, once each.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(ROUNDS * RUN_TIMEOUT_S + 30
 QUEUES = 4
 JOB = Path(__file__).with_name("worker_kill_job.py")
 GATE_MODULE_DIR = Path(__file__).resolve().parent.parent / "support"
+#: Spark's message for a Python worker that did not connect back in time.
+LAUNCH_TIMEOUT = "Python worker failed to connect back"
 #: How often the test looks for a claimed gate (a file appearing: no event to wait on).
 POLL_S = 0.02
 
@@ -115,9 +118,13 @@ def _run_killing_workers(
                 proc.wait()
     assert proc.returncode == 0, log.read_text(errors="replace")[-4000:]
     result: dict[str, Any] = json.loads((Path(args["out"]) / "result.json").read_text())
-    # Each kill failed one task attempt, which Spark ran again; nothing else failed.
-    assert len(result["failed_tasks"]) == kills, result["failed_tasks"]
-    assert all("Python worker exited unexpectedly" in f for f in result["failed_tasks"])
+    # Each kill failed one task attempt, which Spark ran again; nothing else failed but
+    # launches: Spark gives a new Python worker 10 s to connect back, which a loaded
+    # machine can miss (seen with six sessions on two cores); that attempt never ran.
+    failed = result["failed_tasks"]
+    crashed = [f for f in failed if "Python worker exited unexpectedly" in f]
+    assert len(crashed) == kills, failed
+    assert all(f in crashed or LAUNCH_TIMEOUT in f for f in failed), failed
     return kills, result
 
 

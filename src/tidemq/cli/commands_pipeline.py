@@ -30,7 +30,7 @@ from tidemq.cli.pipeline_common import (
     session,
     spark_failures,
 )
-from tidemq.spark.pipelines.streams import DEFAULT_MAX_OFFSETS_PER_TRIGGER
+from tidemq.spark.pipelines.streams import ARCHIVE_MAX_OFFSETS_PER_TRIGGER
 
 __all__ = ["archive"]
 
@@ -50,7 +50,7 @@ def archive(
     bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     master: Master = "local[*]",
     once: Once = True,
-    max_offsets_per_trigger: MaxOffsets = DEFAULT_MAX_OFFSETS_PER_TRIGGER,
+    max_offsets_per_trigger: MaxOffsets = ARCHIVE_MAX_OFFSETS_PER_TRIGGER,
     min_partitions: MinPartitions = None,
 ) -> None:
     """Archive topics into Parquet files (topic=/dt=/hour=), exactly once, resumable."""

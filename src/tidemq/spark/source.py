@@ -60,14 +60,7 @@ from tidemq.spark.options import (
     parse_write_options,
 )
 from tidemq.spark.planning import OffsetRange, plan_partitions, ranges_between
-from tidemq.spark.sink import exactly_once_stream_writer
 from tidemq.spark.value_format import ValueFormat, decode_values, resolve_value_format
-from tidemq.spark.write import (
-    WRITE_COLUMNS,
-    check_target_topic,
-    with_value_format,
-    write_batches,
-)
 
 __all__ = [
     "QueueRangePartition",
@@ -101,7 +94,7 @@ def spark_schema(with_headers: bool = False, value_type: StructType | None = Non
 
 
 def _check_schema(
-    schema: StructType, options: ReadOptions, value_format: ValueFormat | None
+    schema: StructType | None, options: ReadOptions, value_format: ValueFormat | None
 ) -> None:
     expected = spark_schema(options.include_headers, _value_type(value_format))
     if schema is not None and schema != expected:
@@ -165,7 +158,9 @@ class TidemqBatchReader(DataSourceReader):
 
 
 class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType | None) -> None:
+        """`schema` None: a reader whose rows are not the source's (the `archive`
+        pipeline's)."""
         self._options = parse_read_options(options, streaming=True)
         self._value_format = _value_format(options)
         _check_schema(schema, self._options, self._value_format)
@@ -227,6 +222,11 @@ class TidemqCommitMessage(WriterCommitMessage):
     per_queue: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
+# `_writers`: the writers import the sink's and the client producer's modules where they
+# are used, not with this module: a process that only plans or reads (the streaming
+# source's planner is a new process per query) would import them for nothing (ADR 21).
+
+
 class TidemqBatchWriter(DataSourceArrowWriter):
     """Non-transactional batch writes: rows grouped per (topic, queue) into end-to-end
     batches. A retried task sends its rows again (at least once)."""
@@ -236,6 +236,12 @@ class TidemqBatchWriter(DataSourceArrowWriter):
             raise OptionError(
                 "tidemq topics are append-only: write with mode('append'), not overwrite"
             )
+        from tidemq.spark.write import (  # noqa: PLC0415 - see `_writers`
+            WRITE_COLUMNS,
+            check_target_topic,
+            with_value_format,
+        )
+
         # Only the columns the sink uses (others are ignored, whatever their type).
         used = StructType([f for f in schema.fields if f.name in WRITE_COLUMNS])
         types = {f.name: f.type for f in to_arrow_schema(used, timezone="UTC")}
@@ -250,6 +256,8 @@ class TidemqBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         context = TaskContext.get()
         counter = context.partitionId() if context is not None else 0
+        from tidemq.spark.write import write_batches  # noqa: PLC0415 - see `_writers`
+
         result = write_batches(self._options, iterator, counter=counter)
         return TidemqCommitMessage(result.rows, result.batches, result.per_queue)
 
@@ -283,4 +291,6 @@ class TidemqDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         # The exactly-once sink (tidemq.spark.sink); tidemq has no at-least-once
         # streaming writer on purpose.
+        from tidemq.spark.sink import exactly_once_stream_writer  # noqa: PLC0415
+
         return exactly_once_stream_writer(self.options, schema, overwrite=overwrite)

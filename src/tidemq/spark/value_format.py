@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 import pyarrow as pa
 
-from tidemq.client.serde import SchemaRegistry
 from tidemq.core.errors import InvalidBatch
 from tidemq.schema.wire import WireFormatError, unframe
 from tidemq.spark.avro_decode import decode_avro_column
@@ -36,6 +35,10 @@ from tidemq.spark.json_types import spark_json_of_json_schema
 
 if TYPE_CHECKING:
     from tidemq.client.protobuf_serde import ProtobufImports
+
+    # The serde imports jsonschema (a fifth of the source's imports): only when a value
+    # format is used, not in every process that plans or reads plain values.
+    from tidemq.client.serde import SchemaRegistry
 
 __all__ = [
     "VALUE_FORMAT_OPTIONS",
@@ -91,6 +94,8 @@ class RegistryLogin:
         return found
 
     def registry(self, url: str) -> SchemaRegistry:
+        from tidemq.client.serde import SchemaRegistry  # noqa: PLC0415 - see the imports
+
         context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
         return SchemaRegistry(
             url,
