@@ -532,7 +532,8 @@ def _one_data(data: bytes, what: str) -> tuple[bytes, bytes]:
 def _layout(sections: Sequence[bytes], start: int) -> bytes:
     """`sections` laid out as `_assemble` lays them out from body offset `start` (each
     after the padding that aligns it to 8), joined."""
-    parts, size = [], start
+    parts: list[bytes] = []
+    size = start
     for section in sections:
         pad = -size % 8
         parts += (_PAD[pad], section)
