@@ -147,3 +147,31 @@ def test_every_kind_of_send_with_async_flush(loop: Loop, start_broker: StartBrok
         assert values[70:] == [b"t-0", b"p-last"]
 
     loop.run(main())
+
+
+def test_a_produce_to_an_unknown_topic_is_auto_created_as_on_the_task_path(
+    loop: Loop, start_broker: StartBroker
+) -> None:
+    """The answer-at-once path shares the task path's checks, and leaves it what it does
+    not do: a topic unknown here is created (auto_create_topics) by the task path, not
+    refused from the protocol callback."""
+    env = start_broker(auto_create_topics=True, **ASYNC_FLUSH)
+
+    async def main() -> None:
+        conn = await ClientConnection.open(env.address, max_frame_bytes=1 << 24)
+        try:
+            first, _ = await conn.request(
+                ProduceRequest(topic=TOPIC, queue=0), ProduceResponse, _payload(b"a"),
+                timeout_s=10,
+            )  # fmt: skip
+            second, _ = await conn.request(
+                ProduceRequest(topic=TOPIC, queue=0), ProduceResponse, _payload(b"b"),
+                timeout_s=10,
+            )  # fmt: skip
+            assert (first.base_offset, second.base_offset) == (0, 1)
+        finally:
+            conn.close()
+        got = await _read_all(env.address, 2)
+        assert [m.value for m in got] == [b"a", b"b"]
+
+    loop.run(main())

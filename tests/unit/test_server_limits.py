@@ -79,6 +79,9 @@ class FakeTransport:
         for b in buffers:
             self.written += b
 
+    def write(self, data: bytes | memoryview) -> None:
+        self.written += data
+
     def can_write_eof(self) -> bool:
         return True
 

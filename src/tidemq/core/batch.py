@@ -529,6 +529,53 @@ def _one_data(data: bytes, what: str) -> tuple[bytes, bytes]:
     return _OFFSETS_OF_ONE.pack(0, len(data)), data
 
 
+def _layout(sections: Sequence[bytes], start: int) -> bytes:
+    """`sections` laid out as `_assemble` lays them out from body offset `start` (each
+    after the padding that aligns it to 8), joined."""
+    parts: list[bytes] = []
+    size = start
+    for section in sections:
+        pad = -size % 8
+        parts += (_PAD[pad], section)
+        size += pad + len(section)
+    return b"".join(parts)
+
+
+#: The body of one message with a null key and a bytes value, none of tag, keys or
+#: headers, around its value: flags, the zero timestamp delta and the null key column up
+#: to the value's offsets (8-aligned, so the offsets and the value need no padding), then
+#: after the value (padded to 8) the null tag column and the empty keys and headers lists.
+_PLAIN_HEAD: Final = _layout(
+    (_FLAGS.pack(1 << _COL_KEY | 1 << _COL_TAG, 0), _ZERO_DELTA, *_ONE_NULL), 0
+)
+_PLAIN_TAIL: Final = _layout((*_ONE_NULL, *_ONE_EMPTY_LISTS, *_ONE_EMPTY_HEADERS), 0)
+assert len(_PLAIN_HEAD) % 8 == 0
+_PLAIN_FIXED: Final = len(_PLAIN_HEAD) + _OFFSETS_OF_ONE.size + len(_PLAIN_TAIL)
+
+
+def _encode_plain(value: bytes, timestamp_ms: int, max_batch_bytes: int) -> bytes:
+    """`encode_batch` of one message with a null key and a bytes value, none of tag, keys
+    or headers, uncompressed (the plain one-message send): the body is a fixed head, the
+    value's offsets, the value, its padding and a fixed tail; the same bytes as
+    `_assemble` makes, the same limits."""
+    n = len(value)
+    pad = _PAD[-n % 8]
+    size = _PLAIN_FIXED + n + len(pad)
+    if size > limits.MAX_BATCH_BYTES:
+        raise BatchTooLarge(
+            f"batch body of {size} bytes exceeds the format limit of {limits.MAX_BATCH_BYTES}"
+        )
+    if ENVELOPE.size + size > max_batch_bytes:
+        raise BatchTooLarge(
+            f"batch of {ENVELOPE.size + size} bytes exceeds the limit of {max_batch_bytes}"
+        )
+    head = ENVELOPE.pack(MAGIC, VERSION, 0, 0, 0, 1, size, 0, timestamp_ms, timestamp_ms)
+    offsets = _OFFSETS_OF_ONE.pack(0, n)
+    body = b"".join((_PLAIN_HEAD, offsets, value, pad, _PLAIN_TAIL))
+    crc = crc32c.crc32c(body, crc32c.crc32c(head[_CRC_START:], crc32c.crc32c(head[:4])))
+    return b"".join((head[:4], _U32.pack(crc), head[_CRC_START:], body))
+
+
 def _encode_one(record: MessageRecord, codec: Codec, max_batch_bytes: int) -> bytes | None:
     """`encode_batch([record])`, the same bytes, for the common one-message send (bytes
     value, no tag, keys or headers): the sections are laid out directly, with no columns
@@ -545,6 +592,8 @@ def _encode_one(record: MessageRecord, codec: Codec, max_batch_bytes: int) -> by
         or not _I64_MIN <= timestamp_ms <= _I64_MAX
     ):
         return None
+    if key is None and codec is Codec.NONE:
+        return _encode_plain(value, timestamp_ms, max_batch_bytes)
     key_sections: tuple[bytes, ...]
     if key is None:
         key_flag, key_sections = 1, _ONE_NULL

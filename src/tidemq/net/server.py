@@ -250,6 +250,17 @@ class ServerConnection(asyncio.BufferedProtocol):
             self._server.log_event(logging.INFO, "protocol", "closing %s: %s", self.peer, exc)
             self.close()
             return
+        if (
+            len(frames) == 1
+            and not self._in_flight
+            and not self._waiting
+            and self._server.answer_now is not None
+            and frames[0].kind in _REQUEST_KINDS
+        ):
+            # The one-request-per-round-trip case: answered here or started as a task
+            # at once, with no trip through the waiting queue and `_pump`.
+            self._serve_one(frames[0], now)
+            return
         for frame in frames:
             if frame.kind is FrameKind.SERVER_RESPONSE:
                 future = self._asks.get(frame.correlation_id)
@@ -269,6 +280,24 @@ class ServerConnection(asyncio.BufferedProtocol):
 
     # ------------------------------------------------------------------ requests
 
+    def _serve_one(self, frame: Frame, now: float) -> None:
+        """The only request of a read, with nothing of the connection running or waiting
+        (so it overtakes nothing): answered at once (`_answered_now`) or started as a
+        task, as `_pump` would, without the waiting queue."""
+        if self._decoder.buffered_bytes == 0:
+            self._frame_started_ms = None
+        else:
+            self._frame_started_ms = now  # the next frame began in this read
+        self._frame_bytes += _cost(frame)
+        if not self._answered_now(frame):
+            self._start(frame)
+        inbound = self._decoder.buffered_bytes + self._frame_bytes
+        if inbound or self._inbound_bytes or self._in_flight or self._reading_paused:
+            self._set_inbound(inbound)
+            self.update_reading()
+        # Else nothing is held, nothing runs and reading goes on: `update_reading` would
+        # find no reason to pause (a full write buffer pauses through `pause_writing`).
+
     def _pump(self, *, scheduled: bool = True) -> None:
         """Start waiting requests: up to `requests_per_turn` now, the rest on later turns
         (`call_soon` queues behind every other connection's ready callbacks)."""
@@ -278,7 +307,6 @@ class ServerConnection(asyncio.BufferedProtocol):
             return  # closed meanwhile
         limit = self._limits.max_in_flight
         started = 0
-        loop = self._loop
         answer_now = self._server.answer_now
         while (
             self._waiting and self._in_flight < limit and started < self._limits.requests_per_turn
@@ -287,15 +315,19 @@ class ServerConnection(asyncio.BufferedProtocol):
             started += 1
             if answer_now is not None and not self._in_flight and self._answered_now(frame):
                 continue
-            self._in_flight += 1
-            task = loop.create_task(self._handle(frame))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self._start(frame)
         if self._waiting and self._in_flight < limit and not self._pump_scheduled:
             self._pump_scheduled = True
-            loop.call_soon(self._pump)
+            self._loop.call_soon(self._pump)
         self._set_inbound(self._decoder.buffered_bytes + self._frame_bytes)
         self.update_reading()
+
+    def _start(self, frame: Frame) -> None:
+        """Run `frame` as a task through the dispatcher."""
+        self._in_flight += 1
+        task = self._loop.create_task(self._handle(frame))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     def _answered_now(self, frame: Frame) -> bool:
         """Answer `frame` here if the server's `answer_now` can (see the module's
@@ -380,8 +412,12 @@ class ServerConnection(asyncio.BufferedProtocol):
         return decode_response(frame, expected)
 
     def send(self, buffers: list[bytes | memoryview]) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.writelines(buffers)
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            if len(buffers) == 1:
+                transport.write(buffers[0])  # an answer with no body: one buffer
+            else:
+                transport.writelines(buffers)
 
     # ------------------------------------------------------------------ limits
 
@@ -477,6 +513,10 @@ class ServerConnection(asyncio.BufferedProtocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+
+#: The frames a client sends as requests (the rest are answers or server-bound replies).
+_REQUEST_KINDS = frozenset((FrameKind.REQUEST, FrameKind.ONEWAY))
 
 
 def _cost(frame: Frame) -> int:

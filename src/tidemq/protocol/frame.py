@@ -251,6 +251,14 @@ class FrameDecoder:
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         if not data:
             return []
+        if not self._size and len(data) >= PREFIX.size:
+            whole = self._whole(data)
+            if whole is not None:
+                return [whole]
+        return self._feed(data)
+
+    def _feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """`feed` of any input: buffer it, return the frames now whole."""
         self._append(data)
         chunks = self._chunks
         frames: list[Frame] = []
@@ -291,6 +299,27 @@ class FrameDecoder:
                 header, body = self._take_frame(size, flags, hsize)
             frames.append(Frame(_KINDS[kind], flags, code, corr, header, body))
         return frames
+
+    def _whole(self, data: bytes | bytearray | memoryview) -> Frame | None:
+        """The frame `data` is, read straight from it, when nothing is buffered and `data`
+        is exactly one valid frame with a short header: the common small request or answer
+        of one read (one copy of its header and body, no chunk kept). None for anything
+        else, which the general way parses (and refuses, when it must)."""
+        size, magic, version, kind, flags, code, hsize, corr = PREFIX.unpack_from(data)
+        if (
+            size + 4 != len(data)
+            or size + 4 > self._max
+            or size < _AFTER_SIZE + hsize
+            or flags & FrameFlags.LONG_HEADER
+            or magic != MAGIC
+            or version != VERSION
+            or kind > FrameKind.SERVER_RESPONSE
+        ):
+            return None
+        hend = PREFIX.size + hsize
+        return Frame(
+            _KINDS[kind], flags, code, corr, bytes(data[PREFIX.size : hend]), bytes(data[hend:])
+        )
 
     def _append(self, data: bytes | bytearray | memoryview) -> None:
         chunks = self._chunks

@@ -39,8 +39,8 @@ from tidemq.protocol.commands import (
     ProduceResponse,
 )
 from tidemq.store.compacted_queues import message_keys
-from tidemq.store.message_store import MessageStore, ReadResult, ReadStatus
-from tidemq.store.metadata import CleanupPolicy, MessageType
+from tidemq.store.message_store import AppendResult, MessageStore, ReadResult, ReadStatus
+from tidemq.store.metadata import CleanupPolicy, MessageType, TopicInfo
 from tidemq.store.producer_state import ProducerStamp
 
 if TYPE_CHECKING:
@@ -80,14 +80,7 @@ class DataHandlers:
         """`body`: the batch payload; a view of the request's own buffer when large (the
         frame decoder reads big frames straight into one), appended without a copy."""
         info = await self._topics.check_queue(req.topic, req.queue, create=True)
-        limit = self._topics.max_message_bytes(req.topic)
-        if len(body) > limit:
-            raise BatchTooLarge(
-                f"batch of {len(body)} bytes exceeds max.message.bytes ({limit}) of "
-                f"topic {req.topic!r}"
-            )
-        kind = _message_kind(req)
-        _check_type(req.topic, info.message_type, kind)
+        kind = self._check_batch(req, body, info)
         if self._topics.schema_validation(req.topic):
             await validate_batch(req.topic, body, self.schema_check)
         view = self._static.view(req.topic, req.queue)
@@ -125,15 +118,9 @@ class DataHandlers:
                 store_time_ms=result.store_time_ms,
                 origin_topic=self._transactions.origin,
             )
-        stamp = None
-        if req.producer_id >= 0:
-            if req.epoch < 0 or req.base_sequence < 0:
-                raise InvalidRequest("an idempotent produce needs epoch and base_sequence >= 0")
-            stamp = ProducerStamp(req.producer_id, req.epoch, req.base_sequence)
+        stamp = _stamp(req)
         result = await self._gateway.append(req.topic, req.queue, body, producer=stamp)
-        if not result.duplicate:
-            fifo = info.message_type is MessageType.FIFO
-            self.traffic.stored(req.topic, result.count, len(body), "fifo" if fifo else "normal")
+        self._count(req, info, result, len(body))
         base = result.base_offset
         if view is not None:
             # The chain may have been sealed while the append waited for its flush: the
@@ -150,39 +137,48 @@ class DataHandlers:
     def produce_now(self, req: ProduceRequest, body: bytes | memoryview) -> ProduceResponse | None:
         """`produce` of a request that needs no waiting, answered here (from the protocol
         callback, with no task): a plain batch to a queue of a known topic that is not
-        static and validates no schema, with async flush. None for any other: `produce`
-        serves it. Checks and errors as `produce`'s, in the same order."""
+        static and validates no schema, with async flush. None for any other (a topic
+        unknown here too: `produce` creates it when the broker auto-creates topics, or
+        refuses it): `produce` serves it. The checks are `produce`'s own (`_check_batch`,
+        `_stamp`), in the same order, so both paths refuse alike."""
         if req.deliver_at_ms or req.txn_id or not self._gateway.appends_at_once:
             return None
         topics = self._topics
-        info = topics.get(req.topic)
-        if info is None or topics.schema_validation(req.topic):
+        info = topics.find(req.topic)
+        if info is None or topics.is_static(req.topic) or topics.schema_validation(req.topic):
             return None
         topics.check_hosted(req.topic, req.queue)
-        if self._static.view(req.topic, req.queue) is not None:
-            return None
-        limit = topics.max_message_bytes(req.topic)
-        if len(body) > limit:
-            raise BatchTooLarge(
-                f"batch of {len(body)} bytes exceeds max.message.bytes ({limit}) of "
-                f"topic {req.topic!r}"
-            )
-        _check_type(req.topic, info.message_type, MessageType.NORMAL)
-        stamp = None
-        if req.producer_id >= 0:
-            if req.epoch < 0 or req.base_sequence < 0:
-                raise InvalidRequest("an idempotent produce needs epoch and base_sequence >= 0")
-            stamp = ProducerStamp(req.producer_id, req.epoch, req.base_sequence)
-        result = self._gateway.append_now(req.topic, req.queue, body, producer=stamp)
-        if not result.duplicate:
-            fifo = info.message_type is MessageType.FIFO
-            self.traffic.stored(req.topic, result.count, len(body), "fifo" if fifo else "normal")
+        self._check_batch(req, body, info)
+        result = self._gateway.append_now(req.topic, req.queue, body, producer=_stamp(req))
+        self._count(req, info, result, len(body))
         return ProduceResponse(
             base_offset=result.base_offset,
             count=result.count,
             duplicate=result.duplicate,
             store_time_ms=result.store_time_ms,
         )
+
+    def _check_batch(
+        self, req: ProduceRequest, body: bytes | memoryview, info: TopicInfo
+    ) -> MessageType:
+        """What both produce paths check first, in this order: the batch's size against
+        the topic's max.message.bytes, the request's kind (delayed, transactional or
+        plain; not both), that kind against the topic's message.type. The kind."""
+        limit = self._topics.max_message_bytes(req.topic)
+        if len(body) > limit:
+            raise BatchTooLarge(
+                f"batch of {len(body)} bytes exceeds max.message.bytes ({limit}) of "
+                f"topic {req.topic!r}"
+            )
+        kind = _message_kind(req)
+        _check_type(req.topic, info.message_type, kind)
+        return kind
+
+    def _count(self, req: ProduceRequest, info: TopicInfo, result: AppendResult, size: int) -> None:
+        """A plain append's traffic (a duplicate stored nothing)."""
+        if not result.duplicate:
+            fifo = info.message_type is MessageType.FIFO
+            self.traffic.stored(req.topic, result.count, size, "fifo" if fifo else "normal")
 
     async def fetch(
         self, req: FetchRequest, *, budget: ConnectionBudget | None = None
@@ -383,6 +379,15 @@ class DataHandlers:
         producer_id = await self._gateway.call(lambda s: s.allocate_producer_id())
         window = self._config.store.idempotence_window
         return InitProducerResponse(producer_id=producer_id, epoch=0, window=window)
+
+
+def _stamp(req: ProduceRequest) -> ProducerStamp | None:
+    """The idempotence stamp of a plain produce (None: not idempotent)."""
+    if req.producer_id < 0:
+        return None
+    if req.epoch < 0 or req.base_sequence < 0:
+        raise InvalidRequest("an idempotent produce needs epoch and base_sequence >= 0")
+    return ProducerStamp(req.producer_id, req.epoch, req.base_sequence)
 
 
 def _message_kind(req: ProduceRequest) -> MessageType:
