@@ -204,3 +204,25 @@ def test_a_new_queue_counts_once_it_is_in_the_offsets() -> None:
 def test_a_bad_stamp_is_refused() -> None:
     with pytest.raises(ValueError, match="bad triggerMs"):
         trigger_time_ms({"v": 1, "topics": {}, "triggerMs": "soon"})
+
+
+def test_the_default_read_limit_names_the_rule() -> None:
+    """What the stream reader tells Spark (which hands it back to `latestOffset`, or asks
+    for everything under Trigger.Once): the minimum when there is one, else the maximum."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.streaming.datasource import (  # noqa: PLC0415
+        ReadAllAvailable,
+        ReadMaxRows,
+        ReadMinRows,
+    )
+
+    from tidemq.spark.source import TidemqStreamReader, spark_schema  # noqa: PLC0415
+
+    def default(**given: str) -> object:
+        options = {"bootstrap": "127.0.0.1:9876", "subscribe": "t", **given}
+        return TidemqStreamReader(options, spark_schema()).getDefaultReadLimit()
+
+    assert default() == ReadAllAvailable()
+    assert default(maxOffsetsPerTrigger="9") == ReadMaxRows(9)
+    assert default(minOffsetsPerTrigger="5") == ReadMinRows(5)
+    assert default(minOffsetsPerTrigger="5", maxOffsetsPerTrigger="9") == ReadMinRows(5)
