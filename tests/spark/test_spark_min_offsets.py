@@ -121,3 +121,38 @@ def test_no_batch_until_the_minimum_then_the_delay_plans_fewer(
     assert planned_ms is not None
     # The reader was created after `before_ms`; its first batch waited the 2 s delay.
     assert planned_ms - before_ms >= 2_000
+
+
+def test_available_now_reads_everything_whatever_the_minimum(
+    spark: SparkSession,
+    admin: Admin,
+    producer: Producer,
+    topic_name: str,
+    options: Options,
+    tmp_path: Path,
+) -> None:
+    """Spark ends an AvailableNow query when the source has nothing more to plan: with
+    the minimum applied, these 30 offsets would never be read."""
+    admin.create_topic(topic_name, 2)
+    for q in range(2):
+        producer.send_batch(topic_name, [b"a"] * 15, queue=q)
+    batches: Batches = []
+
+    def record(df: DataFrame, batch_id: int) -> None:
+        batches.append((batch_id, df.count()))
+
+    given = options(subscribe=topic_name, startingOffsets="earliest", minOffsetsPerTrigger=1000)
+    query = (
+        spark.readStream.format("tidemq")
+        .options(**given)
+        .load()
+        .writeStream.foreachBatch(record)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(int(SLOW_TIMEOUT_S)), "the AvailableNow query did not end"
+    finally:
+        query.stop()
+    assert with_rows(batches) == [30]
