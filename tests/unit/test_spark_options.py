@@ -17,6 +17,7 @@ from tidemq.spark.options import (
     parse_read_options,
     parse_write_options,
 )
+from tidemq.spark.trigger_limits import TriggerLimits
 
 BASE = {"bootstrap": "127.0.0.1:9876", "subscribe": "orders"}
 
@@ -125,7 +126,30 @@ def test_starting_timestamp_takes_precedence() -> None:
         ({**BASE, "failOnDataLoss": "maybe"}, True, "'failOnDataLoss' must be true or false"),
         ({**BASE, "includeHeaders": "1"}, True, "'includeHeaders' must be true or false"),
         ({**BASE, "minPartitions": "many"}, False, "'minPartitions' must be an integer"),
-        ({**BASE, "minOffsetsPerTrigger": "5"}, False, "'minOffsetsPerTrigger' is not supported"),
+        ({**BASE, "minOffsetsPerTrigger": "5"}, False, "'minOffsetsPerTrigger' is for streaming"),
+        ({**BASE, "minOffsetsPerTrigger": "0"}, True, "'minOffsetsPerTrigger' must be >= 1"),
+        ({**BASE, "minOffsetsPerTrigger": "lots"}, True, "'minOffsetsPerTrigger' must be an"),
+        (
+            {**BASE, "minOffsetsPerTrigger": "5", "maxTriggerDelay": "1m"},
+            False,
+            "'minOffsetsPerTrigger' is for streaming queries only",
+        ),
+        ({**BASE, "maxTriggerDelay": "1m"}, True, "'maxTriggerDelay' needs 'minOffsetsPerTrigger'"),
+        (
+            {**BASE, "minOffsetsPerTrigger": "5", "maxTriggerDelay": "15 minutes"},
+            True,
+            "'maxTriggerDelay' must be a duration like '15m'",
+        ),
+        (
+            {**BASE, "minOffsetsPerTrigger": "5", "maxTriggerDelay": "-1s"},
+            True,
+            "'maxTriggerDelay' must not be negative",
+        ),
+        (
+            {**BASE, "minOffsetsPerTrigger": "500", "maxOffsetsPerTrigger": "100"},
+            True,
+            "'minOffsetsPerTrigger' (500) must be at most 'maxOffsetsPerTrigger' (100)",
+        ),
         ({**BASE, "endingTimestamp": "5"}, True, "'endingTimestamp' is for batch queries only"),
         ({**BASE, "endingTimestamp": "soon"}, False, "'endingTimestamp' must be an integer"),
         (
@@ -263,3 +287,19 @@ def test_offsets_by_timestamp() -> None:
     batch = parse_read_options({**BASE, "endingOffsetsByTimestamp": by_queue}, streaming=False)
     assert batch.ending is not None
     assert batch.ending.kind == "timestamps"
+
+
+def test_min_offsets_per_trigger_with_its_delay() -> None:
+    """Kafka's `minOffsetsPerTrigger` with `maxTriggerDelay` (default 15m), durations
+    written as Spark writes them, under `maxOffsetsPerTrigger`."""
+    plain = parse_read_options(BASE, streaming=True)
+    assert plain.trigger_limits() == TriggerLimits()
+    opts = parse_read_options(
+        {**BASE, "MINOFFSETSPERTRIGGER": "100", "maxOffsetsPerTrigger": "100"}, streaming=True
+    )
+    assert opts.trigger_limits() == TriggerLimits(100, 100, 15 * 60_000)
+    for text, ms in [("2s", 2_000), ("500ms", 500), ("15m", 900_000), ("1min", 60_000),
+                     (" 3H ", 10_800_000), ("1d", 86_400_000), ("2500us", 2), ("750", 750),
+                     ("0s", 0)]:  # fmt: skip
+        given = {**BASE, "minOffsetsPerTrigger": "7", "maxTriggerDelay": text}
+        assert parse_read_options(given, streaming=True).max_trigger_delay_ms == ms, text

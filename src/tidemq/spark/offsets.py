@@ -6,6 +6,12 @@ must be deterministic: topics sorted by name, queues by number, nothing else var
 
     {"v": 1, "topics": {"orders": {"0": 1234, "1": 977}}}
 
+With `minOffsetsPerTrigger`, the offset ending a micro-batch also records when that batch
+was planned (ms since the epoch, `triggerMs`, last), so that the wait for the next one
+counts from it across driver restarts (`next_offset`)::
+
+    {"v": 1, "topics": {"orders": {"0": 1234, "1": 977}}, "triggerMs": 1700000000000}
+
 Micro-batch planning (`next_end`) is a function of the start offset, the queues' bounds
 and the read limit only, so a replayed batch (same start, same end from the offset log)
 reads exactly the same ranges. Queues seen for the first time enter the end offset at
@@ -21,6 +27,7 @@ from typing import Final, Literal, NamedTuple
 
 from tidemq.core.errors import OffsetOutOfRange
 from tidemq.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError
+from tidemq.spark.trigger_limits import Admission, TriggerLimits, admit
 
 __all__ = [
     "VERSION",
@@ -30,9 +37,11 @@ __all__ = [
     "dumps",
     "from_json",
     "next_end",
+    "next_offset",
     "proportional_share",
     "resolve_positions",
     "to_json",
+    "trigger_time_ms",
 ]
 
 VERSION: Final = 1
@@ -47,13 +56,33 @@ class Bounds(NamedTuple):
     max_offset: int
 
 
-def to_json(positions: Mapping[TopicQueue, int]) -> dict[str, object]:
+_TRIGGER_KEY: Final = "triggerMs"
+
+
+def to_json(
+    positions: Mapping[TopicQueue, int], *, trigger_ms: int | None = None
+) -> dict[str, object]:
     """The offset as Spark stores it: a dict whose insertion order is sorted, so that
-    `json.dumps` of it (what Spark writes and compares) is always the same text."""
+    `json.dumps` of it (what Spark writes and compares) is always the same text;
+    `trigger_ms`: when the micro-batch ending here was planned (`minOffsetsPerTrigger`)."""
     topics: dict[str, dict[str, int]] = {}
     for topic, queue in sorted(positions):
         topics.setdefault(topic, {})[str(queue)] = int(positions[(topic, queue)])
-    return {"v": VERSION, "topics": topics}
+    out: dict[str, object] = {"v": VERSION, "topics": topics}
+    if trigger_ms is not None:
+        out[_TRIGGER_KEY] = int(trigger_ms)
+    return out
+
+
+def trigger_time_ms(offset: Mapping[str, object]) -> int | None:
+    """When the micro-batch ending at `offset` was planned, if the offset says (offsets
+    of queries without `minOffsetsPerTrigger`, and initial offsets, do not)."""
+    value = offset.get(_TRIGGER_KEY)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"tidemq source offset: bad {_TRIGGER_KEY} {value!r}")
+    return value
 
 
 def dumps(positions: Mapping[TopicQueue, int]) -> str:
@@ -208,3 +237,50 @@ def next_end(
         if tq not in start and (targets is None or tq in targets):
             end[tq] = b.min_offset
     return end
+
+
+def next_offset(
+    start: Mapping[str, object],
+    bounds: Mapping[TopicQueue, Bounds],
+    *,
+    limits: TriggerLimits,
+    now_ms: int,
+    started_ms: int,
+    targets: Mapping[TopicQueue, int] | None = None,
+    fail_on_data_loss: bool = True,
+) -> dict[str, object]:
+    """The offset `latestOffset` answers for the micro-batch after `start` (Spark's JSON
+    of it): `start` itself, unchanged, when there is nothing to plan or the batch must
+    wait for `limits.min_offsets` (`trigger_limits.admit`); else the end `next_end` plans
+    under `limits.max_offsets`, stamped with `now_ms` when a minimum applies.
+
+    The delay counts from the stamp of `start`, the time its batch was planned, which
+    Spark's checkpoint keeps across driver restarts; a start without one (the query's
+    first batch, a checkpoint written without the option) counts from `started_ms`, when
+    this reader was created. The rows counted are those the planned batch would read: a
+    queue new to `start` enters the offsets with none (it is read from the batch after),
+    so it counts from then on."""
+    positions = from_json(start)
+    end = next_end(
+        positions,
+        bounds,
+        max_rows=limits.max_offsets,
+        targets=targets,
+        fail_on_data_loss=fail_on_data_loss,
+    )
+    if end == positions:
+        return dict(start)  # the same JSON text: Spark sees no new data
+    if limits.min_offsets is None:
+        return to_json(end)
+    rows = sum(max(0, end[tq] - p) for tq, p in positions.items())
+    last_ms = trigger_time_ms(start)
+    elapsed_ms = now_ms - (started_ms if last_ms is None else last_ms)
+    decision = admit(
+        rows,
+        elapsed_ms,
+        min_offsets=limits.min_offsets,
+        max_trigger_delay_ms=limits.max_trigger_delay_ms,
+    )
+    if decision is Admission.WAIT:
+        return dict(start)
+    return to_json(end, trigger_ms=now_ms)

@@ -24,6 +24,9 @@ Reading:
                        ``endingOffsetsByTimestamp`` over ``endingOffsets``
 ``maxOffsetsPerTrigger`` rows per micro-batch, split over the queues in proportion
                        to what each has to read (alias ``maxRecordsPerBatch``)
+``minOffsetsPerTrigger`` streams: a micro-batch waits for this many new offsets, at
+                       most ``maxTriggerDelay`` (default 15m) after the last one
+                       (`trigger_limits`)
 ``failOnDataLoss``     ``true`` (default): offsets removed by retention fail the query
 ``includeHeaders``     ``false`` (default): add the ``headers`` column
 ``minPartitions``      split queue ranges until there are at least this many partitions
@@ -61,6 +64,7 @@ from typing import Final, Literal
 from tidemq.client.cluster import ClientConfig
 from tidemq.core import limits
 from tidemq.net.tls import client_context
+from tidemq.spark.trigger_limits import DEFAULT_MAX_TRIGGER_DELAY_MS, TriggerLimits, trigger_limits
 from tidemq.spark.value_format import ValueFormat
 
 __all__ = [
@@ -98,8 +102,6 @@ DEFAULT_CREATE_QUEUES: Final = 8
 # nobody believes they took effect.
 _UNSUPPORTED: Final = (
     "startingOffsetsByTimestampStrategy",
-    "minOffsetsPerTrigger",
-    "maxTriggerDelay",
     "groupIdPrefix",
     "kafka.group.id",
 )
@@ -136,6 +138,8 @@ READ_OPTIONS: Final = (
     "endingOffsetsByTimestamp",
     "maxOffsetsPerTrigger",
     "maxRecordsPerBatch",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
     "failOnDataLoss",
     "includeHeaders",
     "minPartitions",
@@ -295,6 +299,16 @@ class ReadOptions:
     #: Offloaded ranges of ordinary topics read from the tier's files (`readFromTier`).
     read_from_tier: bool = True
     tier: TierAccess = TierAccess()
+    #: Streams: a micro-batch waits for this many new offsets (`minOffsetsPerTrigger`),
+    #: at most `max_trigger_delay_ms` after the last one (`trigger_limits`).
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+
+    def trigger_limits(self) -> TriggerLimits:
+        """The read limits the options give (Spark may ask for less: everything)."""
+        return TriggerLimits(
+            self.min_offsets_per_trigger, self.max_offsets_per_trigger, self.max_trigger_delay_ms
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,6 +603,20 @@ def _read_limit(opts: dict[str, str]) -> int | None:
     return limit
 
 
+def _trigger_limits(opts: dict[str, str], *, streaming: bool) -> TriggerLimits:
+    min_text = _get(opts, "minOffsetsPerTrigger")
+    delay_text = _get(opts, "maxTriggerDelay")
+    if not streaming:
+        for name, text in (("minOffsetsPerTrigger", min_text), ("maxTriggerDelay", delay_text)):
+            if text is not None:
+                raise OptionError(f"option {name!r} is for streaming queries only")
+    minimum = None if min_text is None else _int("minOffsetsPerTrigger", min_text, minimum=1)
+    try:
+        return trigger_limits(minimum, _read_limit(opts), delay_text)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+
+
 def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
     """Check and parse the options of a batch (`streaming=False`) or streaming read."""
     opts = _lower(options)
@@ -600,12 +628,15 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     subscription = _subscription(opts)
     min_text = _get(opts, "minPartitions")
     fetch_text = _get(opts, "fetchMaxBytes")
+    trigger = _trigger_limits(opts, streaming=streaming)
     return ReadOptions(
         bootstrap=bootstrap,
         subscription=subscription,
         starting=_starting(opts, subscription, streaming=streaming),
         ending=_ending(opts, subscription, streaming=streaming),
-        max_offsets_per_trigger=_read_limit(opts),
+        max_offsets_per_trigger=trigger.max_offsets,
+        min_offsets_per_trigger=trigger.min_offsets,
+        max_trigger_delay_ms=trigger.max_trigger_delay_ms,
         fail_on_data_loss=_bool("failOnDataLoss", _get(opts, "failOnDataLoss"), True),
         include_headers=_bool("includeHeaders", _get(opts, "includeHeaders"), False),
         min_partitions=None if min_text is None else _int("minPartitions", min_text, minimum=1),

@@ -13,6 +13,15 @@ is the shape Spark's Python Data Source API wants (conventions §5):
 * the stream reader supports admission control (`latestOffset(start, limit)`,
   `getDefaultReadLimit`) and `Trigger.AvailableNow` (targets frozen in
   `prepareForTriggerAvailableNow`).
+
+Read limits: pyspark's `ReadMinRows` carries no delay and its Python API has no
+composite limit, and Spark hands the default limit back as it got it (or
+`ReadAllAvailable` for `Trigger.Once`). So the default limit says which rule the options
+set (`ReadMinRows` with `minOffsetsPerTrigger`, else `ReadMaxRows` with
+`maxOffsetsPerTrigger`, else everything), and the reader completes it from its options
+(the delay, and the maximum beside a minimum). Under `Trigger.AvailableNow` the minimum
+is off: Spark ends such a query when `latestOffset` answers its start, so waiting would
+leave the tail unread.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
@@ -49,9 +59,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from tidemq.core.clock import Clock, SystemClock
 from tidemq.spark._runtime import runtime
 from tidemq.spark.fetch import batch_ranges, initial_positions, read_range, stream_bounds
-from tidemq.spark.offsets import Positions, from_json, next_end, to_json
+from tidemq.spark.offsets import Positions, from_json, next_offset, to_json
 from tidemq.spark.options import (
     OptionError,
     ReadOptions,
@@ -60,6 +71,7 @@ from tidemq.spark.options import (
     parse_write_options,
 )
 from tidemq.spark.planning import OffsetRange, plan_partitions, ranges_between
+from tidemq.spark.trigger_limits import TriggerLimits
 from tidemq.spark.value_format import ValueFormat, decode_values, resolve_value_format
 
 __all__ = [
@@ -158,9 +170,12 @@ class TidemqBatchReader(DataSourceReader):
 
 
 class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: Mapping[str, str], schema: StructType | None) -> None:
+    def __init__(
+        self, options: Mapping[str, str], schema: StructType | None, clock: Clock | None = None
+    ) -> None:
         """`schema` None: a reader whose rows are not the source's (the `archive`
-        pipeline's)."""
+        pipeline's). `clock`: the wall clock `maxTriggerDelay` is measured with (a test's
+        fake)."""
         self._options = parse_read_options(options, streaming=True)
         self._value_format = _value_format(options)
         _check_schema(schema, self._options, self._value_format)
@@ -169,6 +184,9 @@ class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._initial: dict[str, Any] | None = None
         self._targets: Positions | None = None
         self._latest: Positions | None = None  # queue ends seen by the last latestOffset
+        self._clock: Clock = SystemClock() if clock is None else clock
+        # The delay of a start offset that records no plan time counts from here.
+        self._started_ms = self._clock.now_ms()
 
     def initialOffset(self) -> dict[str, Any]:
         if self._initial is None:
@@ -176,8 +194,25 @@ class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        """Which rule the options set (the module's doc says why not all of it)."""
+        if self._options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self._options.min_offsets_per_trigger)
         limit = self._options.max_offsets_per_trigger
         return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def _limits(self, limit: ReadLimit) -> TriggerLimits:
+        """The limits of one `latestOffset` call: Spark's `limit` completed from the
+        options; no minimum under AvailableNow (the targets are set)."""
+        configured = self._options.trigger_limits()
+        if isinstance(limit, ReadMinRows):
+            if self._targets is not None:
+                return TriggerLimits(max_offsets=configured.max_offsets)
+            return TriggerLimits(
+                limit.min_rows, configured.max_offsets, configured.max_trigger_delay_ms
+            )
+        if isinstance(limit, ReadMaxRows):
+            return TriggerLimits(max_offsets=limit.max_rows)
+        return TriggerLimits()
 
     def prepareForTriggerAvailableNow(self) -> None:
         bounds = runtime().run(stream_bounds(self._options))
@@ -186,14 +221,15 @@ class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         bounds = runtime().run(stream_bounds(self._options))
         self._latest = {tq: b.max_offset for tq, b in bounds.items()}
-        end = next_end(
-            from_json(start),
+        return next_offset(
+            start,
             bounds,
-            max_rows=limit.max_rows if isinstance(limit, ReadMaxRows) else None,
+            limits=self._limits(limit),
+            now_ms=self._clock.now_ms(),
+            started_ms=self._started_ms,
             targets=self._targets,
             fail_on_data_loss=self._options.fail_on_data_loss,
         )
-        return to_json(end)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         """The queues' ends as last seen (for the query's progress; no extra requests)."""
