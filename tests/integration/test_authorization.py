@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 import tidemq
 import tidemq.aio
-from tidemq.broker.authorization import REQUEST_ACLS
+from tidemq.broker.request_permissions import REQUEST_ACLS
 from tidemq.broker.broker import Broker
 from tidemq.broker.config import BrokerConfig
 from tidemq.cli.main import app
