@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
-from tidemq.broker.auth import Authenticator
-from tidemq.broker.authorization import Authorization
+from tidemq.broker.access_control import open_access_control
 from tidemq.broker.broker_metrics import BrokerMetrics
 from tidemq.broker.compaction_service import CompactionService
 from tidemq.broker.config import BrokerConfig
+from tidemq.broker.data_dir_lock import DataDirLock
 from tidemq.broker.groups import GroupCoordinator
 from tidemq.broker.handler_table import RequestRouter, handler_table
 from tidemq.broker.handlers.admin import AdminHandlers
@@ -31,6 +29,7 @@ from tidemq.broker.handlers.groups import GroupHandlers
 from tidemq.broker.handlers.key_query import KeyQueryHandler
 from tidemq.broker.handlers.origin_lookup import OriginLookup
 from tidemq.broker.handlers.special import SpecialHandlers
+from tidemq.broker.housekeeping import retention_forever, sweep_forever
 from tidemq.broker.listener_settings import (
     listener_ssl_context,
     name_server_ssl_context,
@@ -38,13 +37,13 @@ from tidemq.broker.listener_settings import (
 )
 from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.metrics import MetricsSnapshot, RequestTimes
+from tidemq.broker.name_server_link import LocalNameServer, NameServerLink
 from tidemq.broker.offset_book import OffsetBook
-from tidemq.broker.offset_pull import PULL_REQUEST_TIMEOUT_MS, OffsetPull
-from tidemq.broker.peer_links import PeerLinks, PeerLogin, others
+from tidemq.broker.offset_pull import OffsetPull
+from tidemq.broker.peer_links import PeerLinks, offset_pull_from_peers, others
 from tidemq.broker.pop_requests import PopRequests
 from tidemq.broker.pop_service import PopService
-from tidemq.broker.producer_owner_topic import ProducerOwnerTopic
-from tidemq.broker.producer_owners import MAX_PRODUCER_OWNERS, ProducerOwners
+from tidemq.broker.queue_lookup import QueueLookup
 from tidemq.broker.replica_leader import ReplicaLeader
 from tidemq.broker.request_dispatch import RequestDispatch
 from tidemq.broker.schema_validation import SchemaCheck
@@ -61,19 +60,10 @@ from tidemq.broker.transaction_service import TransactionService
 from tidemq.cluster.membership import check_secret
 from tidemq.cluster.nameserver import NameServer
 from tidemq.cluster.registration import Registration
-from tidemq.cluster.security_link import check_cluster_login
 from tidemq.cluster.service import NameServerHandlers
 from tidemq.core.clock import Clock, SystemClock
-from tidemq.core.errors import (
-    ConfigError,
-    InvalidRequest,
-    QueueNotFound,
-    TidemqError,
-    TopicAlreadyExists,
-    TopicNotFound,
-)
+from tidemq.core.errors import InvalidRequest, TidemqError
 from tidemq.net.server import ServerConnection, TcpServer
-from tidemq.net.tls import client_context
 from tidemq.protocol.commands import ProduceResponse, StatusResponse
 from tidemq.protocol.frame import Frame
 from tidemq.protocol.replica_messages import ElectLeaderRequest, ElectLeaderResponse
@@ -87,11 +77,6 @@ if TYPE_CHECKING:
 __all__ = ["Broker", "listener_ssl_context", "name_server_ssl_context", "server_limits"]
 
 log = logging.getLogger(__name__)
-
-#: How often expired group members and silent brokers are swept.
-_SWEEP_INTERVAL_S = 1.0
-#: How often retention runs.
-_RETENTION_INTERVAL_S = 60.0
 
 
 class Broker:
@@ -125,9 +110,12 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self.nameserver: NameServer | None = None
+        self._local: LocalNameServer | None = None
+        self._ns_handlers: NameServerHandlers | None = None
         #: Tiered storage (None: `tiered.url` not set).
         self.tier: TierService | None = None
-        self._lock_fd: int | None = None
+        #: None: a test's simulated file system, which no second process can share.
+        self._lock = None if fs is not None else DataDirLock(config.store.data_dir)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -152,30 +140,8 @@ class Broker:
         gateway = getattr(self, "_gateway", None)
         if gateway is not None:
             await gateway.close()
-        self._release_lock()
-
-    def _acquire_lock(self) -> None:
-        """One broker per data directory: a second one would interleave writes to the same
-        log. An advisory lock that the kernel drops when the process dies, even by kill -9."""
-        if self._fs is not None:
-            return  # a test's simulated file system: no second process can share it
-        data_dir = self.config.store.data_dir
-        data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(data_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ConfigError(
-                f"data directory {data_dir} is in use by another tidemq process"
-            ) from None
-        self._lock_fd = fd
-
-    def _release_lock(self) -> None:
-        fd = self._lock_fd
-        if fd is not None:
-            os.close(fd)  # closing the descriptor releases the lock
-            self._lock_fd = None
+        if self._lock is not None:
+            self._lock.release()
 
     async def _start(self) -> str:
         cfg = self.config
@@ -183,7 +149,8 @@ class Broker:
         # Before anything else: a bad certificate path fails the start at once.
         listener_tls = listener_ssl_context(cfg)
         name_server_tls = None if self._embedded else name_server_ssl_context(cfg)
-        self._acquire_lock()
+        if self._lock is not None:
+            self._lock.acquire()
         store = await asyncio.to_thread(
             MessageStore.open, cfg.store, fs=self._fs, clock=self._clock
         )
@@ -197,12 +164,13 @@ class Broker:
             self._gateway, self._topics, cfg.compaction_check_interval_ms
         )
         await self._topics.refresh()
+        lookup = QueueLookup(self._topics, self._gateway)
         self._timers = TimerService(
             cfg,
             self._gateway,
             self._clock,
-            self._topic_has_queue,
-            static_writable=self._static_writable,
+            lookup.has_queue,
+            static_writable=lookup.static_writable,
         )
         self._transactions = TransactionService(cfg, self._gateway, self._clock)
         self._pop = PopService(
@@ -210,8 +178,8 @@ class Broker:
             self._gateway,
             polling=self._polling,
             clock=self._clock,
-            queues_of=self._hosted_queues,
-            ensure_topic=self._ensure_topic,
+            queues_of=lookup.hosted_queues,
+            ensure_topic=lookup.ensure_topic,
             is_fifo=lambda t: self._topics.get(t).message_type is MessageType.FIFO,
             schedule=lambda topic, queue, payload, due, lease: self._timers.schedule(
                 topic, queue, payload, due, finishes=lease
@@ -282,20 +250,7 @@ class Broker:
         )
         self._admin.connections = lambda: self._server.connections
         if self._embedded:
-            self.nameserver = NameServer(
-                # The real clock, not the broker's: this broker's heartbeats (`_sweep`) run
-                # on real time, so its liveness must be measured on it too. On a
-                # ManualClock moved past the TTL the broker lapsed from its own routes
-                # ("no live broker is registered"), as the network timeouts would close
-                # idle connections (which use the real clock for the same reason).
-                SystemClock(),
-                broker_ttl_ms=cfg.broker_ttl_ms,
-                heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
-                stale_topic_ms=cfg.stale_topic_ms,
-            )
-            self._ns_handlers: NameServerHandlers | None = NameServerHandlers(self.nameserver)
-            self._topics.on_change = self._topic_changed
-            self._register_local()
+            self._start_local_name_server()
         else:
             self._ns_handlers = None
             self._registration = Registration(
@@ -313,31 +268,32 @@ class Broker:
                 leader_epoch=0 if self._replica is None else self._replica.epoch,
                 security=self._security,
             )
-            self._topics.on_change = self._topic_changed
+            self._link = NameServerLink(self._registrations, remote=self._registration)
+            self._topics.on_change = self._link.topic_changed
             await self._registration.start()
         self._groups = self._group_handlers()
         self.tier = self._start_tier()
         self._start_requests()
-        self._metrics = BrokerMetrics(
-            data_dir=cfg.store.data_dir,
-            clock=self._clock,
-            gateway=self._gateway,
-            topics=self._topics,
-            coordinator=self._coordinator,
-            transactions=self._transactions,
-            timers=self._timers,
-            pop=self._pop,
-            static=self._static,
-            traffic=self._data.traffic,
-            request_times=self.request_times,
-            replica=self._replica,
-            tier=self.tier,
-        )
+        self._start_metrics()
         self._start_background(loop)
         tls = " (TLS)" if listener_tls is not None else ""
         auth = " (SCRAM-SHA-256 authentication)" if cfg.auth_enabled else ""
         log.info("broker %s serving on %s%s%s", cfg.broker_name, self.address, tls, auth)
         return self.address
+
+    def _start_local_name_server(self) -> None:
+        """The name server in this process (`tidemq server`), told of this broker."""
+        local = LocalNameServer(
+            self.config,
+            self._registrations,
+            self._security,
+            address=self.address,
+            created_ms=self._created_ms,
+        )
+        self._local, self.nameserver, self._ns_handlers = local, local.nameserver, local.handlers
+        self._link = NameServerLink(self._registrations, local=local)
+        self._topics.on_change = self._link.topic_changed
+        local.register()
 
     def _group_handlers(self) -> GroupHandlers:
         self._offset_pull, self._peer_links = self._start_offset_pull()
@@ -346,34 +302,18 @@ class Broker:
             self._gateway,
             self._book,
             self._topics,
-            remote_counts=self._cluster_queue_counts,
+            remote_counts=self._link.queue_counts,
             pop_groups=self._pop.groups,
             offset_pull=self._offset_pull,
         )
 
     def _start_offset_pull(self) -> tuple[OffsetPull | None, PeerLinks | None]:
-        """What takes a group's committed offsets from the other brokers when the group
-        moves here (ADR 17); nothing for a broker with its own name server (alone)."""
+        """Nothing for a broker with its own name server (alone): no peers."""
         if self._embedded:
             return None, None
-        cfg, key = self.config, self._cluster_key
-        tls = None
-        if cfg.tls:
-            tls = client_context(
-                cfg.tls_ca_file,
-                cfg.tls_cert_file,
-                cfg.tls_key_file,
-                names=("broker.tls_ca_file", "broker.tls_cert_file", "broker.tls_key_file"),
-            )
-        login = None if key is None else PeerLogin(cfg.broker_name, key, self._clock)
-        links = PeerLinks(ssl_context=tls, login=login, timeout_ms=PULL_REQUEST_TIMEOUT_MS)
-        pull = OffsetPull(
-            self._book,
-            peers=self._peer_brokers,
-            peer_offsets=links.committed_offsets,
-            request_timeout_ms=PULL_REQUEST_TIMEOUT_MS,
+        return offset_pull_from_peers(
+            self.config, self._cluster_key, self._clock, self._book, self._peer_brokers
         )
-        return pull, links
 
     async def _peer_brokers(self) -> dict[str, str]:
         """The other live brokers, as the name servers list them."""
@@ -381,27 +321,19 @@ class Broker:
         return others(live, self.config.broker_name, self.address)
 
     def _start_security(self, store: MessageStore) -> None:
-        """Logins, producer-id owners and ACLs, from the store."""
-        cfg = self.config
-        key, clock = self._cluster_key, self._clock
-        self._auth = Authenticator(
-            cfg,
+        access = open_access_control(
+            self.config,
             self._gateway,
-            clock,
-            # Other brokers log in with the cluster secret to fetch a group's offsets.
-            cluster_login=None if key is None else lambda m: check_cluster_login(key, m, clock),
-        )
-        self._auth.bootstrap(cfg.bootstrap_user, self._bootstrap_password)
-        durable = ProducerOwnerTopic(self._gateway, keep=MAX_PRODUCER_OWNERS)
-        self._producer_owners = ProducerOwners(save=durable.save, load=durable.load)
-        self._authz = Authorization(
-            enabled=cfg.authorization_enabled,
-            super_users=self._auth.super_users,
-            rows=store.metadata.acls(),
-            save=lambda rows, counter: store.metadata.add_acls(rows, counter=counter),
-            remove=lambda rows, counter: store.metadata.delete_acls(rows, counter=counter),
+            store,
+            self._clock,
+            cluster_key=self._cluster_key,
+            bootstrap_password=self._bootstrap_password,
             txn_groups=self._transactions.groups_of,
-            clock=self._clock,
+        )
+        self._auth, self._producer_owners, self._authz = (
+            access.auth,
+            access.producer_owners,
+            access.authz,
         )
 
     def _start_tier(self) -> TierService | None:
@@ -411,8 +343,8 @@ class Broker:
         return tier
 
     def _start_background(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._tasks.append(loop.create_task(self._sweep()))
-        self._tasks.append(loop.create_task(self._retention()))
+        self._tasks.append(loop.create_task(sweep_forever(self._coordinator, self._local)))
+        self._tasks.append(loop.create_task(retention_forever(self._gateway, self._static)))
         self._tasks.append(loop.create_task(self._service_states.save_periodically()))
         self._tasks.append(loop.create_task(self._compaction.run_forever()))
         if self.tier is not None:
@@ -451,7 +383,8 @@ class Broker:
         except TidemqError:
             log.exception("could not save the timer and transaction state")
         await self._gateway.close()
-        self._release_lock()
+        if self._lock is not None:
+            self._lock.release()
         log.info("broker %s stopped", self.config.broker_name)
 
     async def check_password(self, user: str, password: str, host: str) -> bool:
@@ -469,30 +402,6 @@ class Broker:
 
     # ------------------------------------------------------------------ timers, transactions
 
-    def _topic_has_queue(self, topic: str, queue: int) -> bool:
-        try:
-            self._topics.get(topic)
-        except TopicNotFound:
-            return False
-        return queue in self._topics.hosted(topic)
-
-    def _static_writable(self, topic: str, queue: int) -> bool | None:
-        """None for a queue of an ordinary topic; for a static queue, whether this broker
-        holds its write end (the timer service delivers there only then)."""
-        if not self._topics.is_static(topic):
-            return None
-        try:
-            return self._gateway.store.static_writable(topic, queue)
-        except (TopicNotFound, QueueNotFound):
-            return False
-
-    def _hosted_queues(self, topic: str) -> list[int]:
-        """The queues pop consumers of `topic` read here: a static topic's, every queue
-        with a link here (each broker pops its own links; on a FIFO topic, a link only
-        once the links before it are finished, `static_pop`)."""
-        self._topics.get(topic)  # TopicNotFound for an unknown topic
-        return self._topics.hosted(topic)
-
     def _pop_limit(self, group: str, topic: str, queue: int) -> int | None:
         # The static service is made after the pop service, which calls this later.
         return self._static.fifo.limit(group, topic, queue)
@@ -500,14 +409,6 @@ class Broker:
     def _logical_offset(self, topic: str, queue: int, offset: int) -> int:
         # The static service is made after the pop service, which calls this later.
         return self._static.logical_offset(topic, queue, offset)
-
-    async def _ensure_topic(self, topic: str) -> None:
-        """Create an internal per-group topic (%DLQ%<group>) on first use."""
-        try:
-            self._topics.get(topic)
-        except TopicNotFound:
-            with contextlib.suppress(TopicAlreadyExists):
-                await self._topics.create(topic, 1, hosted=[0])
 
     async def _start_services(self, store: MessageStore) -> None:
         self._service_states = ServiceStates(
@@ -527,10 +428,15 @@ class Broker:
 
     # ------------------------------------------------------------------ registration
 
-    async def _cluster_queue_counts(self, topics: list[str]) -> dict[str, int]:
-        if self.nameserver is not None:
-            return {r.topic: r.queues for r in self.nameserver.routes(topics)}
-        return await self._registration.queue_counts(topics)
+    def _security_changed(self) -> None:
+        """Users or ACL entries changed here: tell the name servers now (ADR 15)."""
+        self._link.changed()
+
+    async def _register_now(self) -> None:
+        await self._link.register_now()
+
+    async def _register_changes(self) -> None:
+        await self._link.register_changes()
 
     def _finders(self) -> tuple[KeyQueryHandler, OriginLookup]:
         """What finds messages by key, and delayed or transactional ones by id."""
@@ -543,71 +449,6 @@ class Broker:
         """Counters and gauges for the HTTP listener's /metrics (on the broker's loop);
         `per_queue` (`http.metrics_per_queue`): also lag and end offset per queue."""
         return self._metrics.snapshot(per_queue=per_queue)
-
-    def _topic_changed(self, name: str | None) -> None:
-        self._registrations.journal.touch(name)
-        if self.nameserver is not None:
-            self._register_local()
-        else:
-            self._registration.changed()
-
-    async def _register_now(self) -> None:
-        """Register in full now (a static topic's chains changed: not a delta's business),
-        returning once the name servers have it."""
-        self._registrations.journal.touch(None)
-        await self._register_changes()
-
-    async def _register_changes(self) -> None:
-        """Send the name servers what changed (a topic created, altered or deleted),
-        returning once they have it."""
-        if self.nameserver is not None:
-            self._register_local()
-        else:
-            await self._registration.register_once()
-
-    def _register_local(self) -> None:
-        assert self.nameserver is not None
-        assert self._ns_handlers is not None
-        self._registrations.register_local(
-            self.nameserver, self.config.broker_name, self.address, created_ms=self._created_ms
-        )
-        # The embedded name server serves this broker alone: its tables are the cluster's.
-        holder = self._ns_handlers.security
-        version = self._security.version()
-        holder.report(self.config.broker_name, version, 0)
-        if version > holder.held:
-            holder.offer(self._security.snapshot())
-
-    def _security_changed(self) -> None:
-        """Users or ACL entries changed here: tell the name servers now (ADR 15)."""
-        if self.nameserver is not None:
-            self._register_local()
-        else:
-            self._registration.changed()
-
-    async def _sweep(self) -> None:
-        interval = self.config.broker_heartbeat_interval_ms / 1000
-        since_beat = 0.0
-        while True:
-            await asyncio.sleep(_SWEEP_INTERVAL_S)
-            self._coordinator.expire()
-            if self.nameserver is not None:
-                since_beat += _SWEEP_INTERVAL_S
-                if since_beat >= interval:
-                    since_beat = 0.0
-                    self._register_local()
-                self.nameserver.expire()
-
-    async def _retention(self) -> None:
-        while True:
-            await asyncio.sleep(_RETENTION_INTERVAL_S)
-            try:
-                deleted = await self._gateway.call(lambda s: s.enforce_retention())
-                if deleted:
-                    log.info("retention deleted %d commit-log segments", deleted)
-                await self._static.prune_expired()
-            except Exception:
-                log.exception("retention failed")
 
     # ------------------------------------------------------------------ dispatch
 
@@ -645,6 +486,23 @@ class Broker:
             peer_offsets=self._groups.fetch_offsets,
             timer_topic_of=self._timers.topic_of,
             request_times=self.request_times,
+        )
+
+    def _start_metrics(self) -> None:
+        self._metrics = BrokerMetrics(
+            data_dir=self.config.store.data_dir,
+            clock=self._clock,
+            gateway=self._gateway,
+            topics=self._topics,
+            coordinator=self._coordinator,
+            transactions=self._transactions,
+            timers=self._timers,
+            pop=self._pop,
+            static=self._static,
+            traffic=self._data.traffic,
+            request_times=self.request_times,
+            replica=self._replica,
+            tier=self.tier,
         )
 
     async def _dispatch(self, frame: Frame, conn: ServerConnection) -> tuple[Any, bytes]:
