@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from tidemq.broker.access_control import open_access_control
@@ -505,8 +506,10 @@ class Broker:
             tier=self.tier,
         )
 
-    async def _dispatch(self, frame: Frame, conn: ServerConnection) -> tuple[Any, bytes]:
-        return await self._requests.dispatch(frame, conn)
+    def _dispatch(self, frame: Frame, conn: ServerConnection) -> Awaitable[tuple[Any, bytes]]:
+        # The dispatcher's coroutine itself, not one more layer around it: each costs
+        # every request (docs/design/performance.md). The server starts before it exists.
+        return self._requests.dispatch(frame, conn)
 
     def _answer_now(self, frame: Frame, conn: ServerConnection) -> ProduceResponse | None:
         return self._requests.answer_now(frame, conn)

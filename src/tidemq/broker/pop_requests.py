@@ -4,6 +4,8 @@ link's to the logical queue's, `static_pop`, `static_view`)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.static_service import StaticService
 from tidemq.broker.static_view import rebase_popped
@@ -41,11 +43,15 @@ class PopRequests:
         response.fifo_finished = fifo.reports(req.group, topics, self._pop.finished_below)
         return response, body
 
-    async def ack(self, req: PopAckRequest) -> PopAckResponse:
-        return await self._pop.ack(req.group, req.handles)
+    # The service's coroutines themselves, not one more layer around them per request.
 
-    async def change_invisible(self, req: PopChangeInvisibleRequest) -> PopChangeInvisibleResponse:
-        return await self._pop.change_invisible(req.group, req.handle, req.invisible_ms)
+    def ack(self, req: PopAckRequest) -> Awaitable[PopAckResponse]:
+        return self._pop.ack(req.group, req.handles)
+
+    def change_invisible(
+        self, req: PopChangeInvisibleRequest
+    ) -> Awaitable[PopChangeInvisibleResponse]:
+        return self._pop.change_invisible(req.group, req.handle, req.invisible_ms)
 
     async def nack(self, req: PopNackRequest) -> Empty:
         await self._pop.nack(
@@ -62,5 +68,5 @@ class PopRequests:
     async def status(self, req: PopStatusRequest) -> PopStatusResponse:
         return PopStatusResponse(queues=self._pop.status(req.group))
 
-    async def resume(self, req: PopResumeRequest) -> PopResumeResponse:
-        return await self._pop.resume(req.group, req.message_id, req.action)
+    def resume(self, req: PopResumeRequest) -> Awaitable[PopResumeResponse]:
+        return self._pop.resume(req.group, req.message_id, req.action)
