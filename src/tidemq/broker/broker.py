@@ -19,17 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from tidemq.broker.access_control import open_access_control
 from tidemq.broker.broker_metrics import BrokerMetrics
+from tidemq.broker.broker_parts import BrokerParts
 from tidemq.broker.compaction_service import CompactionService
 from tidemq.broker.config import BrokerConfig
 from tidemq.broker.data_dir_lock import DataDirLock
 from tidemq.broker.groups import GroupCoordinator
-from tidemq.broker.handler_table import RequestRouter, handler_table
-from tidemq.broker.handlers.admin import AdminHandlers
-from tidemq.broker.handlers.data import DataHandlers
-from tidemq.broker.handlers.groups import GroupHandlers
-from tidemq.broker.handlers.key_query import KeyQueryHandler
-from tidemq.broker.handlers.origin_lookup import OriginLookup
-from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.housekeeping import retention_forever, sweep_forever
 from tidemq.broker.listener_settings import (
     listener_ssl_context,
@@ -40,20 +34,17 @@ from tidemq.broker.long_polling import LongPolling
 from tidemq.broker.metrics import MetricsSnapshot, RequestTimes
 from tidemq.broker.name_server_link import LocalNameServer, NameServerLink
 from tidemq.broker.offset_book import OffsetBook
-from tidemq.broker.offset_pull import OffsetPull
-from tidemq.broker.peer_links import PeerLinks, offset_pull_from_peers, others
-from tidemq.broker.pop_requests import PopRequests
+from tidemq.broker.peer_links import others
 from tidemq.broker.pop_service import PopService
 from tidemq.broker.queue_lookup import QueueLookup
 from tidemq.broker.replica_leader import ReplicaLeader
-from tidemq.broker.request_dispatch import RequestDispatch
+from tidemq.broker.request_handling import RequestHandling
 from tidemq.broker.schema_validation import SchemaCheck
 from tidemq.broker.security_sync import SecuritySync
 from tidemq.broker.service_states import ServiceStates, created_ms
 from tidemq.broker.static_service import StaticService
-from tidemq.broker.status_report import status_report
 from tidemq.broker.store_gateway import StoreGateway
-from tidemq.broker.tier_requests import TierRequests, open_tier
+from tidemq.broker.tier_requests import open_tier
 from tidemq.broker.timer_service import TimerService
 from tidemq.broker.topic_registrations import TopicRegistrations
 from tidemq.broker.topics import TopicTable
@@ -65,7 +56,7 @@ from tidemq.cluster.service import NameServerHandlers
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import InvalidRequest, TidemqError
 from tidemq.net.server import ServerConnection, TcpServer
-from tidemq.protocol.commands import ProduceResponse, StatusResponse
+from tidemq.protocol.commands import ProduceResponse
 from tidemq.protocol.frame import Frame
 from tidemq.protocol.replica_messages import ElectLeaderRequest, ElectLeaderResponse
 from tidemq.store.files import FileSystem
@@ -225,31 +216,6 @@ class Broker:
             pop_unfinished=self._pop.unfinished,
         )
         self._registrations = TopicRegistrations(self._topics, self._static.chains)
-        self._data = DataHandlers(
-            cfg,
-            self._gateway,
-            self._topics,
-            self._polling,
-            timers=self._timers,
-            transactions=self._transactions,
-            static=self._static,
-        )
-        self._key_query, self._origins = self._finders()
-        self._special = SpecialHandlers(
-            self._timers,
-            self._transactions,
-            cfg.txn_check_delay_ms,
-            static_view=self._static.view,
-        )
-        self._admin = AdminHandlers(
-            cfg,
-            self._gateway,
-            self._topics,
-            self.address,
-            static_view=self._static.view,
-            register_now=self._register_changes,
-        )
-        self._admin.connections = lambda: self._server.connections
         if self._embedded:
             self._start_local_name_server()
         else:
@@ -272,10 +238,8 @@ class Broker:
             self._link = NameServerLink(self._registrations, remote=self._registration)
             self._topics.on_change = self._link.topic_changed
             await self._registration.start()
-        self._groups = self._group_handlers()
         self.tier = self._start_tier()
         self._start_requests()
-        self._start_metrics()
         self._start_background(loop)
         tls = " (TLS)" if listener_tls is not None else ""
         auth = " (SCRAM-SHA-256 authentication)" if cfg.auth_enabled else ""
@@ -296,26 +260,6 @@ class Broker:
         self._topics.on_change = self._link.topic_changed
         local.register()
 
-    def _group_handlers(self) -> GroupHandlers:
-        self._offset_pull, self._peer_links = self._start_offset_pull()
-        return GroupHandlers(
-            self._coordinator,
-            self._gateway,
-            self._book,
-            self._topics,
-            remote_counts=self._link.queue_counts,
-            pop_groups=self._pop.groups,
-            offset_pull=self._offset_pull,
-        )
-
-    def _start_offset_pull(self) -> tuple[OffsetPull | None, PeerLinks | None]:
-        """Nothing for a broker with its own name server (alone): no peers."""
-        if self._embedded:
-            return None, None
-        return offset_pull_from_peers(
-            self.config, self._cluster_key, self._clock, self._book, self._peer_brokers
-        )
-
     async def _peer_brokers(self) -> dict[str, str]:
         """The other live brokers, as the name servers list them."""
         live = await self._registration.live_brokers()
@@ -331,16 +275,12 @@ class Broker:
             bootstrap_password=self._bootstrap_password,
             txn_groups=self._transactions.groups_of,
         )
-        self._auth, self._producer_owners, self._authz = (
-            access.auth,
-            access.producer_owners,
-            access.authz,
-        )
+        self._access, self._auth, self._authz = access, access.auth, access.authz
 
     def _start_tier(self) -> TierService | None:
         tier = open_tier(self.config, self._gateway, self._topics, self._clock)
         if tier is not None:
-            self._data.tier = self._pop.tier = self._static.retired.tier = tier
+            self._pop.tier = self._static.retired.tier = tier
         return tier
 
     def _start_background(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -371,10 +311,7 @@ class Broker:
             await asyncio.wait_for(
                 asyncio.to_thread(self._compaction.close), self.config.shutdown_timeout_ms / 1000
             )
-        if self._offset_pull is not None:
-            await self._offset_pull.close()
-        if self._peer_links is not None:
-            self._peer_links.close()
+        await self._requests.close()
         if not self._embedded:
             await self._registration.stop()
         await self._timers.stop()
@@ -396,7 +333,7 @@ class Broker:
     def set_schema_check(self, check: SchemaCheck | None) -> None:
         """The schema registry's check for topics with schema.validation=true: the node
         that runs the registry beside this broker sets it once both serve."""
-        self._data.schema_check = check
+        self._requests.data.schema_check = check
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -439,13 +376,6 @@ class Broker:
     async def _register_changes(self) -> None:
         await self._link.register_changes()
 
-    def _finders(self) -> tuple[KeyQueryHandler, OriginLookup]:
-        """What finds messages by key, and delayed or transactional ones by id."""
-        return (
-            KeyQueryHandler(self._gateway, self._topics, self._static),
-            OriginLookup(self._gateway, self._timers, self._transactions),
-        )
-
     def metrics(self, *, per_queue: bool = False) -> MetricsSnapshot:
         """Counters and gauges for the HTTP listener's /metrics (on the broker's loop);
         `per_queue` (`http.metrics_per_queue`): also lag and end offset per queue."""
@@ -454,70 +384,50 @@ class Broker:
     # ------------------------------------------------------------------ dispatch
 
     def _start_requests(self) -> None:
-        """The handler table, the router and the dispatcher over them."""
-        self._handlers = handler_table(
-            data=self._data,
-            admin=self._admin,
-            groups=self._groups,
-            special=self._special,
-            pop=PopRequests(self._pop, self._static),
-            compaction=self._compaction,
-            key_query=self._key_query,
-            static=self._static,
-            tier=TierRequests(self.config.broker_name, self._topics, self.tier),
-            status=self._status,
-            elect_leader=self._elect_leader,
-            replica_fetch=self._replica_fetch,
-        )
-        router = RequestRouter(
-            self._handlers,
-            ns_handlers=self._ns_handlers,
-            data=self._data,
-            special=self._special,
-            origins=self._origins,
-            check_read=self._authz.check_read,
-        )
-        self._requests = RequestDispatch(
-            auth=self._auth,
-            authz=self._authz,
-            producer_owners=self._producer_owners,
-            gateway=self._gateway,
-            router=router,
-            data=self._data,
-            peer_offsets=self._groups.fetch_offsets,
-            timer_topic_of=self._timers.topic_of,
-            request_times=self.request_times,
-        )
-
-    def _start_metrics(self) -> None:
-        self._metrics = BrokerMetrics(
-            data_dir=self.config.store.data_dir,
+        """The request handlers, and the metrics, over the broker's parts."""
+        parts = BrokerParts(
+            config=self.config,
             clock=self._clock,
             gateway=self._gateway,
             topics=self._topics,
-            coordinator=self._coordinator,
-            transactions=self._transactions,
+            polling=self._polling,
             timers=self._timers,
+            transactions=self._transactions,
             pop=self._pop,
             static=self._static,
-            traffic=self._data.traffic,
-            request_times=self.request_times,
+            compaction=self._compaction,
+            book=self._book,
+            coordinator=self._coordinator,
             replica=self._replica,
+        )
+        self._requests = RequestHandling(
+            parts,
+            self._access,
+            address=self.address,
+            server=self._server,
+            ns_handlers=self._ns_handlers,
             tier=self.tier,
+            remote_counts=self._link.queue_counts,
+            peers=None if self._embedded else self._peer_brokers,
+            cluster_key=self._cluster_key,
+            register_changes=self._register_changes,
+            elect_leader=self._elect_leader,
+            replica_fetch=self._replica_fetch,
+            request_times=self.request_times,
+        )
+        self._handlers = self._requests.handlers
+        traffic = self._requests.data.traffic
+        self._metrics = BrokerMetrics(
+            parts, traffic=traffic, request_times=self.request_times, tier=self.tier
         )
 
     def _dispatch(self, frame: Frame, conn: ServerConnection) -> Awaitable[tuple[Any, bytes]]:
         # The dispatcher's coroutine itself, not one more layer around it: each costs
         # every request (docs/design/performance.md). The server starts before it exists.
-        return self._requests.dispatch(frame, conn)
+        return self._requests.dispatcher.dispatch(frame, conn)
 
     def _answer_now(self, frame: Frame, conn: ServerConnection) -> ProduceResponse | None:
-        return self._requests.answer_now(frame, conn)
-
-    async def _status(self) -> StatusResponse:
-        return await status_report(
-            self.config, self._admin, self._server, self._data.traffic, replica=self._replica
-        )
+        return self._requests.dispatcher.answer_now(frame, conn)
 
     async def _elect_leader(self, req: ElectLeaderRequest) -> ElectLeaderResponse:
         if self._replica is None:

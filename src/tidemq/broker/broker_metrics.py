@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidemq.broker.groups import GroupCoordinator
+from tidemq.broker.broker_parts import BrokerParts
 from tidemq.broker.metrics import (
     MetricsSnapshot,
     RequestTimes,
@@ -22,14 +21,6 @@ from tidemq.broker.metrics import (
     reserve_time_ms,
     tier_backlog,
 )
-from tidemq.broker.pop_service import PopService
-from tidemq.broker.replica_leader import ReplicaLeader
-from tidemq.broker.static_service import StaticService
-from tidemq.broker.store_gateway import StoreGateway
-from tidemq.broker.timer_service import TimerService
-from tidemq.broker.topics import TopicTable
-from tidemq.broker.transaction_service import TransactionService
-from tidemq.core.clock import Clock
 
 if TYPE_CHECKING:
     from tidemq.broker.tier_service import TierService
@@ -38,38 +29,29 @@ __all__ = ["BrokerMetrics"]
 
 
 class BrokerMetrics:
-    """Reads a `MetricsSnapshot` from the broker's parts (it reads every one of them, so it
-    takes them all; it changes none)."""
+    """Reads a `MetricsSnapshot` from the broker's parts (it reads every one of them; it
+    changes none)."""
 
     def __init__(
         self,
+        parts: BrokerParts,
         *,
-        data_dir: Path,
-        clock: Clock,
-        gateway: StoreGateway,
-        topics: TopicTable,
-        coordinator: GroupCoordinator,
-        transactions: TransactionService,
-        timers: TimerService,
-        pop: PopService,
-        static: StaticService,
         traffic: Traffic,
         request_times: RequestTimes,
-        replica: ReplicaLeader | None,
         tier: TierService | None,
     ) -> None:
-        self._data_dir = data_dir
-        self._clock = clock
-        self._gateway = gateway
-        self._topics = topics
-        self._coordinator = coordinator
-        self._transactions = transactions
-        self._timers = timers
-        self._pop = pop
-        self._static = static
+        self._data_dir = parts.config.store.data_dir
+        self._clock = parts.clock
+        self._gateway = parts.gateway
+        self._topics = parts.topics
+        self._coordinator = parts.coordinator
+        self._transactions = parts.transactions
+        self._timers = parts.timers
+        self._pop = parts.pop
+        self._static = parts.static
         self._traffic = traffic
         self._request_times = request_times
-        self._replica = replica
+        self._replica = parts.replica
         self._tier = tier
 
     def snapshot(self, *, per_queue: bool = False) -> MetricsSnapshot:
