@@ -216,6 +216,7 @@ class Broker:
             pop_unfinished=self._pop.unfinished,
         )
         self._registrations = TopicRegistrations(self._topics, self._static.chains)
+        self._start_requests()
         if self._embedded:
             self._start_local_name_server()
         else:
@@ -239,7 +240,7 @@ class Broker:
             self._topics.on_change = self._link.topic_changed
             await self._registration.start()
         self.tier = self._start_tier()
-        self._start_requests()
+        self._complete_requests()
         self._start_background(loop)
         tls = " (TLS)" if listener_tls is not None else ""
         auth = " (SCRAM-SHA-256 authentication)" if cfg.auth_enabled else ""
@@ -384,8 +385,9 @@ class Broker:
     # ------------------------------------------------------------------ dispatch
 
     def _start_requests(self) -> None:
-        """The request handlers, and the metrics, over the broker's parts."""
-        parts = BrokerParts(
+        """What serves requests while the broker registers (logins, fetches, one-message
+        produces, lookups by id), as the listener runs already."""
+        self._parts = BrokerParts(
             config=self.config,
             clock=self._clock,
             gateway=self._gateway,
@@ -401,24 +403,31 @@ class Broker:
             replica=self._replica,
         )
         self._requests = RequestHandling(
-            parts,
+            self._parts,
             self._access,
             address=self.address,
             server=self._server,
+            register_changes=self._register_changes,
+            request_times=self.request_times,
+        )
+        self._handlers = self._requests.handlers
+
+    def _complete_requests(self) -> None:
+        """Every request handler once registered, and the metrics."""
+        self._requests.complete(
             ns_handlers=self._ns_handlers,
             tier=self.tier,
             remote_counts=self._link.queue_counts,
             peers=None if self._embedded else self._peer_brokers,
             cluster_key=self._cluster_key,
-            register_changes=self._register_changes,
             elect_leader=self._elect_leader,
             replica_fetch=self._replica_fetch,
-            request_times=self.request_times,
         )
-        self._handlers = self._requests.handlers
-        traffic = self._requests.data.traffic
         self._metrics = BrokerMetrics(
-            parts, traffic=traffic, request_times=self.request_times, tier=self.tier
+            self._parts,
+            traffic=self._requests.data.traffic,
+            request_times=self.request_times,
+            tier=self.tier,
         )
 
     def _dispatch(self, frame: Frame, conn: ServerConnection) -> Awaitable[tuple[Any, bytes]]:

@@ -121,20 +121,20 @@ _SELF_REGISTERED = frozenset(
 class RequestRouter:
     """Serves a checked request: by `handlers` (the table above, which the router shares,
     not copies), or itself for the codes that need the connection or that only the
-    embedded name server answers (`ns_handlers` None: no name server in this process)."""
+    embedded name server answers (`ns_handlers`)."""
 
     def __init__(
         self,
         handlers: dict[RequestCode, Handler],
         *,
-        ns_handlers: NameServerHandlers | None,
         data: DataHandlers,
         special: SpecialHandlers,
         origins: OriginLookup,
         check_read: Callable[[RequestCode, str | None, str, str], None],
     ) -> None:
         self.handlers = handlers
-        self._ns_handlers = ns_handlers
+        #: The name server in this process (set once it runs; None: none).
+        self.ns_handlers: NameServerHandlers | None = None
         self._data = data
         self._special = special
         self._origins = origins
@@ -144,7 +144,7 @@ class RequestRouter:
         self, code: RequestCode, header: Any, frame: Frame, conn: ServerConnection
     ) -> tuple[Any, bytes]:
         if code in NAMESERVER_CODES:
-            if self._ns_handlers is None:
+            if self.ns_handlers is None:
                 raise InvalidRequest(
                     f"{code.name} goes to a name server; this broker runs without one"
                 )
@@ -156,7 +156,7 @@ class RequestRouter:
                     f"{code.name} refused: this server's name server serves only its own "
                     "broker; run `tidemq namesrv` and `tidemq broker` for a cluster"
                 )
-            return self._ns_handlers.handle(code, header), b""
+            return self.ns_handlers.handle(code, header), b""
         if code is RequestCode.REGISTER_CHECKER:
             return self._special.register_checker(header, conn), b""
         if code is RequestCode.FETCH:
