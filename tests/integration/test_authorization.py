@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 import tidemq
 import tidemq.aio
-from tidemq.broker.authorization import REQUEST_ACLS
 from tidemq.broker.broker import Broker
 from tidemq.broker.config import BrokerConfig
+from tidemq.broker.request_permissions import REQUEST_ACLS
 from tidemq.cli.main import app
 from tidemq.client.cluster import ClientConfig
 from tidemq.core.errors import AuthorizationFailed, ConfigError, TopicNotFound

@@ -1,12 +1,6 @@
-"""Who may do what: the broker's table of what each request code needs, the ACL entries
-it keeps, and the check every request passes before its handler runs (with
-`broker.authorization_enabled`; docs/design/security.md sections 2 and 4).
-
-`REQUEST_ACLS` maps every `RequestCode` to rules: a `Requirement` (operation, resource
-type) and a function naming the resources in the request. A request is served only if
-its connection's principal is allowed every action; `()` means "authentication only".
-A test walks `RequestCode`: a code without an entry here fails it, so a new request kind
-cannot slip past authorization by being forgotten.
+"""Who may do what: the ACL entries the broker keeps, and the check every request passes
+before its handler runs (with `broker.authorization_enabled`; docs/design/security.md
+sections 2 and 4), by the table of what each request code needs (`request_permissions`).
 
 List requests filter instead of refusing (Kafka's rule): LIST_TOPICS, LIST_GROUPS and
 GET_ROUTES (for every topic or named ones) answer with what the principal may describe,
@@ -20,19 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from types import MappingProxyType
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
-from tidemq.core.acl import (
-    CLUSTER_NAME,
-    AclEntry,
-    Authorizer,
-    Operation,
-    Requirement,
-    ResourceType,
+from tidemq.broker.request_permissions import (
+    ACL_CODES,
+    FILTERED_CODES,
+    REQUEST_ACLS,
+    Rule,
+    txn_ids,
 )
+from tidemq.core.acl import AclEntry, Authorizer, Operation, Requirement, ResourceType
 from tidemq.core.clock import Clock
 from tidemq.core.errors import AuthorizationFailed, InvalidRequest
 from tidemq.core.limits import MAX_ACL_ENTRIES
@@ -66,161 +58,11 @@ AUDIT_LOG_INTERVAL_MS: Final = 10_000
 #: Entries one ACL_CREATE or ACL_DELETE may carry.
 MAX_ACLS_PER_REQUEST: Final = 1_000
 
-Names = Callable[[Any], Iterable[str]]
 #: An entry as the metadata stores it (`_row`).
 AclRow = tuple[str, str, str, str, str, str, str]
 
-#: The requests `Authorization` itself serves.
-ACL_CODES: Final = frozenset({RequestCode.ACL_CREATE, RequestCode.ACL_DELETE, RequestCode.ACL_LIST})
-#: The requests whose answers are cut to what the principal may describe.
-FILTERED_CODES: Final = frozenset(
-    {RequestCode.LIST_TOPICS, RequestCode.LIST_GROUPS, RequestCode.GET_ROUTES}
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """`requirement` on every resource `names(header)` returns."""
-
-    requirement: Requirement
-    names: Names
-
-
-def _rule(operation: Operation, resource: ResourceType, names: Names) -> Rule:
-    return Rule(Requirement(operation, resource), names)
-
-
-def _cluster(_: Any) -> tuple[str]:
-    return (CLUSTER_NAME,)
-
-
-def _topic(h: Any) -> tuple[str]:
-    return (h.topic,)
-
-
-def _name(h: Any) -> tuple[str]:
-    return (h.name,)
-
-
-def _group(h: Any) -> tuple[str]:
-    return (h.group,)
-
-
-def _sink(h: Any) -> tuple[str, ...]:
-    return (h.sink_id,) if h.sink_id else ()
-
-
-_T, _G, _C, _X = (
-    ResourceType.TOPIC,
-    ResourceType.GROUP,
-    ResourceType.CLUSTER,
-    ResourceType.TRANSACTIONAL_ID,
-)
+_T, _G = ResourceType.TOPIC, ResourceType.GROUP
 _READ, _WRITE, _DESCRIBE = Operation.READ, Operation.WRITE, Operation.DESCRIBE
-_ALTER, _CREATE, _DELETE = Operation.ALTER, Operation.CREATE, Operation.DELETE
-_GROUP_READ = (_rule(_READ, _G, _group),)
-_CLUSTER_DESCRIBE = (_rule(_DESCRIBE, _C, _cluster),)
-_CLUSTER_ALTER = (_rule(_ALTER, _C, _cluster),)
-
-
-def _txn_ids(h: Any) -> list[str]:
-    """END_TXN's transactions: `Authorization.check` turns them into their groups (the
-    broker's `txn_groups`), on which the request needs WRITE."""
-    return list(h.txn_ids)
-
-
-REQUEST_ACLS: Final[Mapping[RequestCode, tuple[Rule, ...]]] = MappingProxyType(
-    {
-        RequestCode.PRODUCE: (_rule(_WRITE, _T, _topic),),
-        RequestCode.FETCH: (_rule(_READ, _T, _topic),),
-        RequestCode.LIST_OFFSETS: (_rule(_DESCRIBE, _T, _topic),),
-        # Producer ids are not secret-bearing on their own; who uses them is checked
-        # with PRODUCE (WRITE on the topic).
-        RequestCode.INIT_PRODUCER: (),
-        RequestCode.CREATE_TOPIC: (_rule(_CREATE, _T, _name),),
-        RequestCode.CREATE_TOPICS: (_rule(_CREATE, _T, lambda h: [t.name for t in h.topics]),),
-        RequestCode.ALTER_TOPIC: (_rule(_ALTER, _T, _name),),
-        RequestCode.DELETE_TOPIC: (_rule(_DELETE, _T, _name),),
-        RequestCode.LIST_TOPICS: (),  # filtered: the topics the principal may describe
-        RequestCode.DESCRIBE_TOPIC: (_rule(_DESCRIBE, _T, _name),),
-        RequestCode.JOIN_GROUP: (
-            *_GROUP_READ,
-            _rule(_READ, _T, lambda h: h.topics or ()),
-        ),
-        RequestCode.HEARTBEAT: _GROUP_READ,
-        RequestCode.LEAVE_GROUP: _GROUP_READ,
-        RequestCode.COMMIT_OFFSETS: (
-            *_GROUP_READ,
-            _rule(_READ, _T, lambda h: {o.topic for o in h.offsets}),
-        ),
-        RequestCode.FETCH_OFFSETS: (_rule(_DESCRIBE, _G, _group),),
-        RequestCode.LIST_GROUPS: (),  # filtered: the groups the principal may describe
-        RequestCode.DESCRIBE_GROUP: (_rule(_DESCRIBE, _G, _group),),
-        RequestCode.RESET_OFFSETS: (*_GROUP_READ, _rule(_ALTER, _T, _topic)),
-        # Filtered, never refused: the answer leaves out the topics the principal may not
-        # describe, and names those of them it asked for by name (`denied`).
-        RequestCode.GET_ROUTES: (),
-        RequestCode.REGISTER_BROKER: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
-        RequestCode.UNREGISTER_BROKER: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
-        # Name-server requests of brokers (ADR 15), signed with the cluster secret; a
-        # broker's own listener refuses them whoever sends them.
-        RequestCode.REPLICA_FETCH: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
-        RequestCode.REPLICA_FILE: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
-        RequestCode.ELECT_LEADER: _CLUSTER_ALTER,
-        RequestCode.SECURITY_PUSH: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
-        RequestCode.SECURITY_PULL: (_rule(Operation.CLUSTER_ACTION, _C, _cluster),),
-        RequestCode.CLUSTER_STATUS: _CLUSTER_DESCRIBE,
-        RequestCode.STATUS: _CLUSTER_DESCRIBE,
-        # The id names the timer's record: the broker looks its topic up and checks WRITE
-        # on it there (`check_cancel`), as for the send it undoes.
-        RequestCode.CANCEL_DELAYED: (),
-        RequestCode.TIMER_STATUS: _CLUSTER_DESCRIBE,
-        RequestCode.BEGIN_TXN: (_rule(_WRITE, _X, _group),),
-        RequestCode.END_TXN: (_rule(_WRITE, _X, _txn_ids), _rule(_WRITE, _X, _sink)),
-        RequestCode.SINK_MARKER: (_rule(_DESCRIBE, _X, _sink),),
-        # Server to client only: refused by the dispatcher whoever sends it.
-        RequestCode.CHECK_TXN: (),
-        RequestCode.REGISTER_CHECKER: (_rule(_WRITE, _X, _group),),
-        RequestCode.TXN_STATUS: _CLUSTER_DESCRIBE,
-        RequestCode.POP_RECEIVE: (
-            *_GROUP_READ,
-            _rule(_READ, _T, lambda h: {s.topic for s in h.subscriptions}),
-        ),
-        RequestCode.POP_ACK: _GROUP_READ,
-        RequestCode.POP_CHANGE_INVISIBLE: _GROUP_READ,
-        RequestCode.POP_NACK: _GROUP_READ,
-        RequestCode.POP_STATUS: (_rule(_DESCRIBE, _G, _group),),
-        # A redrive is the group's own retry: READ on the group (the broker writes).
-        RequestCode.POP_RESUME: _GROUP_READ,
-        # Login happens before any of this is consulted.
-        RequestCode.SASL_HANDSHAKE: (),
-        RequestCode.SASL_AUTHENTICATE: (),
-        # Users: the super users only, checked by the Authenticator as well.
-        RequestCode.USER_UPSERT: _CLUSTER_ALTER,
-        RequestCode.USER_DELETE: _CLUSTER_ALTER,
-        RequestCode.USER_LIST: _CLUSTER_DESCRIBE,
-        RequestCode.ACL_CREATE: _CLUSTER_ALTER,
-        RequestCode.ACL_DELETE: _CLUSTER_ALTER,
-        RequestCode.ACL_LIST: _CLUSTER_DESCRIBE,
-        RequestCode.KV_GET: (_rule(_READ, _T, _topic),),
-        RequestCode.QUERY_MESSAGES: (_rule(_READ, _T, _topic),),
-        # The id names an internal topic: READ on the message's own topic, checked once
-        # the broker has read it (`check_read`).
-        RequestCode.ORIGIN_MESSAGE: (),
-        RequestCode.COMPACT: (_rule(_ALTER, _T, _topic),),
-        RequestCode.TIER_STATUS: _CLUSTER_DESCRIBE,
-        # The files' names and ranges: a topic's metadata.
-        RequestCode.TIER_FILES: (_rule(_DESCRIBE, _T, _topic),),
-        RequestCode.TIER_OFFLOAD: (_rule(_ALTER, _T, _topic),),
-        # Links of static topics: a remap moves data placement, an operator's act.
-        RequestCode.STATIC_OPEN: (_rule(_CREATE, _T, _topic), _rule(_ALTER, _T, _topic)),
-        RequestCode.STATIC_SEAL: (_rule(_ALTER, _T, _topic),),
-        RequestCode.STATIC_TIMERS_TAKE: (_rule(_ALTER, _T, _topic),),
-        RequestCode.STATIC_TIMERS_ADOPT: (_rule(_ALTER, _T, _topic),),
-        RequestCode.STATIC_TIMERS_HANDED: (_rule(_ALTER, _T, _topic),),
-        RequestCode.STATIC_UPDATE: (_rule(_ALTER, _T, _topic),),
-    }
-)
 
 
 def _row(entry: AclEntry) -> AclRow:
@@ -313,7 +155,7 @@ class Authorization:
             raise AuthorizationFailed(f"{code.name} refused: not logged in")
         for rule in REQUEST_ACLS[code]:
             names = rule.names(header)
-            if rule.names is _txn_ids:
+            if rule.names is txn_ids:
                 names = self._txn_groups(list(names))
             for resource in sorted(set(names)):
                 self._check_one(code, principal, host, rule.requirement, resource)

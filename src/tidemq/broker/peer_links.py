@@ -18,11 +18,14 @@ import ssl
 from collections.abc import Mapping
 from typing import Final
 
-from tidemq.broker.offset_pull import HeldOffset
+from tidemq.broker.config import BrokerConfig
+from tidemq.broker.offset_book import OffsetBook
+from tidemq.broker.offset_pull import PULL_REQUEST_TIMEOUT_MS, HeldOffset, OffsetPull, PeerList
 from tidemq.cluster.security_link import cluster_login
 from tidemq.core.clock import Clock
 from tidemq.core.errors import AuthorizationFailed, BrokerNotAvailable
 from tidemq.net.client import ClientConnection
+from tidemq.net.tls import client_context
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import FetchOffsetsRequest, FetchOffsetsResponse
 
@@ -32,6 +35,7 @@ __all__ = [
     "PeerLogin",
     "check_peer_request",
     "is_peer",
+    "offset_pull_from_peers",
     "others",
 ]
 
@@ -144,3 +148,28 @@ def check_peer_request(code: RequestCode, header: object) -> FetchOffsetsRequest
         f"{code.name} refused: a broker's login may only fetch a group's committed "
         "offsets from this broker's store (FETCH_OFFSETS with local_only)"
     )
+
+
+def offset_pull_from_peers(
+    cfg: BrokerConfig, cluster_key: bytes | None, clock: Clock, book: OffsetBook, peers: PeerList
+) -> tuple[OffsetPull, PeerLinks]:
+    """What takes a group's committed offsets from the other brokers (`peers`) when the
+    group moves here (ADR 17), and the links it asks them over."""
+    key = cluster_key
+    tls = None
+    if cfg.tls:
+        tls = client_context(
+            cfg.tls_ca_file,
+            cfg.tls_cert_file,
+            cfg.tls_key_file,
+            names=("broker.tls_ca_file", "broker.tls_cert_file", "broker.tls_key_file"),
+        )
+    login = None if key is None else PeerLogin(cfg.broker_name, key, clock)
+    links = PeerLinks(ssl_context=tls, login=login, timeout_ms=PULL_REQUEST_TIMEOUT_MS)
+    pull = OffsetPull(
+        book,
+        peers=peers,
+        peer_offsets=links.committed_offsets,
+        request_timeout_ms=PULL_REQUEST_TIMEOUT_MS,
+    )
+    return pull, links
