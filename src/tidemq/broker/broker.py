@@ -381,6 +381,7 @@ class Broker:
                 security=self._security,
             )
             self._topics.on_change = self._topic_changed
+            self._security.confirmer = self._registration.confirm
             await self._registration.start()
         self._groups = self._group_handlers()
         self.tier = self._start_tier()
@@ -997,8 +998,11 @@ class Broker:
         if code is RequestCode.ACL_LIST:
             return authz.listed(header)
         if code is RequestCode.ACL_CREATE:
-            return await self._gateway.call(lambda _: authz.create(header))
-        return await self._gateway.call(lambda _: authz.delete(header))
+            answer = await self._gateway.call(lambda _: authz.create(header))
+        else:
+            answer = await self._gateway.call(lambda _: authz.delete(header))
+        await self._security.confirm()  # answered once a majority holds it (ADR 26)
+        return answer
 
     async def _serve(
         self, code: RequestCode, header: Any, frame: Frame, conn: ServerConnection

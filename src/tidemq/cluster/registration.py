@@ -22,10 +22,17 @@ import ssl
 from collections.abc import Callable
 
 from tidemq.cluster.membership import registration_fields, sign, unregistration_fields
-from tidemq.cluster.security_link import SecurityTables, cluster_login, follow
+from tidemq.cluster.security_link import (
+    SecurityTables,
+    cluster_login,
+    confirm_change,
+    follow,
+    take_tables,
+)
 from tidemq.cluster.topic_journal import TopicJournal, TopicLookup
+from tidemq.cluster.writer_lease import majority
 from tidemq.core.clock import Clock, SystemClock
-from tidemq.core.errors import BrokerNotAvailable, TidemqError
+from tidemq.core.errors import BrokerNotAvailable, TidemqError, WriterFenced
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.commands import (
     Empty,
@@ -36,6 +43,7 @@ from tidemq.protocol.commands import (
     StaticTopicReg,
     UnregisterBrokerRequest,
 )
+from tidemq.protocol.security_messages import SecuritySnapshot
 
 __all__ = ["Registration"]
 
@@ -226,6 +234,60 @@ class Registration:
                 log.warning("users and ACL entries with name server %s: %s", server, exc)
             return
         self._security_failing.discard(server)
+
+    async def confirm(self, snapshot: SecuritySnapshot, term: int) -> list[str]:
+        """Ask every name server at once to confirm the writer's tables `snapshot`,
+        made under writer `term` (docs/adr/0026); each is given `_REQUEST_TIMEOUT_S`.
+        [] once a majority confirmed; else why each that did not, and if one refused
+        under a newer term, the broker's tables replaced by that one's (the change is
+        dropped here rather than pushed again)."""
+        answers = await asyncio.gather(
+            *(self._confirm_one(server, snapshot, term) for server in self._servers)
+        )
+        refusals = [why for why in answers if why is not None]
+        if majority(len(self._servers) - len(refusals), len(self._servers)):
+            return []
+        fenced = [
+            server for server, why in zip(self._servers, answers, strict=True) if why and why[1]
+        ]
+        if fenced and self._security is not None:
+            try:
+                conn = await self._conn(fenced[0])
+                await take_tables(
+                    conn,
+                    self._security,
+                    self._name,
+                    key=self._cluster_key,
+                    clock=self._clock,
+                    timeout_s=_REQUEST_TIMEOUT_S,
+                )
+            except TidemqError as exc:
+                log.warning("taking users and ACL entries from %s: %s", fenced[0], exc)
+        return [
+            f"{server}: {why[0]}" for server, why in zip(self._servers, answers, strict=True) if why
+        ]
+
+    async def _confirm_one(
+        self, server: str, snapshot: SecuritySnapshot, term: int
+    ) -> tuple[str, bool] | None:
+        """None: `server` confirmed; else (why not, whether it refused under a newer
+        writer term)."""
+        try:
+            conn = await self._conn(server)
+            await confirm_change(
+                conn,
+                snapshot,
+                term,
+                broker_name=self._name,
+                key=self._cluster_key,
+                clock=self._clock,
+                timeout_s=_REQUEST_TIMEOUT_S,
+            )
+        except WriterFenced as exc:
+            return str(exc), True
+        except TidemqError as exc:
+            return f"{type(exc).__name__}: {exc}", False
+        return None
 
     def _follow_interval(self, server: str, interval_ms: int) -> None:
         if 0 < interval_ms < self._interval_s * 1000:

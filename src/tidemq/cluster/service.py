@@ -37,6 +37,7 @@ from tidemq.core import limits
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import (
     AuthenticationFailed,
+    BrokerNotAvailable,
     ConfigError,
     InvalidRequest,
     Unsupported,
@@ -62,6 +63,7 @@ from tidemq.protocol.security_messages import (
     SecurityPullRequest,
     SecurityPushRequest,
     SecurityPushResponse,
+    counter_text,
     term_of,
 )
 
@@ -145,6 +147,8 @@ class NameServerHandlers:
             assert isinstance(header, SecurityPushRequest)
             self._verify(PUSH_KIND, push_fields(header), header)
             self._check_term(header)
+            if header.writer_term:
+                self._check_writer(header)
             return SecurityPushResponse(accepted=self.security.offer(header.snapshot))
         if code is RequestCode.SECURITY_PULL:
             assert isinstance(header, SecurityPullRequest)
@@ -165,6 +169,31 @@ class NameServerHandlers:
                 f"SECURITY_PUSH from {header.broker_name} refused: its users and ACL "
                 f"entries were written under writer term {written}, and this name server "
                 f"holds tables of term {held} (a newer writer's); pull those instead"
+            )
+
+    def _check_writer(self, header: SecurityPushRequest) -> None:
+        """A writer's confirmation of a change (docs/adr/0026): accepted only from the
+        broker holding that term here, of tables written under it or before, and not
+        older than those held (a writer behind is told to catch up)."""
+        snapshot = header.snapshot
+        if term_of(snapshot.counter) > header.writer_term:
+            raise InvalidRequest(
+                f"SECURITY_PUSH from {header.broker_name}: tables of writer term "
+                f"{term_of(snapshot.counter)} confirmed under term {header.writer_term}"
+            )
+        why = self.nameserver.confirms_writer(
+            header.broker_name, header.writer_term, snapshot.counter
+        )
+        if why:
+            raise WriterFenced(
+                f"SECURITY_PUSH from {header.broker_name} under writer term "
+                f"{header.writer_term} not confirmed: {why}"
+            )
+        if (snapshot.counter, snapshot.digest) < self.security.held:
+            raise BrokerNotAvailable(
+                f"SECURITY_PUSH from {header.broker_name}: this name server holds users "
+                f"and ACL entries version {counter_text(self.security.held[0])}, newer "
+                f"than {counter_text(snapshot.counter)}; pull them and retry"
             )
 
     def _routes(self, header: GetRoutesRequest) -> GetRoutesResponse:
