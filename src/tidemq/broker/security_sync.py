@@ -111,6 +111,9 @@ class SecuritySync:
         #: The version a majority of the name servers last confirmed.
         self._confirmed = (-1, 0)
         self._confirming = asyncio.Lock()
+        #: Pulls from several name servers at once take their turns (an older one
+        #: finishing last must not replace a newer one).
+        self._applying = asyncio.Lock()
         auth.next_counter = authz.next_counter = self.next_counter
         auth.confirm = self.confirm
         auth.on_change = authz.on_change = self._after_change
@@ -213,6 +216,10 @@ class SecuritySync:
         """Take a pulled snapshot if it is a newer cluster-wide version than this
         broker's (with `replace`: if it is another one); InvalidRequest (nothing
         changed) if it is malformed."""
+        async with self._applying:
+            return await self._apply(snapshot, replace=replace)
+
+    async def _apply(self, snapshot: SecuritySnapshot, *, replace: bool) -> bool:
         pulled = (snapshot.counter, snapshot.digest)
         if snapshot.counter < 1 or pulled == self.version():
             return False
