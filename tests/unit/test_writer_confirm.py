@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import pytest
 
+from tidemq.cluster.name_server_sets import digest
 from tidemq.cluster.nameserver import NameServer
 from tidemq.cluster.service import NameServerHandlers
 from tidemq.cluster.writer_lease import WriterLeases, majority
 from tidemq.cluster.writer_terms import WriterTerms
-from tidemq.core.errors import BrokerNotAvailable, InvalidRequest, WriterFenced
+from tidemq.core.errors import BrokerNotAvailable, ConfigError, InvalidRequest, WriterFenced
 from tidemq.protocol.codes import RequestCode
 from tidemq.protocol.commands import RegisterBrokerRequest, RegisterBrokerResponse
 from tidemq.protocol.security_messages import (
@@ -54,7 +55,7 @@ def servers(clock: ManualClock) -> list[NameServerHandlers]:
 
 
 def _register(
-    server: NameServerHandlers, name: str, *, term: int = 0, counter: int = 0
+    server: NameServerHandlers, name: str, *, term: int = 0, counter: int = 0, listed: int = 0
 ) -> RegisterBrokerResponse:
     request = RegisterBrokerRequest(
         broker_name=name,
@@ -63,6 +64,7 @@ def _register(
         created_ms=CREATED[name],
         writer_term=term,
         security_counter=counter,
+        name_servers_digest=listed,
     )
     answer = server.handle(RequestCode.REGISTER_BROKER, request)
     assert isinstance(answer, RegisterBrokerResponse)
@@ -178,3 +180,22 @@ def test_terms_numbered_apart_converge_and_confirm_under_one(
         _confirm(server, A, 3, _tables(counter_of(3, 1), "alice"))
     with pytest.raises(WriterFenced):  # the old number is not confirmed any more
         _confirm(servers[0], A, 1, _tables(counter_of(1, 5), "alice"))
+
+
+def test_brokers_listing_different_name_servers_get_no_confirmation(
+    servers: list[NameServerHandlers],
+) -> None:
+    """Majorities of two different lists need not meet: while the live brokers disagree,
+    a name server confirms nothing, and says who lists what."""
+    server = servers[0]
+    three = digest(["127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"])
+    assert three == digest(["127.0.0.1:9003", "127.0.0.1:9001", "127.0.0.1:9002"])  # any order
+    one = digest(["127.0.0.1:9001"])
+    _register(server, A, listed=three)
+    _register(server, B, listed=one)
+    with pytest.raises(
+        ConfigError, match=r"broker-a \(list .*broker-b \(list .*must list the same"
+    ):
+        _confirm(server, A, 1, _tables(counter_of(1, 1), "alice"))
+    _register(server, B, listed=three)
+    _confirm(server, A, 1, _tables(counter_of(1, 1), "alice"))

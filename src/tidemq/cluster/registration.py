@@ -23,6 +23,7 @@ import ssl
 from collections.abc import Callable
 
 from tidemq.cluster.membership import registration_fields, sign, unregistration_fields
+from tidemq.cluster.name_server_sets import digest
 from tidemq.cluster.security_link import (
     SecurityTables,
     cluster_login,
@@ -94,6 +95,7 @@ class Registration:
         self._created_ms = created_ms
         self._address = address
         self._servers = name_servers
+        self._servers_digest = digest(name_servers)
         self._topics = topics
         self._static_topics = static_topics
         self._interval_s = interval_ms / 1000
@@ -179,6 +181,7 @@ class Registration:
 
     def _signed(self, request: RegisterBrokerRequest) -> RegisterBrokerRequest:
         request.leader_epoch = self._leader_epoch
+        request.name_servers_digest = self._servers_digest
         if self._security is not None:
             request.security_counter, request.security_digest = self._security.version()
             request.writer_term = self._security.held_term()

@@ -18,12 +18,14 @@ from tidemq.cluster.membership import (
     unregistration_fields,
     verify,
 )
+from tidemq.cluster.name_server_sets import NameServerSets
 from tidemq.cluster.nameserver import (
     DEFAULT_BROKER_TTL_MS,
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_STALE_TOPIC_MS,
     NameServer,
 )
+from tidemq.cluster.push_checks import PushChecks
 from tidemq.cluster.route_acls import RouteAcls
 from tidemq.cluster.security_holder import SecurityHolder
 from tidemq.cluster.security_link import (
@@ -37,11 +39,9 @@ from tidemq.core import limits
 from tidemq.core.clock import Clock, SystemClock
 from tidemq.core.errors import (
     AuthenticationFailed,
-    BrokerNotAvailable,
     ConfigError,
     InvalidRequest,
     Unsupported,
-    WriterFenced,
 )
 from tidemq.net.login import LoginGate
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
@@ -63,8 +63,6 @@ from tidemq.protocol.security_messages import (
     SecurityPullRequest,
     SecurityPushRequest,
     SecurityPushResponse,
-    counter_text,
-    term_of,
 )
 
 __all__ = ["NAMESERVER_CODES", "NameServerHandlers", "NameServerService"]
@@ -120,6 +118,9 @@ class NameServerHandlers:
         self._clock = clock or SystemClock()
         #: The cluster's users and ACL entries as the brokers push them (ADR 15).
         self.security = SecurityHolder()
+        #: Which name servers each broker registers with (ADR 26).
+        self.name_server_sets = NameServerSets()
+        self.push_checks = PushChecks(nameserver, self.security, self.name_server_sets)
         #: The login of client connections (None: the name server asks for none; then
         #: with a cluster key, `cluster_gate` takes brokers' logins all the same).
         self.gate: LoginGate | None = None
@@ -146,9 +147,7 @@ class NameServerHandlers:
         if code is RequestCode.SECURITY_PUSH:
             assert isinstance(header, SecurityPushRequest)
             self._verify(PUSH_KIND, push_fields(header), header)
-            self._check_term(header)
-            if header.writer_term:
-                self._check_writer(header)
+            self.push_checks.check(header)
             return SecurityPushResponse(accepted=self.security.offer(header.snapshot))
         if code is RequestCode.SECURITY_PULL:
             assert isinstance(header, SecurityPullRequest)
@@ -156,45 +155,6 @@ class NameServerHandlers:
             return self.security.snapshot
         assert isinstance(header, ClusterStatusRequest)
         return self._status()
-
-    def _check_term(self, header: SecurityPushRequest) -> None:
-        """The fence at the receiver (docs/adr/0020): tables written under an older
-        writer term than the tables held are a deposed writer's, and are refused, with
-        the terms named, rather than quietly kept or dropped. (Term 0, tables from before
-        any term, are older than any held and simply not kept, as before ADR 20.)"""
-        written = term_of(header.snapshot.counter)
-        held = term_of(self.security.held[0])
-        if 0 < written < held:
-            raise WriterFenced(
-                f"SECURITY_PUSH from {header.broker_name} refused: its users and ACL "
-                f"entries were written under writer term {written}, and this name server "
-                f"holds tables of term {held} (a newer writer's); pull those instead"
-            )
-
-    def _check_writer(self, header: SecurityPushRequest) -> None:
-        """A writer's confirmation of a change (docs/adr/0026): accepted only from the
-        broker holding that term here, of tables written under it or before, and not
-        older than those held (a writer behind is told to catch up)."""
-        snapshot = header.snapshot
-        if term_of(snapshot.counter) > header.writer_term:
-            raise InvalidRequest(
-                f"SECURITY_PUSH from {header.broker_name}: tables of writer term "
-                f"{term_of(snapshot.counter)} confirmed under term {header.writer_term}"
-            )
-        why = self.nameserver.confirms_writer(
-            header.broker_name, header.writer_term, snapshot.counter
-        )
-        if why:
-            raise WriterFenced(
-                f"SECURITY_PUSH from {header.broker_name} under writer term "
-                f"{header.writer_term} not confirmed: {why}"
-            )
-        if (snapshot.counter, snapshot.digest) < self.security.held:
-            raise BrokerNotAvailable(
-                f"SECURITY_PUSH from {header.broker_name}: this name server holds users "
-                f"and ACL entries version {counter_text(self.security.held[0])}, newer "
-                f"than {counter_text(snapshot.counter)}; pull them and retry"
-            )
 
     def _routes(self, header: GetRoutesRequest) -> GetRoutesResponse:
         ns = self.nameserver
@@ -249,6 +209,7 @@ class NameServerHandlers:
         self, header: RegisterBrokerRequest, answer: RegisterBrokerResponse
     ) -> RegisterBrokerResponse:
         """A registration answer with what the name server knows of users and ACLs."""
+        self.push_checks.registered(header.broker_name, header.name_servers_digest)
         version = (header.security_counter, header.security_digest)
         holder = self.security
         now_ms = self._clock.monotonic_ms()
