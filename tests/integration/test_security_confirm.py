@@ -48,7 +48,12 @@ from tests.support.security_cluster import (
 )
 
 import tidemq.aio
-from tidemq.core.errors import ChangeUnconfirmed, TidemqError, WriterFenced
+from tidemq.core.errors import (
+    BrokerNotAvailable,
+    ChangeUnconfirmed,
+    TidemqError,
+    WriterFenced,
+)
 from tidemq.core.scram import make_credentials
 from tidemq.net.client import ClientConnection
 from tidemq.protocol.codec import decode_response
@@ -152,8 +157,16 @@ def test_a_change_is_answered_once_a_majority_of_the_name_servers_confirmed_it(
     async def resumed() -> None:
         # The queued confirmations reach the resumed name servers, which still hold
         # broker-a's term: the change takes effect everywhere, and the retry (the same
-        # request) is answered.
-        await to_a.request(_user("dave"), Empty, timeout_s=CONVERGE_S)
+        # request) is answered once broker-a's lease is renewed (WriterFenced until then:
+        # it ran out while two name servers were stopped).
+        async def retried() -> bool:
+            try:
+                await to_a.request(_user("dave"), Empty, timeout_s=CONVERGE_S)
+            except (WriterFenced, ChangeUnconfirmed, BrokerNotAvailable):
+                return False
+            return True
+
+        await wait_until(retried, timeout_s=CONVERGE_S, what="the retry answered")
         to_a.close()
         await all_on_term(processes.bootstrap, 1)
         for server in ns:
