@@ -108,8 +108,11 @@ class SecuritySync:
         )
         #: Set once the registration runs (None: nothing to confirm with, no lease).
         self.confirmer: Confirmer | None = None
-        #: The version a majority of the name servers last confirmed.
+        #: The version a majority of the name servers last confirmed, and whether a
+        #: change was made here since (a broker that made none refuses as it would
+        #: have before the change: nothing of its own is at stake).
         self._confirmed = (-1, 0)
+        self._made_since = False
         self._confirming = asyncio.Lock()
         #: Pulls from several name servers at once take their turns (an older one
         #: finishing last must not replace a newer one).
@@ -192,6 +195,8 @@ class SecuritySync:
             if version == self._confirmed:
                 return
             term = self._leases.held_term()
+            if term == 0 and not self._made_since:
+                raise self._leases.refusal()  # a no-op on a broker that is not the writer
             if term == 0:
                 raise ChangeUnconfirmed(
                     f"users and ACL entries version {counter_text(version[0])} not confirmed: "
@@ -205,10 +210,12 @@ class SecuritySync:
                     f"({'; '.join(refusals)}); it may or may not take effect; retry"
                 )
             self._confirmed = max(self._confirmed, version)
+            self._made_since = self.version() != version  # a change made meanwhile
 
     def _after_change(self, counter: int | None) -> None:
         if counter is not None:
             self._counter = counter
+            self._made_since = True
         self._digest = self.snapshot().digest
         self._changed()
 
@@ -240,6 +247,7 @@ class SecuritySync:
         self._auth.replace_users(users)
         self._authz.replace_entries(acl_rows)
         self._counter = counter
+        self._made_since = False  # whatever was made here is replaced
         self._digest = self.snapshot().digest
         if self._digest != snapshot.digest:  # an entry this version cannot read
             log.error(
