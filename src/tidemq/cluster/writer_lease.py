@@ -58,18 +58,18 @@ class WriterLeases:
         return held[0] if held else 0
 
     def claimed_term(self) -> int:
-        """The newest term any name server granted this broker a live lease for (0:
-        none), which each registration reports: a name server that numbered the role
-        lower adopts it, so the name servers come to grant the same term."""
+        """The term each registration reports (0: none): the newest of the terms of the
+        live leases on this broker, once a majority of the name servers grant one,
+        whatever their numbers. A name server that numbered the role lower adopts it, so
+        they come to grant the same term. (Not on one name server's grant alone: that
+        would move the role away from a writer the others still name.)"""
         now = self._clock.monotonic_ms()
-        return max(
-            (
-                term
-                for writer, term, until in self._named.values()
-                if writer == self._address and now < until
-            ),
-            default=0,
-        )
+        terms = [
+            term
+            for writer, term, until in self._named.values()
+            if writer == self._address and term > 0 and now < until
+        ]
+        return max(terms) if majority(len(terms), self._name_servers) else 0
 
     def refusal(self) -> NotCoordinator | BrokerNotAvailable:
         """Why this broker may not change the tables now (when `held_term` is 0)."""
