@@ -27,7 +27,7 @@ import asyncio
 import hmac
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from tidemq.broker.config import BrokerConfig
@@ -134,6 +134,9 @@ class Authenticator:
         self.next_counter: Callable[[], int | None] = lambda: None
         #: Called after each change of the users, with the counter it carried.
         self.on_change: Callable[[int | None], None] = lambda _: None
+        #: Awaited before a change request is answered: returns once the tables are
+        #: confirmed by a majority of the name servers (SecuritySync.confirm, ADR 26).
+        self.confirm: Callable[[], Awaitable[None]] = _nothing_to_confirm
 
     @property
     def super_users(self) -> frozenset[str]:
@@ -237,12 +240,14 @@ class Authenticator:
             )
         if code is RequestCode.USER_DELETE:
             assert isinstance(header, UserDeleteRequest)
+            counter = self.next_counter()  # a deposed writer may not say "no user" either
             if header.name not in self._users:
+                await self.confirm()  # "no user" in tables a majority holds
                 raise InvalidRequest(f"no user {header.name!r}")
-            counter = self.next_counter()
             await self._gateway.call(lambda s: s.metadata.delete_user(header.name, counter=counter))
             del self._users[header.name]
             self.on_change(counter)
+            await self.confirm()
             return Empty()
         assert isinstance(header, UserUpsertRequest)
         check_user_name(header.name)
@@ -260,4 +265,9 @@ class Authenticator:
         counter = self.next_counter()
         await self._gateway.call(lambda _: self._store(header.name, credentials, counter))
         self.on_change(counter)
+        await self.confirm()
         return Empty()
+
+
+async def _nothing_to_confirm() -> None:
+    """No name servers to confirm a change with (a broker without a SecuritySync)."""

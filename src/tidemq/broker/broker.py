@@ -239,6 +239,7 @@ class Broker:
             )
             self._link = NameServerLink(self._registrations, remote=self._registration)
             self._topics.on_change = self._link.topic_changed
+            self._security.confirmer = self._registration.confirm
             await self._registration.start()
         self.tier = self._start_tier()
         self._complete_requests()
@@ -406,6 +407,7 @@ class Broker:
             address=self.address,
             server=self._server,
             register_changes=self._register_changes,
+            confirm_change=self._security.confirm,
             request_times=self.request_times,
         )
         self._handlers = self._requests.handlers

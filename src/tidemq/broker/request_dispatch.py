@@ -42,6 +42,7 @@ class RequestDispatch:
         data: DataHandlers,
         peer_offsets: Callable[[FetchOffsetsRequest], Awaitable[FetchOffsetsResponse]],
         timer_topic_of: Callable[[str], str | None],
+        confirm_change: Callable[[], Awaitable[None]],
         request_times: RequestTimes,
     ) -> None:
         self._auth = auth
@@ -52,6 +53,9 @@ class RequestDispatch:
         self._data = data
         self._peer_offsets = peer_offsets
         self._timer_topic_of = timer_topic_of
+        #: Returns once a majority of the name servers hold the security tables as they
+        #: are now (ADR 26); ChangeUnconfirmed otherwise.
+        self._confirm_change = confirm_change
         self.request_times = request_times
 
     async def dispatch(self, frame: Frame, conn: ServerConnection) -> tuple[Any, bytes]:
@@ -127,5 +131,8 @@ class RequestDispatch:
         if code is RequestCode.ACL_LIST:
             return authz.listed(header)
         if code is RequestCode.ACL_CREATE:
-            return await self._gateway.call(lambda _: authz.create(header))
-        return await self._gateway.call(lambda _: authz.delete(header))
+            answer = await self._gateway.call(lambda _: authz.create(header))
+        else:
+            answer = await self._gateway.call(lambda _: authz.delete(header))
+        await self._confirm_change()  # answered once a majority holds it (ADR 26)
+        return answer

@@ -52,6 +52,7 @@ class RequestHandling:
         address: str,
         server: TcpServer,
         register_changes: Callable[[], Awaitable[None]],
+        confirm_change: Callable[[], Awaitable[None]],
         request_times: RequestTimes,
     ) -> None:
         p, cfg = parts, parts.config
@@ -100,6 +101,7 @@ class RequestHandling:
             data=self.data,
             peer_offsets=self._peer_offsets,
             timer_topic_of=p.timers.topic_of,
+            confirm_change=confirm_change,
             request_times=request_times,
         )
         self._offset_pull: OffsetPull | None = None

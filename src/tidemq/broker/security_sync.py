@@ -24,12 +24,21 @@ cluster: no lease is needed.
 The writer also refuses a change while it knows of a newer version than its own (it
 would build on old tables): the client is told to retry (BrokerNotAvailable) and the
 next beat catches it up.
+
+A change is answered only once confirmed (ADR 26): after it is committed here, `confirm`
+pushes the tables, under the writer's term, to every name server at once, and returns
+once a majority of them hold them under that term. A name server confirms only for the
+broker holding that term there, and every answer granting a newer term carries the
+tables it holds, so the next writer starts from them. Otherwise the client is answered
+ChangeUnconfirmed ("it may or may not take effect; retry"), and a change refused under a
+newer term is dropped here (the name server's tables replace this broker's).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from tidemq.broker.auth import Authenticator
 from tidemq.broker.authorization import Authorization
@@ -37,7 +46,12 @@ from tidemq.broker.store_gateway import StoreGateway
 from tidemq.cluster.security_holder import check_snapshot, users_of
 from tidemq.cluster.writer_lease import WriterLeases
 from tidemq.core.clock import Clock, SystemClock
-from tidemq.core.errors import BrokerNotAvailable, InvalidRequest, WriterFenced
+from tidemq.core.errors import (
+    BrokerNotAvailable,
+    ChangeUnconfirmed,
+    InvalidRequest,
+    WriterFenced,
+)
 from tidemq.protocol.acl_messages import AclEntryMsg
 from tidemq.protocol.security_messages import (
     SecuritySnapshot,
@@ -49,7 +63,11 @@ from tidemq.protocol.security_messages import (
     term_of,
 )
 
-__all__ = ["SecuritySync"]
+__all__ = ["Confirmer", "SecuritySync"]
+
+#: Asks the name servers to confirm tables made under a term: [] when a majority did,
+#: else why each other did not (cluster.registration.Registration.confirm).
+Confirmer = Callable[[SecuritySnapshot, int], Awaitable[list[str]]]
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +106,19 @@ class SecuritySync:
             if name_servers == 0
             else WriterLeases(address, name_servers, clock or SystemClock())
         )
+        #: Set once the registration runs (None: nothing to confirm with, no lease).
+        self.confirmer: Confirmer | None = None
+        #: The version a majority of the name servers last confirmed, and whether a
+        #: change was made here since (a broker that made none refuses as it would
+        #: have before the change: nothing of its own is at stake).
+        self._confirmed = (-1, 0)
+        self._made_since = False
+        self._confirming = asyncio.Lock()
+        #: Pulls from several name servers at once take their turns (an older one
+        #: finishing last must not replace a newer one).
+        self._applying = asyncio.Lock()
         auth.next_counter = authz.next_counter = self.next_counter
+        auth.confirm = self.confirm
         auth.on_change = authz.on_change = self._after_change
 
     def version(self) -> tuple[int, int]:
@@ -123,7 +153,8 @@ class SecuritySync:
             self._leases.seen(server, writer, term, lease_until_ms)
 
     def held_term(self) -> int:
-        return 0 if self._leases is None else self._leases.held_term()
+        """The term to report (WriterLeases.claimed_term): what the name servers adopt."""
+        return 0 if self._leases is None else self._leases.claimed_term()
 
     def behind(self) -> bool:
         """A name server holds a newer cluster-wide version than this broker's."""
@@ -151,16 +182,55 @@ class SecuritySync:
             )
         return max(counter_of(term, 0), self._counter, self._newest[0]) + 1
 
+    async def confirm(self) -> None:
+        """Return once the tables as they are now are held by a majority of the name
+        servers under this writer's term (ADR 26); called after every change request,
+        a no-op one too (a retry must not be answered from a change never confirmed).
+        ChangeUnconfirmed otherwise. Nothing to do without leases (an embedded name
+        server: this broker is the cluster)."""
+        if self._leases is None or self.confirmer is None:
+            return
+        async with self._confirming:
+            version = self.version()
+            if version == self._confirmed:
+                return
+            term = self._leases.held_term()
+            if term == 0 and not self._made_since:
+                raise self._leases.refusal()  # a no-op on a broker that is not the writer
+            if term == 0:
+                raise ChangeUnconfirmed(
+                    f"users and ACL entries version {counter_text(version[0])} not confirmed: "
+                    f"{self._leases.refusal()}; it may or may not take effect; retry"
+                )
+            refusals = await self.confirmer(self.snapshot(), term)
+            if refusals:
+                raise ChangeUnconfirmed(
+                    f"users and ACL entries version {counter_text(version[0])} (writer term "
+                    f"{term}) not confirmed by a majority of the name servers "
+                    f"({'; '.join(refusals)}); it may or may not take effect; retry"
+                )
+            self._confirmed = max(self._confirmed, version)
+            self._made_since = self.version() != version  # a change made meanwhile
+
     def _after_change(self, counter: int | None) -> None:
         if counter is not None:
             self._counter = counter
+            self._made_since = True
         self._digest = self.snapshot().digest
         self._changed()
 
-    async def apply(self, snapshot: SecuritySnapshot) -> bool:
+    async def apply(self, snapshot: SecuritySnapshot, *, replace: bool = False) -> bool:
         """Take a pulled snapshot if it is a newer cluster-wide version than this
-        broker's; InvalidRequest (nothing changed) if it is malformed."""
-        if snapshot.counter < 1 or (snapshot.counter, snapshot.digest) <= self.version():
+        broker's (with `replace`: if it is another one); InvalidRequest (nothing
+        changed) if it is malformed."""
+        async with self._applying:
+            return await self._apply(snapshot, replace=replace)
+
+    async def _apply(self, snapshot: SecuritySnapshot, *, replace: bool) -> bool:
+        pulled = (snapshot.counter, snapshot.digest)
+        if snapshot.counter < 1 or pulled == self.version():
+            return False
+        if pulled < self.version() and not replace:
             return False
         check_snapshot(snapshot)
         users = users_of(snapshot)
@@ -177,6 +247,7 @@ class SecuritySync:
         self._auth.replace_users(users)
         self._authz.replace_entries(acl_rows)
         self._counter = counter
+        self._made_since = False  # whatever was made here is replaced
         self._digest = self.snapshot().digest
         if self._digest != snapshot.digest:  # an entry this version cannot read
             log.error(

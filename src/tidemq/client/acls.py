@@ -4,7 +4,7 @@ and ACL entries (`writer_call`, ADR 15), whence changes reach every broker."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
@@ -13,7 +13,7 @@ import msgspec
 
 from tidemq.client.cluster import ClusterClient
 from tidemq.core import acl
-from tidemq.core.errors import NotCoordinator
+from tidemq.core.errors import ChangeUnconfirmed, InvalidRequest, NotCoordinator
 from tidemq.protocol.acl_messages import (
     AclCreateRequest,
     AclDeleteRequest,
@@ -102,24 +102,40 @@ def _entries(acls: Iterable[Acl]) -> list[AclEntryMsg]:
 
 
 #: Attempts at a change of users or ACL entries while the writer moves (a failover): each
-#: NotCoordinator refreshes the routes and tries the broker they name.
+#: NotCoordinator refreshes the routes and tries the broker they name; each
+#: ChangeUnconfirmed sends the same (idempotent) request again.
 _WRITER_ATTEMPTS = 3
 
 T = TypeVar("T")
 
 
-async def writer_call(cluster: ClusterClient, request: msgspec.Struct, expected: type[T]) -> T:
+async def writer_call(
+    cluster: ClusterClient,
+    request: msgspec.Struct,
+    expected: type[T],
+    *,
+    gone: Callable[[], T] | None = None,
+) -> T:
     """A request to the cluster's writer of users and ACL entries (the security writer,
     ADR 15 and 20), which serialises every change and hands it to the other brokers
     through the name servers. A broker that is not the writer (any more) answers
-    NotCoordinator or WriterFenced, and the request goes to the writer named anew."""
+    NotCoordinator or WriterFenced, and the request goes to the writer named anew; a
+    change the name servers did not confirm (ChangeUnconfirmed, ADR 26) is sent again.
+    `gone`: the answer when a retry after ChangeUnconfirmed is refused InvalidRequest
+    (a deletion whose first attempt took effect finds nothing to delete)."""
+    unconfirmed = False
     for attempt in range(1, _WRITER_ATTEMPTS + 1):
         writer = await cluster.security_writer()
         try:
             return await cluster.call(writer, request, expected)
-        except NotCoordinator:
+        except InvalidRequest:
+            if gone is None or not unconfirmed:
+                raise
+            return gone()
+        except (NotCoordinator, ChangeUnconfirmed) as exc:
             if attempt == _WRITER_ATTEMPTS:
                 raise
+            unconfirmed = unconfirmed or isinstance(exc, ChangeUnconfirmed)
             await cluster.refresh_routes(force=True)
     raise AssertionError("unreachable")
 

@@ -885,7 +885,7 @@ class AsyncAdmin:
         """Delete a user in the cluster (InvalidRequest if there is none of that name).
         Connections it has open stay open; new logins are refused on every broker once
         the change has reached it."""
-        await acls_api.writer_call(self._cluster, UserDeleteRequest(name=name), Empty)
+        await acls_api.writer_call(self._cluster, UserDeleteRequest(name=name), Empty, gone=Empty)
 
     async def list_users(self) -> list[UserInfo]:
         """The cluster's users (the writer's), by name (names and iterations only)."""

@@ -422,6 +422,12 @@ class NameServer:
         if self._terms.report(broker_name, held_term, counter):
             self._changes += 1
 
+    def confirms_writer(self, broker_name: str, held_term: int, counter: int) -> str:
+        """A writer's confirmation push (writer_terms.py `confirms`): "" to accept it,
+        else why not."""
+        self.report_writer(broker_name, held_term, counter)
+        return self._terms.confirms(broker_name, held_term)
+
     def extend_leases(self, paused_ms: float) -> None:
         """The name server itself was stopped for `paused_ms` (SIGSTOP, a VM pause): brokers
         could not reach it, so that time does not count as their silence."""

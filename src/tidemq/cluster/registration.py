@@ -10,7 +10,8 @@ Failures are logged and retried at the next interval; they never stop the broker
 The beat is the shorter of the broker's own interval and the one the name servers ask for
 (their answer carries it), so a name server configured for fast failure detection gets
 beats fast enough for its TTL. A failure is logged once when it starts and once when that
-name server answers again, not at every beat.
+name server answers again, not at every beat. Each name server has a beat of its own: one
+that does not answer holds up only its own.
 """
 
 from __future__ import annotations
@@ -21,10 +22,18 @@ import ssl
 from collections.abc import Callable
 
 from tidemq.cluster.membership import registration_fields, sign, unregistration_fields
-from tidemq.cluster.security_link import SecurityTables, cluster_login, follow
+from tidemq.cluster.name_server_sets import digest
+from tidemq.cluster.security_link import (
+    SecurityTables,
+    cluster_login,
+    confirm_change,
+    follow,
+    take_tables,
+)
 from tidemq.cluster.topic_journal import TopicJournal, TopicLookup
+from tidemq.cluster.writer_lease import majority
 from tidemq.core.clock import Clock, SystemClock
-from tidemq.core.errors import BrokerNotAvailable, TidemqError
+from tidemq.core.errors import BrokerNotAvailable, TidemqError, WriterFenced
 from tidemq.net.client import ClientConnection
 from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
 from tidemq.protocol.commands import (
@@ -36,6 +45,7 @@ from tidemq.protocol.commands import (
     StaticTopicReg,
     UnregisterBrokerRequest,
 )
+from tidemq.protocol.security_messages import SecuritySnapshot
 
 __all__ = ["Registration"]
 
@@ -85,6 +95,7 @@ class Registration:
         self._created_ms = created_ms
         self._address = address
         self._servers = name_servers
+        self._servers_digest = digest(name_servers)
         self._topics = topics
         self._static_topics = static_topics
         self._interval_s = interval_ms / 1000
@@ -93,7 +104,13 @@ class Registration:
         self._security_failing: set[str] = set()
         self._conns: dict[str, ClientConnection] = {}
         self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        #: One beat per name server, each woken by `changed`: a name server that does
+        #: not answer (stopped, cut off) holds up its own beat only, never the others'
+        #: (the writer's lease needs a majority of them renewed in time, ADR 20).
+        self._wakes = {server: asyncio.Event() for server in name_servers}
+        #: Held while a connection to a name server opens (beats and confirmations
+        #: share one connection per name server).
+        self._opening: dict[str, asyncio.Lock] = {}
 
     async def start(self) -> None:
         """Register once (a broker that says it serves is in the routes: clients may use
@@ -104,9 +121,14 @@ class Registration:
 
     def changed(self) -> None:
         """Topics changed: register now instead of at the next beat."""
-        self._wake.set()
+        for wake in self._wakes.values():
+            wake.set()
 
     async def _conn(self, server: str) -> ClientConnection:
+        async with self._opening.setdefault(server, asyncio.Lock()):  # one per server
+            return await self._open(server)
+
+    async def _open(self, server: str) -> ClientConnection:
         conn = self._conns.get(server)
         if conn is None or not conn.is_open:
             conn = await ClientConnection.open(
@@ -159,6 +181,7 @@ class Registration:
 
     def _signed(self, request: RegisterBrokerRequest) -> RegisterBrokerRequest:
         request.leader_epoch = self._leader_epoch
+        request.name_servers_digest = self._servers_digest
         if self._security is not None:
             request.security_counter, request.security_digest = self._security.version()
             request.writer_term = self._security.held_term()
@@ -172,36 +195,45 @@ class Registration:
         return request
 
     async def register_once(self) -> None:
-        full: RegisterBrokerRequest | None = None  # built once, for every server needing it
-        for server in self._servers:
-            request = self._delta(server)
-            try:
-                conn = await self._conn(server)
-                # A writer's lease runs from when its registration was sent (ADR 20).
+        """Register with every name server at once."""
+        full: list[RegisterBrokerRequest] = []  # built once, for every server needing it
+
+        def whole() -> RegisterBrokerRequest:
+            if not full:
+                full.append(self._full())
+            return full[0]
+
+        await asyncio.gather(*(self._register_with(server, whole) for server in self._servers))
+
+    async def _register_with(self, server: str, whole: Callable[[], RegisterBrokerRequest]) -> None:
+        request = self._delta(server)
+        try:
+            conn = await self._conn(server)
+            # A writer's lease runs from when its registration was sent (ADR 20).
+            sent_ms = self._clock.monotonic_ms()
+            if request is not None:
+                answer, _ = await conn.request(
+                    request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S
+                )
+            if request is None or not answer.accepted:
+                request = whole()
                 sent_ms = self._clock.monotonic_ms()
-                if request is not None:
-                    answer, _ = await conn.request(
-                        request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S
-                    )
-                if request is None or not answer.accepted:
-                    request = full = full or self._full()
-                    sent_ms = self._clock.monotonic_ms()
-                    answer, _ = await conn.request(
-                        request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S
-                    )
-            except TidemqError as exc:
-                self._acked.pop(server, None)  # what it holds is unknown: the whole list next
-                if server not in self._failing:
-                    self._failing.add(server)
-                    log.warning("registering with name server %s failed: %s", server, exc)
-                continue
-            self._acked[server] = request.version
-            if server in self._failing:
-                self._failing.discard(server)
-                log.warning("registered with name server %s again", server)
-            self._follow_interval(server, answer.heartbeat_interval_ms)
-            if self._security is not None:
-                await self._follow_security(server, conn, answer, sent_ms)
+                answer, _ = await conn.request(
+                    request, RegisterBrokerResponse, timeout_s=_REQUEST_TIMEOUT_S
+                )
+        except TidemqError as exc:
+            self._acked.pop(server, None)  # what it holds is unknown: the whole list next
+            if server not in self._failing:
+                self._failing.add(server)
+                log.warning("registering with name server %s failed: %s", server, exc)
+            return
+        self._acked[server] = request.version
+        if server in self._failing:
+            self._failing.discard(server)
+            log.warning("registered with name server %s again", server)
+        self._follow_interval(server, answer.heartbeat_interval_ms)
+        if self._security is not None:
+            await self._follow_security(server, conn, answer, sent_ms)
 
     async def _follow_security(
         self, server: str, conn: ClientConnection, answer: RegisterBrokerResponse, sent_ms: float
@@ -226,6 +258,75 @@ class Registration:
                 log.warning("users and ACL entries with name server %s: %s", server, exc)
             return
         self._security_failing.discard(server)
+
+    async def confirm(self, snapshot: SecuritySnapshot, term: int) -> list[str]:
+        """Ask every name server at once to confirm the writer's tables `snapshot`,
+        made under writer `term` (docs/adr/0026); each is given `_REQUEST_TIMEOUT_S`.
+        [] as soon as a majority confirmed (the others' answers are not awaited); else
+        why each that did not, and if one refused under a newer term, the broker's
+        tables replaced by that one's (the change is dropped here rather than pushed
+        again)."""
+        asks = {
+            asyncio.ensure_future(self._confirm_one(server, snapshot, term)): server
+            for server in self._servers
+        }
+        refusals: dict[str, tuple[str, bool]] = {}
+        confirmed = 0
+        try:
+            for done in asyncio.as_completed(asks):
+                why = await done
+                if why is None:
+                    confirmed += 1
+                    if majority(confirmed, len(self._servers)):
+                        return []
+        finally:
+            for ask in asks:
+                ask.cancel()
+        for ask, server in asks.items():
+            why = ask.result()
+            if why is not None:
+                refusals[server] = why
+        fenced = [server for server, (_, newer) in refusals.items() if newer]
+        if fenced:
+            await self._take_tables(fenced[0])
+        return [f"{server}: {why}" for server, (why, _) in refusals.items()]
+
+    async def _take_tables(self, server: str) -> None:
+        assert self._security is not None
+        try:
+            conn = await self._conn(server)
+            await take_tables(
+                conn,
+                self._security,
+                self._name,
+                key=self._cluster_key,
+                clock=self._clock,
+                timeout_s=_REQUEST_TIMEOUT_S,
+            )
+        except TidemqError as exc:
+            log.warning("taking users and ACL entries from %s: %s", server, exc)
+
+    async def _confirm_one(
+        self, server: str, snapshot: SecuritySnapshot, term: int
+    ) -> tuple[str, bool] | None:
+        """None: `server` confirmed; else (why not, whether it refused under a newer
+        writer term)."""
+        try:
+            conn = await self._conn(server)
+            await confirm_change(
+                conn,
+                snapshot,
+                term,
+                broker_name=self._name,
+                key=self._cluster_key,
+                clock=self._clock,
+                timeout_s=_REQUEST_TIMEOUT_S,
+            )
+        except WriterFenced as exc:
+            return str(exc), True
+        except TidemqError as exc:
+            return f"{type(exc).__name__}: {exc}", False
+        return None
 
     def _follow_interval(self, server: str, interval_ms: int) -> None:
         if 0 < interval_ms < self._interval_s * 1000:
@@ -269,12 +370,18 @@ class Registration:
         )
 
     async def _run(self) -> None:
+        async with asyncio.TaskGroup() as beats:
+            for server in self._servers:
+                beats.create_task(self._beat(server))
+
+    async def _beat(self, server: str) -> None:
+        wake = self._wakes[server]
         while True:
-            await self.register_once()
-            self._wake.clear()
+            wake.clear()  # before: a change made during this registration wakes the next
+            await self._register_with(server, self._full)
             try:
                 async with asyncio.timeout(self._interval_s):
-                    await self._wake.wait()
+                    await wake.wait()
             except TimeoutError:
                 pass
 

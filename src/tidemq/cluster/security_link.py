@@ -39,9 +39,11 @@ __all__ = [
     "SecurityTables",
     "check_cluster_login",
     "cluster_login",
+    "confirm_change",
     "follow",
     "login_fields",
     "push_fields",
+    "take_tables",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,11 +82,14 @@ class SecurityTables(Protocol):
         ...
 
     def held_term(self) -> int:
-        """The writer term this broker holds a live lease for (0: none)."""
+        """The newest writer term a name server granted this broker a live lease for
+        (0: none), reported at each registration."""
         ...
 
-    async def apply(self, snapshot: SecuritySnapshot) -> bool:
-        """Replace the tables with a pulled snapshot if it is newer; whether it was."""
+    async def apply(self, snapshot: SecuritySnapshot, *, replace: bool = False) -> bool:
+        """Replace the tables with a pulled snapshot if it is newer (with `replace`: if
+        it is another version, a writer dropping a change no majority confirmed);
+        whether it did."""
         ...
 
 
@@ -93,7 +98,10 @@ def login_fields(broker_name: str) -> list[object]:
 
 
 def push_fields(request: SecurityPushRequest) -> list[object]:
-    return [request.broker_name, request.snapshot.counter, request.snapshot.digest]
+    fields: list[object] = [request.broker_name, request.snapshot.counter, request.snapshot.digest]
+    if request.writer_term:  # signed too: a copy's signature cannot make a confirmation
+        fields.append(request.writer_term)
+    return fields
 
 
 async def cluster_login(
@@ -175,7 +183,29 @@ async def follow(
         await _pull(conn, tables, broker_name, key=key, clock=clock, timeout_s=timeout_s)
 
 
-async def _pull(
+async def confirm_change(
+    conn: ClientConnection,
+    snapshot: SecuritySnapshot,
+    term: int,
+    *,
+    broker_name: str,
+    key: bytes | None,
+    clock: Clock,
+    timeout_s: float,
+) -> None:
+    """Ask one name server to confirm the writer's tables `snapshot`, made under writer
+    `term` (docs/adr/0026). Returns once it holds them; raises what it answered
+    otherwise (WriterFenced: it has granted a newer term or another holder;
+    BrokerNotAvailable: it holds newer tables), or RequestTimeout."""
+    push = SecurityPushRequest(broker_name=broker_name, snapshot=snapshot, writer_term=term)
+    if key is not None:
+        push.signed_ms, push.signature = sign(
+            key, PUSH_KIND, push_fields(push), now_ms=clock.now_ms()
+        )
+    await conn.request(push, SecurityPushResponse, timeout_s=timeout_s)
+
+
+async def take_tables(
     conn: ClientConnection,
     tables: SecurityTables,
     broker_name: str,
@@ -184,13 +214,28 @@ async def _pull(
     clock: Clock,
     timeout_s: float,
 ) -> None:
+    """Replace the broker's tables with the name server's, whatever their versions: a
+    writer whose change the name servers refused under a newer term drops it."""
+    await _pull(conn, tables, broker_name, key=key, clock=clock, timeout_s=timeout_s, replace=True)
+
+
+async def _pull(
+    conn: ClientConnection,
+    tables: SecurityTables,
+    broker_name: str,
+    *,
+    key: bytes | None,
+    clock: Clock,
+    timeout_s: float,
+    replace: bool = False,
+) -> None:
     pull = SecurityPullRequest(broker_name=broker_name)
     if key is not None:
         pull.signed_ms, pull.signature = sign(
             key, PULL_KIND, login_fields(broker_name), now_ms=clock.now_ms()
         )
     snapshot, _ = await conn.request(pull, SecuritySnapshot, timeout_s=timeout_s)
-    if await tables.apply(snapshot):
+    if await tables.apply(snapshot, replace=replace):
         log.info(
             "took users and ACL entries version %s from name server %s",
             counter_text(snapshot.counter),

@@ -17,12 +17,14 @@ from tidemq.cluster.membership import (
     unregistration_fields,
     verify,
 )
+from tidemq.cluster.name_server_sets import NameServerSets
 from tidemq.cluster.nameserver import (
     DEFAULT_BROKER_TTL_MS,
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_STALE_TOPIC_MS,
     NameServer,
 )
+from tidemq.cluster.push_checks import PushChecks
 from tidemq.cluster.route_acls import RouteAcls
 from tidemq.cluster.security_holder import SecurityHolder
 from tidemq.cluster.security_link import (
@@ -39,7 +41,6 @@ from tidemq.core.errors import (
     ConfigError,
     InvalidRequest,
     Unsupported,
-    WriterFenced,
 )
 from tidemq.net.login import LoginGate
 from tidemq.net.server import ServerConnection, ServerLimits, TcpServer
@@ -62,7 +63,6 @@ from tidemq.protocol.security_messages import (
     SecurityPullRequest,
     SecurityPushRequest,
     SecurityPushResponse,
-    term_of,
 )
 
 __all__ = ["NAMESERVER_CODES", "NameServerHandlers", "NameServerService"]
@@ -118,6 +118,9 @@ class NameServerHandlers:
         self._clock = clock or SystemClock()
         #: The cluster's users and ACL entries as the brokers push them (ADR 15).
         self.security = SecurityHolder()
+        #: Which name servers each broker registers with (ADR 26).
+        self.name_server_sets = NameServerSets()
+        self.push_checks = PushChecks(nameserver, self.security, self.name_server_sets)
         #: The login of client connections (None: the name server asks for none; then
         #: with a cluster key, `cluster_gate` takes brokers' logins all the same).
         self.gate: LoginGate | None = None
@@ -144,7 +147,7 @@ class NameServerHandlers:
         if code is RequestCode.SECURITY_PUSH:
             assert isinstance(header, SecurityPushRequest)
             self._verify(PUSH_KIND, push_fields(header), header)
-            self._check_term(header)
+            self.push_checks.check(header)
             return SecurityPushResponse(accepted=self.security.offer(header.snapshot))
         if code is RequestCode.SECURITY_PULL:
             assert isinstance(header, SecurityPullRequest)
@@ -152,20 +155,6 @@ class NameServerHandlers:
             return self.security.snapshot
         assert isinstance(header, ClusterStatusRequest)
         return self._status()
-
-    def _check_term(self, header: SecurityPushRequest) -> None:
-        """The fence at the receiver (docs/adr/0020): tables written under an older
-        writer term than the tables held are a deposed writer's, and are refused, with
-        the terms named, rather than quietly kept or dropped. (Term 0, tables from before
-        any term, are older than any held and simply not kept, as before ADR 20.)"""
-        written = term_of(header.snapshot.counter)
-        held = term_of(self.security.held[0])
-        if 0 < written < held:
-            raise WriterFenced(
-                f"SECURITY_PUSH from {header.broker_name} refused: its users and ACL "
-                f"entries were written under writer term {written}, and this name server "
-                f"holds tables of term {held} (a newer writer's); pull those instead"
-            )
 
     def _routes(self, header: GetRoutesRequest) -> GetRoutesResponse:
         ns = self.nameserver
@@ -220,6 +209,7 @@ class NameServerHandlers:
         self, header: RegisterBrokerRequest, answer: RegisterBrokerResponse
     ) -> RegisterBrokerResponse:
         """A registration answer with what the name server knows of users and ACLs."""
+        self.push_checks.registered(header.broker_name, header.name_servers_digest)
         version = (header.security_counter, header.security_digest)
         holder = self.security
         now_ms = self._clock.monotonic_ms()

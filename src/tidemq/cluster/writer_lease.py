@@ -13,10 +13,17 @@ Not thread-safe. No I/O.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from tidemq.core.clock import Clock
 from tidemq.core.errors import BrokerNotAvailable, NotCoordinator, WriterFenced
 
-__all__ = ["WriterLeases"]
+__all__ = ["WriterLeases", "majority"]
+
+
+def majority(count: int, name_servers: int) -> bool:
+    """Whether `count` of `name_servers` is a majority (two majorities always share one)."""
+    return count * 2 > name_servers
 
 
 class WriterLeases:
@@ -38,16 +45,31 @@ class WriterLeases:
 
     def held_term(self) -> int:
         """The term this broker holds a live lease for from a majority of its name
-        servers (the newest of theirs); 0: none."""
+        servers, all naming that same term; 0: none. (Name servers number terms on
+        their own: a term only some of them granted is not one a majority agreed on,
+        and the majority's confirmations of a change are asked under it, ADR 26.)"""
+        now = self._clock.monotonic_ms()
+        terms = Counter(
+            term
+            for writer, term, until in self._named.values()
+            if writer == self._address and term > 0 and now < until
+        )
+        held = [term for term, count in terms.items() if majority(count, self._name_servers)]
+        return held[0] if held else 0
+
+    def claimed_term(self) -> int:
+        """The term each registration reports (0: none): the newest of the terms of the
+        live leases on this broker, once a majority of the name servers grant one,
+        whatever their numbers. A name server that numbered the role lower adopts it, so
+        they come to grant the same term. (Not on one name server's grant alone: that
+        would move the role away from a writer the others still name.)"""
         now = self._clock.monotonic_ms()
         terms = [
             term
             for writer, term, until in self._named.values()
             if writer == self._address and term > 0 and now < until
         ]
-        if len(terms) * 2 <= self._name_servers:
-            return 0
-        return max(terms)
+        return max(terms) if majority(len(terms), self._name_servers) else 0
 
     def refusal(self) -> NotCoordinator | BrokerNotAvailable:
         """Why this broker may not change the tables now (when `held_term` is 0)."""

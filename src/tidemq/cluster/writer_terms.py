@@ -52,6 +52,19 @@ class WriterTerms:
             return True
         return False
 
+    def confirms(self, broker: str, term: int) -> str:
+        """Whether this name server confirms a change `broker` made under writer `term`
+        (docs/adr/0026): "" if `broker` holds `term` here, else why not. `report` the
+        same term first (a term another name server granted is adopted as a
+        registration's would be). Once this name server has granted a newer term it
+        confirms nothing older: every answer granting a term carries the tables held,
+        so a change it confirmed reaches the next writer before that one writes."""
+        if self.holder == broker and self.term == term:
+            return ""
+        if self.term > term:
+            return f"this name server has granted writer term {self.term}"
+        return f"writer term {term} is not {broker}'s here (term {self.term}: {self.holder!r})"
+
     def release(self, broker: str) -> None:
         """`broker` is another process now (it registered from another address: a
         replica group's new leader under the group's name): whatever lease its previous

@@ -95,6 +95,7 @@ class ErrorCode(IntEnum):
     ETCD_UNAVAILABLE = 37
     NOT_ENOUGH_REPLICAS = 38
     WRITER_FENCED = 39
+    CHANGE_UNCONFIRMED = 40
 
 
 class TidemqError(Exception):
@@ -341,6 +342,16 @@ class WriterFenced(NotCoordinator):
     tables it carries were written under a term older than the tables already held
     (docs/adr/0020). The message names both terms. Retriable for a client, which asks
     the name servers for the writer again and retries there."""
+
+
+@_error(ErrorCode.CHANGE_UNCONFIRMED, retriable=True)
+class ChangeUnconfirmed(TidemqError):
+    """A change of users or ACL entries was made on the security writer, but a majority
+    of the name servers did not confirm it under the writer's term in time (the writer
+    was deposed meanwhile, or the name servers did not answer): it may yet reach every
+    broker, or be dropped in favour of a newer writer's tables (docs/adr/0026). The
+    message says why. Retriable: every change is idempotent (a user is set to the keys
+    given, an entry added or removed), so the client sends the same request again."""
 
 
 @_error(ErrorCode.NOT_ENOUGH_REPLICAS, retriable=True)

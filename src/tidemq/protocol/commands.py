@@ -458,6 +458,10 @@ class RegisterBrokerRequest(_Msg):
     #: The security writer's term this broker holds a lease for (docs/adr/0020; 0:
     #: none): a name server that restarted learns the writer from it.
     writer_term: int = 0
+    #: A digest of the name servers this broker registers with (cluster/name_server_sets.py;
+    #: 0: not said): a writer's change is confirmed by a majority of its list, so every
+    #: broker must list the same ones (docs/adr/0026).
+    name_servers_digest: int = 0
 
 
 class RegisterBrokerResponse(_Msg):

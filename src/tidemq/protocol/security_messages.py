@@ -2,7 +2,10 @@
 snapshot that travels, its version, and the two requests that move it.
 
 * SECURITY_PUSH (140), broker -> name server: "here are my tables" (when the name server's
-  registration answer asks for them: the broker's version is newer than what it holds).
+  registration answer asks for them: the broker's version is newer than what it holds),
+  or, with `writer_term`, the security writer's confirmation of a change it made: it
+  answers the change's client only once a majority of the name servers accepted it
+  (docs/adr/0026).
 * SECURITY_PULL (141), broker -> name server: "give me the tables you hold" (when the
   registration answer names a newer version than the broker's).
 
@@ -109,13 +112,20 @@ class SecuritySnapshot(_Msg):
 class SecurityPushRequest(_Msg):
     broker_name: str
     snapshot: SecuritySnapshot
-    #: As for RegisterBrokerRequest (membership.py), over (counter, digest).
+    #: As for RegisterBrokerRequest (membership.py), over (counter, digest) and, when
+    #: set, `writer_term`.
     signed_ms: int = 0
     signature: bytes = b""
+    #: 0: a copy of the tables (the name server asked for them). Else the writer term
+    #: the pushing broker holds: a writer's confirmation of a change it made, which
+    #: the name server accepts only from the broker holding that term there, and only
+    #: if it holds no newer tables (docs/adr/0026).
+    writer_term: int = 0
 
 
 class SecurityPushResponse(_Msg):
-    #: False: the name server holds this version or a newer one already.
+    #: False: the name server holds this version or a newer one already. (A writer's
+    #: confirmation is refused with an error instead; any answer confirms it.)
     accepted: bool = True
 
 
