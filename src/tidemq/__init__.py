@@ -205,6 +205,7 @@ _WHERE: Final[dict[str, tuple[str, str]]] = {
     "BroadcastConsumer": ("tidemq.client.sync", "BroadcastConsumer"),
     "BrokerInfo": ("tidemq.client.results", "BrokerInfo"),
     "BrokerNotAvailable": ("tidemq.core.errors", "BrokerNotAvailable"),
+    "ChangeUnconfirmed": ("tidemq.core.errors", "ChangeUnconfirmed"),
     "BrokerStatus": ("tidemq.client.results", "BrokerStatus"),
     "CancelResult": ("tidemq.client.results", "CancelResult"),
     "CommittedOffset": ("tidemq.client.results", "CommittedOffset"),
