@@ -36,6 +36,7 @@ from tidemq.broker.handlers.key_query import KeyQueryHandler
 from tidemq.broker.handlers.origin_lookup import OriginLookup
 from tidemq.broker.handlers.special import SpecialHandlers
 from tidemq.broker.long_polling import LongPolling
+from tidemq.broker.member_tables import MemberTables
 from tidemq.broker.metrics import (
     MetricsSnapshot,
     RequestTimes,
@@ -470,6 +471,7 @@ class Broker:
                 "tidemq[server] (pyarrow and obstore)"
             ) from None
         tier = TierService(cfg.tiered, cfg.broker_name, self._gateway, self._topics, self._clock)
+        tier.publish_tables = self._tables.publish
         self._data.tier = self._pop.tier = self._static.retired.tier = tier
         return tier
 
@@ -608,6 +610,8 @@ class Broker:
         self._rebuild_services(store)
         self._book = OffsetBook(self._gateway)
         await self._book.start()
+        self._tables = MemberTables(self._gateway)
+        await self._tables.start()
         self._start_security(store)
         await self._transactions.start()
         self._timers.start()
@@ -759,7 +763,9 @@ class Broker:
 
     async def _register_now(self) -> None:
         """Register in full now (a static topic's chains changed: not a delta's business),
-        returning once the name servers have it."""
+        returning once the name servers have it, and once the chains are in the group's
+        log (`member_tables`)."""
+        await self._tables.publish()
         self._registrations.journal.touch(None)
         await self._register_changes()
 

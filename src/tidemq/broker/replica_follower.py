@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
 
 from tidemq.broker.compaction_runner import CompactionRunner
+from tidemq.broker.member_tables import catch_up
 from tidemq.broker.metrics import disk_usage
 from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
 from tidemq.broker.replica_start_over import (
@@ -326,6 +327,9 @@ class ReplicaFollower:
             self._pending_state = answer.state
             self._state_version = answer.state.version
         self._apply_state()
+        # The leader's tier ranges and static chains, as far as committed: this member's
+        # retention of offloaded topics follows the leader's remote ends.
+        catch_up(store)
         if store.checkpoint_due():
             with contextlib.suppress(TidemqError):
                 store.checkpoint()

@@ -27,7 +27,7 @@ import contextlib
 import functools
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -112,6 +112,8 @@ class TierService:
         self.reads = TierReads(self.reader, self.stats, topics, self.loaded, config.url)
         #: Static topics: other brokers' offloaded links.
         self.links = TierLinks(self.store, self.reader, self.stats, clock)
+        #: Writes the ranges a pass changed into the replicated log (`member_tables`).
+        self.publish_tables: Callable[[], Awaitable[None]] | None = None
 
     async def _io(self, fn: Callable[..., _T], *args: object) -> _T:
         """A blocking object-store or Parquet call, on a worker thread."""
@@ -164,6 +166,10 @@ class TierService:
                 for q in self._topics.hosted(t.name)
             )
         )
+        if self.publish_tables is not None:
+            # The group's other members learn the new remote ends (their retention, and
+            # a promoted member's reads, follow them).
+            await self.publish_tables()
         if self.stats.uploaded_files != uploaded or self._gateway.store.watermark.full:
             # Local copies past local.retention.* may go now rather than at the next
             # retention run: a disk filled while the store was down empties as it catches
