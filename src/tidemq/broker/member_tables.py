@@ -145,7 +145,7 @@ class MemberTables:
             if error is not None:
                 _renote(store, rows)
                 raise error
-            if meta.tables_applied() == end:
+            if (meta.tables_applied() or 0) == end:
                 # Nothing but these rows since the tables last stood: they stand past them.
                 meta.set_tables_applied(store.queue_bounds(TABLES_TOPIC, 0)[1])
 

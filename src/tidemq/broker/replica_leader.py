@@ -340,7 +340,12 @@ class ReplicaLeader:
         follower.caught_up_ms = float("-inf")
         follower.answered_end = store.end_position
         answer = start_over_answer(
-            store, req.position, epoch=self.epoch, committed=self._committed, history=self._history
+            store,
+            req.position,
+            epoch=self.epoch,
+            committed=self._committed,
+            history=self._history,
+            max_bytes=req.max_bytes,
         )
         log.info(
             "group %s epoch %d: %s asked from log position %d, below this log's start %d: "

@@ -24,6 +24,7 @@ from tidemq.protocol.replica_messages import (
     ReplicaFetchResponse,
     ReplicaFileRequest,
     ReplicaFileResponse,
+    ReplicaProducerWindow,
     ReplicaQueueStart,
     ReplicaStartOver,
     ReplicaTopic,
@@ -78,12 +79,25 @@ def add_topic_table(answer: ReplicaFetchResponse, store: MessageStore) -> None:
     answer.last_producer_id = store.metadata.last_producer_id()
 
 
+#: Bytes of a start-over answer counted per producer-window batch it carries (four
+#: msgpack integers of at most 9 bytes and the array's header, rounded up): the windows
+#: take at most a quarter of the fetch's `max_bytes`.
+_BYTES_PER_WINDOW_BATCH: Final = 48
+
+
 def start_over_answer(
-    store: MessageStore, asked: int, *, epoch: int, committed: int, history: EpochHistory
+    store: MessageStore,
+    asked: int,
+    *,
+    epoch: int,
+    committed: int,
+    history: EpochHistory,
+    max_bytes: int,
 ) -> ReplicaFetchResponse:
     """The leader's answer to a fetch from `asked`, below its log start: start over
-    there (with the topic table, which the follower mirrors first)."""
-    plan = plan_start_over(store)
+    there (with the topic table, which the follower mirrors first, and the producer
+    windows of batches before its log start, in at most a quarter of `max_bytes`)."""
+    plan = plan_start_over(store, max_batches=max_bytes // 4 // _BYTES_PER_WINDOW_BATCH)
     answer = ReplicaFetchResponse(
         epoch=epoch,
         position=asked,
@@ -99,6 +113,7 @@ def start_over_answer(
                 ReplicaCompactedFile(f.topic_id, f.queue_id, f.generation, f.start, f.end, f.size)
                 for f in plan.compacted
             ],
+            producers=[ReplicaProducerWindow(*row) for row in plan.producers],
         ),
     )
     add_topic_table(answer, store)
@@ -112,6 +127,9 @@ def plan_of(message: ReplicaStartOver) -> StartOverPlan:
         compacted=[
             CompactedFile(f.topic_id, f.queue_id, f.generation, f.start, f.end, f.size)
             for f in message.compacted
+        ],
+        producers=[
+            (p.topic_id, p.queue_id, p.producer_id, p.epoch, p.window) for p in message.producers
         ],
     )
 
