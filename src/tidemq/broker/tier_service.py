@@ -224,6 +224,7 @@ class TierService:
         if manifest is not None and manifest.topic_created_ms != info.created_ms:
             manifest = None  # an earlier topic of the same name: its files are orphans
         view = await self._gateway.call(lambda s: s.offload.open_range(info.name, qt.queue))
+        found = manifest is not None
         if manifest is None:
             manifest = QueueManifest(
                 broker=self._broker,
@@ -255,6 +256,11 @@ class TierService:
                 f"the tier's manifest of {info.name}/{qt.queue} ends at {manifest.end}, the "
                 f"broker recorded {view.remote_end}: offsets in between are lost"
             )
+        if found and manifest.log_start > view.log_start:
+            # Remote retention went on without this store's record of it (a crash, or a
+            # replica group's leader lost before the group committed it).
+            start = manifest.log_start
+            await self._gateway.call(lambda s: s.offload.set_log_start(info.name, qt.queue, start))
         listed = {f.path for f in manifest.files}
         prefix = queue_data_prefix(info.name, self._broker, qt.queue)
         for orphan in await self._io(self.store.list, prefix):
