@@ -21,6 +21,7 @@ from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import (
     EpochStart,
     ReplicaCompactedFile,
+    ReplicaFetchRequest,
     ReplicaFetchResponse,
     ReplicaFileRequest,
     ReplicaFileResponse,
@@ -38,6 +39,7 @@ from tidemq.store.start_over import (
     check_staged,
     mark_for_start_over,
     plan_start_over,
+    read_compacted_file,
     staging_path,
     start_over,
 )
@@ -46,10 +48,12 @@ __all__ = [
     "StartOverFailed",
     "add_topic_table",
     "copy_compacted_files",
+    "file_answer",
     "plan_of",
     "restart_empty",
     "restart_store",
     "start_over_answer",
+    "start_over_at",
 ]
 
 log = logging.getLogger(__name__)
@@ -87,20 +91,20 @@ _BYTES_PER_WINDOW_BATCH: Final = 48
 
 def start_over_answer(
     store: MessageStore,
-    asked: int,
+    req: ReplicaFetchRequest,
     *,
     epoch: int,
     committed: int,
     history: EpochHistory,
-    max_bytes: int,
 ) -> ReplicaFetchResponse:
-    """The leader's answer to a fetch from `asked`, below its log start: start over
-    there (with the topic table, which the follower mirrors first, and the producer
-    windows of batches before its log start, in at most a quarter of `max_bytes`)."""
-    plan = plan_start_over(store, max_batches=max_bytes // 4 // _BYTES_PER_WINDOW_BATCH)
+    """The leader's answer to a fetch below its log start (retention deleted what the
+    follower needs next): start over there, with the topic table, which the follower
+    mirrors first, and the producer windows of batches before the log start, in at most
+    a quarter of the request's `max_bytes`."""
+    plan = plan_start_over(store, max_batches=req.max_bytes // 4 // _BYTES_PER_WINDOW_BATCH)
     answer = ReplicaFetchResponse(
         epoch=epoch,
-        position=asked,
+        position=req.position,
         leader_end=store.end_position,
         log_start=plan.position,
         committed=committed,
@@ -117,7 +121,29 @@ def start_over_answer(
         ),
     )
     add_topic_table(answer, store)
+    log.info(
+        "epoch %d: %s asked from log position %d, below this log's start %d: it starts over there",
+        epoch,
+        req.member,
+        req.position,
+        plan.position,
+    )
     return answer
+
+
+def file_answer(
+    store: MessageStore, req: ReplicaFileRequest, max_bytes: int
+) -> tuple[ReplicaFileResponse, bytes]:
+    """The leader's answer to REPLICA_FILE: bytes of a compacted log file, at most
+    `max_bytes` (and the request's)."""
+    data, size = read_compacted_file(
+        store,
+        (req.topic_id, req.queue_id),
+        req.generation,
+        req.offset,
+        min(req.max_bytes, max_bytes),
+    )
+    return ReplicaFileResponse(size=size, offset=req.offset), data
 
 
 def plan_of(message: ReplicaStartOver) -> StartOverPlan:
@@ -229,6 +255,38 @@ async def restart_store(
     if error is not None:
         raise StartOverFailed(opened, error) from error
     return opened
+
+
+async def start_over_at(
+    conn: ClientConnection,
+    answer: ReplicaFetchResponse,
+    base: ReplicaFileRequest,
+    store: MessageStore,
+    history: EpochHistory,
+    *,
+    lock: asyncio.Lock,
+    clock: Clock,
+    step: Callable[[str], None] | None,
+) -> tuple[MessageStore, int]:
+    """The follower's side of a `start_over` answer: copy the leader's compacted log
+    files (REPLICA_FILE, `base` naming the group, member, epoch and chunk size), then,
+    holding `lock` (compaction's), start the store over at the leader's log start with
+    the leader's epoch history up to there. Returns the store opened again and that
+    position; `StartOverFailed` carries the store opened again (empty) on failure."""
+    start = answer.start_over
+    assert start is not None
+    plan = plan_of(start)
+    await copy_compacted_files(
+        conn, plan, fs=OsFileSystem(), data_dir=store.config.data_dir, base=base
+    )
+    epochs = [
+        EpochEntry(e.epoch, e.start_position)
+        for e in answer.epochs
+        if e.start_position <= plan.position
+    ]
+    async with lock:
+        opened = await restart_store(store, plan, history, epochs, clock=clock, step=step)
+    return opened, plan.position
 
 
 class StartOverFailed(TidemqError):
