@@ -28,8 +28,9 @@ group's). A leader never applies its own records while it leads: a record is old
 the table it was taken from. A record of a topic id the member has not mirrored yet stops
 the catch-up there (the next round goes on); a record of a deleted topic is skipped.
 
-A data directory from before this topic: the broker's first start writes every row into
-it once.
+At each start a broker writes every row again (after applying the topic): a change
+made just before a crash reaches the log then, and a data directory from before the topic
+gets its rows into it.
 """
 
 from __future__ import annotations
@@ -111,16 +112,14 @@ class MemberTables:
 
     async def start(self) -> None:
         """Before serving: apply what the log holds (all of it: this broker's log is
-        the group's); on a data directory from before the topic, write every row."""
+        the group's), then write every row once more. The tables may hold a change
+        made just before a crash that never reached the log (published after it, never
+        acknowledged: a repeated request finds it done and changes nothing), and a data
+        directory from before the topic has rows only there."""
         store = self._gateway.store
-        first = store.metadata.tables_applied() is None
         catch_up(store, whole=True)
-        if first and _end(store) == 0:
-            store.remote.changed.update(store.remote.keys())
-            store.static.changed.update(store.static.keys())
-        else:
-            store.remote.changed.clear()
-            store.static.changed.clear()
+        store.remote.changed.update(store.remote.keys())
+        store.static.changed.update(store.static.keys())
         await self.publish()
 
     async def publish(self) -> None:

@@ -43,6 +43,7 @@ from tidemq.core.clock import Clock
 from tidemq.core.errors import (
     ConfigError,
     CorruptRecordError,
+    TidemqError,
     TierUnavailable,
 )
 from tidemq.protocol.tier_messages import (
@@ -166,16 +167,20 @@ class TierService:
                 for q in self._topics.hosted(t.name)
             )
         )
-        if self.publish_tables is not None:
-            # The group's other members learn the new remote ends (their retention, and
-            # a promoted member's reads, follow them).
-            await self.publish_tables()
         if self.stats.uploaded_files != uploaded or self._gateway.store.watermark.full:
             # Local copies past local.retention.* may go now rather than at the next
             # retention run: a disk filled while the store was down empties as it catches
             # up (and, while appends are refused, at every pass: what else holds the
             # segments, such as the services' scan position, moves on its own schedule).
             await self._gateway.call(lambda s: s.enforce_retention())
+        if self.publish_tables is not None:
+            # The group's other members learn the new ranges (their retention, and a
+            # promoted member's reads, follow them). A failure (appends refused: a full
+            # disk, too few members in sync) keeps them for the next pass.
+            try:
+                await self.publish_tables()
+            except TidemqError as exc:
+                log.warning("tiered storage: recording the ranges in the log: %s", exc)
 
     async def offload_now(self, topic: str) -> None:
         """Upload every durable batch of `topic` (an operator before maintenance, or a
