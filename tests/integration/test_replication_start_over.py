@@ -33,7 +33,15 @@ from tidemq import aio
 from tidemq.broker.replica_node import ReplicaNode
 from tidemq.client.admin import AsyncAdmin
 from tidemq.client.producer import AsyncProducer
+from tidemq.core.batch import MessageRecord, encode_batch
 from tidemq.core.errors import BrokerNotAvailable
+from tidemq.net.client import ClientConnection
+from tidemq.protocol.commands import (
+    InitProducerRequest,
+    InitProducerResponse,
+    ProduceRequest,
+    ProduceResponse,
+)
 from tidemq.store.start_over import MARKER
 
 if TYPE_CHECKING:
@@ -274,6 +282,73 @@ def test_a_member_killed_while_starting_over_starts_over_again_and_catches_up(
             assert follower.start_overs == 1  # from an empty store, in this process
             assert follower.store.log.start_position >= start
             await _read_after_handover(g, member)
+
+    loop.run(run(), timeout_s=240)
+
+
+class _Stamped:
+    """Idempotent sends with stamps of the test's choosing (what a producer's retry
+    carries), on a connection to one broker."""
+
+    def __init__(self, conn: ClientConnection, producer_id: int, epoch: int) -> None:
+        self.conn, self.producer_id, self.epoch = conn, producer_id, epoch
+
+    @classmethod
+    async def open(cls, address: str) -> _Stamped:
+        conn = await ClientConnection.open(address, max_frame_bytes=1 << 24)
+        init, _ = await conn.request(InitProducerRequest(), InitProducerResponse, timeout_s=10)
+        return cls(conn, init.producer_id, init.epoch)
+
+    async def send(self, seq: int, value: bytes) -> ProduceResponse:
+        req = ProduceRequest(
+            topic="old", queue=0, producer_id=self.producer_id, epoch=self.epoch,
+            base_sequence=seq,
+        )  # fmt: skip
+        batch = encode_batch([MessageRecord(value=value)])
+        answer, _ = await self.conn.request(req, ProduceResponse, batch, timeout_s=10)
+        return answer
+
+
+def test_a_member_that_started_over_answers_a_retry_of_a_batch_before_the_log_start(
+    loop: Loop, tmp_path: Path, etcd_single: EtcdCluster
+) -> None:
+    """An idempotent producer's batches stored before the leader's log start moved are
+    not in the log a member starts over with; their windows come with the start-over,
+    so once that member leads, a retry of one (same producer id and sequence) is
+    answered with its first offset and not stored again."""
+
+    async def run() -> None:
+        async with group(tmp_path, etcd_single) as g:
+            leader, member = await _setup(g)
+            assert leader.broker is not None
+            stamped = await _Stamped.open(leader.broker.address)
+            try:
+                first = [await stamped.send(seq, b"idem-%d" % seq) for seq in range(3)]
+            finally:
+                stamped.conn.close()
+            assert not any(a.duplicate for a in first)
+            end_when_stopped = _log_end(tmp_path / member)
+            await _write_until_the_log_start_moves(g, leader, end_when_stopped)
+            node = await g.start(member)
+            await _caught_up(g, member)
+            assert node.follower is not None
+            assert node.follower.start_overs == 1
+            async with AsyncAdmin(g.bootstrap) as admin:
+                await admin.elect_leader(GROUP, member)
+            await wait_until(lambda: g.leader() is node, what=f"{member} to lead")
+            assert node.broker is not None
+            ends = node.broker._gateway.store.queue_bounds("old", 0)[1]
+            again = await _Stamped.open(node.broker.address)
+            again.producer_id, again.epoch = stamped.producer_id, stamped.epoch
+            try:
+                retries = [await again.send(seq, b"idem-%d" % seq) for seq in (0, 2)]
+            finally:
+                again.conn.close()
+            assert [(a.base_offset, a.duplicate) for a in retries] == [
+                (first[0].base_offset, True),
+                (first[2].base_offset, True),
+            ]
+            assert node.broker._gateway.store.queue_bounds("old", 0)[1] == ends
 
     loop.run(run(), timeout_s=240)
 

@@ -19,6 +19,7 @@ from tidemq.store.epoch_file import EPOCH_FILE, EpochEntry, EpochHistory
 from tidemq.store.files import OsFileSystem
 from tidemq.store.message_store import MessageStore, ReadStatus
 from tidemq.store.metadata import CleanupPolicy
+from tidemq.store.producer_state import ProducerStamp
 from tidemq.store.replica_log import LogChunk, TopicsBehind
 from tidemq.store.start_over import (
     MARKER,
@@ -275,4 +276,51 @@ def test_a_compacted_generation_replaced_since_the_plan_is_refused(tmp_path: Pat
         with pytest.raises(OffsetOutOfRange, match="outside compacted log"):
             read_compacted_file(leader, key, named.generation + 1, 1 << 40, CHUNK_BYTES)
     finally:
+        leader.close()
+
+
+def test_producer_windows_before_the_log_start_come_with_the_start_over(
+    tmp_path: Path,
+) -> None:
+    """An idempotent producer's batches in the deleted segments: the plan carries their
+    windows (only batches ending at or before S, newest first, bounded), and the store
+    started over answers a retry of one from them instead of storing it again."""
+    clock = ManualClock(now_ms=T0)
+    leader = MessageStore.open(_config(tmp_path, "leader"), clock=clock)
+    rng = random.Random(3)
+    leader.create_topic("t", 2, retention_ms=1_000)
+    pid = leader.allocate_producer_id()
+    stamps = [ProducerStamp(pid, 0, seq) for seq in range(3)]
+    one = encode_batch([MessageRecord(b"one")])  # a message each: sequences 0, 1, 2
+    first = [leader.append("t", 0, one, producer=s) for s in stamps]
+    for i in range(30):  # enough to fill the first segments
+        leader.append("t", i % 2, _batch(rng, None))
+    clock.advance(10_000)
+    for i in range(40):
+        leader.append("t", i % 2, _batch(rng, None))
+    leader.flush()
+    leader.checkpoint()
+    assert leader.enforce_retention() > 0
+    follower = _follower_with_old_log(tmp_path, leader)
+    config = follower.config
+    plan = plan_start_over(leader)
+    tid = leader.topic("t").id
+    assert [(r[0], r[1], r[2], r[3]) for r in plan.producers] == [(tid, 0, pid, 0)]
+    assert [w[0] for w in plan.producers[0][4]] == [0, 1, 2]
+    assert all(w[3] <= plan.position for w in plan.producers[0][4])
+    assert plan_start_over(leader, max_batches=2).producers == []  # over the bound: none
+    follower.note_producer_id(pid)  # as the leader's topic table brings it
+    follower.close()
+    history = EpochHistory(OsFileSystem(), config.data_dir)
+    start_over(config, OsFileSystem(), plan, write_epochs=lambda: history.replace([]))
+    follower = MessageStore.open(config, clock=ManualClock(now_ms=T0 + 10_000))
+    try:
+        _copy_rest(leader, follower)
+        end = follower.queue_bounds("t", 0)[1]
+        again = follower.append("t", 0, one, producer=stamps[1])
+        assert again.duplicate
+        assert again.base_offset == first[1].base_offset
+        assert follower.queue_bounds("t", 0)[1] == end
+    finally:
+        follower.close()
         leader.close()

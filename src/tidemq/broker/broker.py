@@ -31,6 +31,7 @@ from tidemq.broker.listener_settings import (
     server_limits,
 )
 from tidemq.broker.long_polling import LongPolling
+from tidemq.broker.member_tables import MemberTables
 from tidemq.broker.metrics import MetricsSnapshot, RequestTimes
 from tidemq.broker.name_server_link import LocalNameServer, NameServerLink
 from tidemq.broker.offset_book import OffsetBook
@@ -283,6 +284,7 @@ class Broker:
     def _start_tier(self) -> TierService | None:
         tier = open_tier(self.config, self._gateway, self._topics, self._clock)
         if tier is not None:
+            tier.publish_tables = self._tables.publish
             self._pop.tier = self._static.retired.tier = tier
         return tier
 
@@ -360,6 +362,8 @@ class Broker:
         self._service_states.rebuild(store)
         self._book = OffsetBook(self._gateway)
         await self._book.start()
+        self._tables = MemberTables(self._gateway)
+        await self._tables.start()
         self._start_security(store)
         await self._transactions.start()
         self._timers.start()
@@ -371,6 +375,9 @@ class Broker:
         self._link.changed()
 
     async def _register_now(self) -> None:
+        """Register in full now (a static topic's chains changed), returning once the name
+        servers have it, and once the chains are in the group's log (`member_tables`)."""
+        await self._tables.publish()
         await self._link.register_now()
 
     async def _register_changes(self) -> None:

@@ -24,15 +24,10 @@ from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
 
 from tidemq.broker.compaction_runner import CompactionRunner
+from tidemq.broker.member_tables import catch_up
 from tidemq.broker.metrics import disk_usage
 from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
-from tidemq.broker.replica_start_over import (
-    StartOverFailed,
-    copy_compacted_files,
-    plan_of,
-    restart_empty,
-    restart_store,
-)
+from tidemq.broker.replica_start_over import StartOverFailed, restart_empty, start_over_at
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.broker.service_state_cut import drop_states_past
 from tidemq.broker.thread_calls import finish_in_thread
@@ -48,11 +43,9 @@ from tidemq.protocol.replica_messages import (
     ReplicaFetchResponse,
     ReplicaFileRequest,
     ReplicaServiceState,
-    ReplicaStartOver,
     ReplicaTopic,
 )
 from tidemq.store.epoch_file import EpochEntry, EpochHistory
-from tidemq.store.files import OsFileSystem
 from tidemq.store.message_store import MessageStore
 from tidemq.store.metadata import CleanupPolicy, MessageType, TopicInfo
 from tidemq.store.replica_log import LogChunk, TopicsBehind
@@ -299,7 +292,7 @@ class ReplicaFollower:
             store.metadata.note_producer_id(answer.last_producer_id)
             self._topics_version = answer.topics_version
         if answer.start_over is not None:
-            await self._start_over(conn, answer, answer.start_over, leader)
+            await self._start_over(conn, answer, leader)
             return
         if body:
             try:
@@ -325,6 +318,9 @@ class ReplicaFollower:
             self._pending_state = answer.state
             self._state_version = answer.state.version
         self._apply_state()
+        # The leader's tier ranges and static chains, as far as committed: this member's
+        # retention of offloaded topics follows the leader's remote ends.
+        catch_up(store)
         if store.checkpoint_due():
             with contextlib.suppress(TidemqError):
                 store.checkpoint()
@@ -336,63 +332,49 @@ class ReplicaFollower:
                 store.enforce_retention()
 
     async def _start_over(
-        self,
-        conn: ClientConnection,
-        answer: ReplicaFetchResponse,
-        start: ReplicaStartOver,
-        leader: LeaderRecord,
+        self, conn: ClientConnection, answer: ReplicaFetchResponse, leader: LeaderRecord
     ) -> None:
-        """This log ends below the leader's log start: copy the leader's compacted log
-        files, then start the store over at the leader's log start (`store/start_over.py`),
-        with the leader's epoch history up to there. Not electable meanwhile."""
-        plan = plan_of(start)
-        old = self._store
-        config = old.config
-        fs = OsFileSystem()
+        """This log ends below the leader's log start: start over there
+        (`replica_start_over.start_over_at`). Not electable meanwhile."""
+        assert answer.start_over is not None
         log.warning(
             "group %s member %s: log ends at %d, below leader %s's log start %d: starting "
             "over there",
             self._config.group,
             self._member,
-            old.end_position,
+            self._store.end_position,
             leader.member,
-            plan.position,
+            answer.start_over.position,
+        )
+        base = ReplicaFileRequest(
+            group=self._config.group,
+            member=self._member,
+            epoch=leader.epoch,
+            topic_id=0,
+            queue_id=0,
+            generation=0,
+            offset=0,
+            max_bytes=self._config.fetch_max_bytes,
         )
         self.starting_over = True
         try:
-            base = ReplicaFileRequest(
-                group=self._config.group,
-                member=self._member,
-                epoch=leader.epoch,
-                topic_id=0,
-                queue_id=0,
-                generation=0,
-                offset=0,
-                max_bytes=self._config.fetch_max_bytes,
+            self._store, position = await start_over_at(
+                conn,
+                answer,
+                base,
+                self._store,
+                self._history,
+                lock=self._compaction.lock,
+                clock=self._clock,
+                step=None if self._faults is None else self._faults.start_over_step,
             )
-            await copy_compacted_files(conn, plan, fs=fs, data_dir=config.data_dir, base=base)
-            epochs = [
-                EpochEntry(e.epoch, e.start_position)
-                for e in answer.epochs
-                if e.start_position <= plan.position
-            ]
-            async with self._compaction.lock:
-                try:
-                    self._store = await restart_store(
-                        old,
-                        plan,
-                        self._history,
-                        epochs,
-                        clock=self._clock,
-                        step=None if self._faults is None else self._faults.start_over_step,
-                    )
-                except StartOverFailed as failed:
-                    self._store = failed.store
-                    raise
+        except StartOverFailed as failed:
+            self._store = failed.store
+            raise
         finally:
             self.starting_over = False
         self.start_overs += 1
-        self.committed = min(self.committed, plan.position)
+        self.committed = min(self.committed, position)
         self._store.commit_limit = self.committed
         self._topics_version = self._state_version = -1  # the table and state again
 

@@ -27,8 +27,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from tidemq.broker.replica_handover import Handover
 from tidemq.broker.replica_metrics import ReplicaMetrics, ReplicaRole
-from tidemq.broker.replica_start_over import add_topic_table, start_over_answer
+from tidemq.broker.replica_start_over import add_topic_table, file_answer, start_over_answer
 from tidemq.broker.replication_config import ReplicationConfig
 from tidemq.core.clock import Clock
 from tidemq.core.errors import (
@@ -37,7 +38,6 @@ from tidemq.core.errors import (
     LeaderFenced,
     NotEnoughReplicas,
     NotLeader,
-    RequestTimeout,
     TidemqError,
 )
 from tidemq.net.tasks import cancel_and_wait, completes_when_cancelled
@@ -53,12 +53,10 @@ from tidemq.protocol.replica_messages import (
     ReplicaServiceState,
 )
 from tidemq.store.epoch_file import EpochHistory
-from tidemq.store.start_over import read_compacted_file
 
 if TYPE_CHECKING:
     from tidemq.broker.store_gateway import StoreGateway
     from tidemq.cluster.group_keys import LeaderRecord
-    from tidemq.store.message_store import MessageStore
 
 __all__ = ["PRODUCER_ID_TERM_SHIFT", "ReplicaLeader"]
 
@@ -119,9 +117,7 @@ class ReplicaLeader:
         self._task: asyncio.Task[None] | None = None
         #: The broker's latest saved service state, for followers (None: none yet).
         self._state: ReplicaServiceState | None = None
-        self._hand_over = hand_over
-        #: The member leadership is being handed to (new writes are refused meanwhile).
-        self._handing_over = ""
+        self._handover = Handover(config.group, record.member, record.epoch, hand_over)
         #: Set at every follower report: a handover waits on it.
         self._reported = asyncio.Event()
 
@@ -254,13 +250,7 @@ class ReplicaLeader:
     def _check_writable(self) -> None:
         if not self._is_leader():
             raise self._fenced("its lease is lost")
-        if self._handing_over:
-            raise NotLeader(
-                f"group {self._config.group}: leadership is moving to {self._handing_over}; "
-                "retry at the group's new leader",
-                group=self._config.group,
-                current_epoch=self.epoch,
-            )
+        self._handover.check_writable()
         if len(self._in_sync) < self._config.min_insync_replicas:
             raise NotEnoughReplicas(
                 f"group {self._config.group}: {len(self._in_sync)} member(s) in sync "
@@ -298,7 +288,14 @@ class ReplicaLeader:
         self._reported.set()
         self._reported = asyncio.Event()
         if req.position < store.log.start_position:
-            return self._start_over(req, store, follower), b""
+            # Until it has caught up from the log start it is not in sync (dropped at
+            # the next check if it was).
+            follower.caught_up_ms = float("-inf")
+            follower.answered_end = store.end_position
+            answer = start_over_answer(
+                store, req, epoch=self.epoch, committed=self._committed, history=self._history
+            )
+            return answer, b""
         if req.position >= follower.answered_end:
             follower.caught_up_ms = self._clock.monotonic_ms()
         if req.position >= store.end_position and req.max_wait_ms > 0:
@@ -331,80 +328,27 @@ class ReplicaLeader:
             add_topic_table(answer, store)
         return answer, chunk.data
 
-    def _start_over(
-        self, req: ReplicaFetchRequest, store: MessageStore, follower: _Follower
-    ) -> ReplicaFetchResponse:
-        """The follower asked below this log's start: retention deleted what it needs
-        next. It starts over at the log start; until it has caught up from there it is
-        not in sync (dropped at the next check if it was)."""
-        follower.caught_up_ms = float("-inf")
-        follower.answered_end = store.end_position
-        answer = start_over_answer(
-            store, req.position, epoch=self.epoch, committed=self._committed, history=self._history
-        )
-        log.info(
-            "group %s epoch %d: %s asked from log position %d, below this log's start %d: "
-            "it starts over there",
-            self._config.group,
-            self.epoch,
-            req.member,
-            req.position,
-            store.log.start_position,
-        )
-        return answer
-
     async def fetch_file(self, req: ReplicaFileRequest) -> tuple[ReplicaFileResponse, bytes]:
         """Bytes of one of this store's compacted log files, for a follower starting over."""
         gateway = self._gateway
         if gateway is None:
             raise NotLeader(f"group {self._config.group}: the leader is starting; retry")
         self._check_member(req.group, req.member, req.epoch)
-        data, size = read_compacted_file(
-            gateway.store,
-            (req.topic_id, req.queue_id),
-            req.generation,
-            req.offset,
-            min(req.max_bytes, self._config.fetch_max_bytes),
-        )
-        return ReplicaFileResponse(size=size, offset=req.offset), data
+        return file_answer(gateway.store, req, self._config.fetch_max_bytes)
 
     async def elect(self, req: ElectLeaderRequest) -> ElectLeaderResponse:
-        """Hand leadership to `req.member` (an in-sync follower) without losing anything
-        acknowledged: refuse new writes, wait until the member holds this whole log
-        durably (so every waiting append is committed and answered), then name it the
-        next leader and step down."""
-        member = req.member
-        if req.group != self._config.group:
-            raise InvalidRequest(f"group {req.group!r}: this broker leads {self._config.group!r}")
-        if member == self._record.member:
-            raise InvalidRequest(f"{member} already leads group {self._config.group}")
-        if member not in self._in_sync:
-            raise InvalidRequest(
-                f"{member} is not in sync (in sync: {', '.join(sorted(self._in_sync))}): only "
-                "an in-sync member can lead without losing acknowledged messages"
-            )
-        if self._handing_over or self._hand_over is None or self._gateway is None:
-            raise InvalidRequest(f"group {self._config.group}: a handover is under way")
-        store = self._gateway.store
-        self._handing_over = member
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(req.timeout_ms / 1000):
-                while (f := self._followers.get(member)) is None or f.durable < store.end_position:
-                    await self._reported.wait()
-            paused_ms = (time.monotonic() - started) * 1000
-            await self._hand_over(member)
-        except TimeoutError:
-            self._handing_over = ""
-            raise RequestTimeout(
-                f"{member} did not reach the leader's log end in {req.timeout_ms} ms; "
-                f"leadership stays with {self._record.member}"
-            ) from None
-        except BaseException:
-            self._handing_over = ""
-            raise
-        return ElectLeaderResponse(
-            previous=self._record.member, epoch=self.epoch, paused_ms=paused_ms
+        """Hand leadership to `req.member` without losing anything acknowledged
+        (`replica_handover.py`)."""
+        gateway = self._gateway
+        if gateway is None:
+            raise InvalidRequest(f"group {self._config.group}: the leader is starting")
+
+        def behind(member: str) -> bool:
+            f = self._followers.get(member)
+            return f is None or f.durable < gateway.store.end_position
+
+        return await self._handover.run(
+            req, in_sync=self._in_sync, behind=behind, reported=lambda: self._reported
         )
 
     def _check_member(self, group: str, member: str, epoch: int) -> None:

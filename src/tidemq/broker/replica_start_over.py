@@ -21,9 +21,11 @@ from tidemq.net.client import ClientConnection
 from tidemq.protocol.replica_messages import (
     EpochStart,
     ReplicaCompactedFile,
+    ReplicaFetchRequest,
     ReplicaFetchResponse,
     ReplicaFileRequest,
     ReplicaFileResponse,
+    ReplicaProducerWindow,
     ReplicaQueueStart,
     ReplicaStartOver,
     ReplicaTopic,
@@ -37,6 +39,7 @@ from tidemq.store.start_over import (
     check_staged,
     mark_for_start_over,
     plan_start_over,
+    read_compacted_file,
     staging_path,
     start_over,
 )
@@ -45,10 +48,12 @@ __all__ = [
     "StartOverFailed",
     "add_topic_table",
     "copy_compacted_files",
+    "file_answer",
     "plan_of",
     "restart_empty",
     "restart_store",
     "start_over_answer",
+    "start_over_at",
 ]
 
 log = logging.getLogger(__name__)
@@ -78,15 +83,28 @@ def add_topic_table(answer: ReplicaFetchResponse, store: MessageStore) -> None:
     answer.last_producer_id = store.metadata.last_producer_id()
 
 
+#: Bytes of a start-over answer counted per producer-window batch it carries (four
+#: msgpack integers of at most 9 bytes and the array's header, rounded up): the windows
+#: take at most a quarter of the fetch's `max_bytes`.
+_BYTES_PER_WINDOW_BATCH: Final = 48
+
+
 def start_over_answer(
-    store: MessageStore, asked: int, *, epoch: int, committed: int, history: EpochHistory
+    store: MessageStore,
+    req: ReplicaFetchRequest,
+    *,
+    epoch: int,
+    committed: int,
+    history: EpochHistory,
 ) -> ReplicaFetchResponse:
-    """The leader's answer to a fetch from `asked`, below its log start: start over
-    there (with the topic table, which the follower mirrors first)."""
-    plan = plan_start_over(store)
+    """The leader's answer to a fetch below its log start (retention deleted what the
+    follower needs next): start over there, with the topic table, which the follower
+    mirrors first, and the producer windows of batches before the log start, in at most
+    a quarter of the request's `max_bytes`."""
+    plan = plan_start_over(store, max_batches=req.max_bytes // 4 // _BYTES_PER_WINDOW_BATCH)
     answer = ReplicaFetchResponse(
         epoch=epoch,
-        position=asked,
+        position=req.position,
         leader_end=store.end_position,
         log_start=plan.position,
         committed=committed,
@@ -99,10 +117,33 @@ def start_over_answer(
                 ReplicaCompactedFile(f.topic_id, f.queue_id, f.generation, f.start, f.end, f.size)
                 for f in plan.compacted
             ],
+            producers=[ReplicaProducerWindow(*row) for row in plan.producers],
         ),
     )
     add_topic_table(answer, store)
+    log.info(
+        "epoch %d: %s asked from log position %d, below this log's start %d: it starts over there",
+        epoch,
+        req.member,
+        req.position,
+        plan.position,
+    )
     return answer
+
+
+def file_answer(
+    store: MessageStore, req: ReplicaFileRequest, max_bytes: int
+) -> tuple[ReplicaFileResponse, bytes]:
+    """The leader's answer to REPLICA_FILE: bytes of a compacted log file, at most
+    `max_bytes` (and the request's)."""
+    data, size = read_compacted_file(
+        store,
+        (req.topic_id, req.queue_id),
+        req.generation,
+        req.offset,
+        min(req.max_bytes, max_bytes),
+    )
+    return ReplicaFileResponse(size=size, offset=req.offset), data
 
 
 def plan_of(message: ReplicaStartOver) -> StartOverPlan:
@@ -112,6 +153,9 @@ def plan_of(message: ReplicaStartOver) -> StartOverPlan:
         compacted=[
             CompactedFile(f.topic_id, f.queue_id, f.generation, f.start, f.end, f.size)
             for f in message.compacted
+        ],
+        producers=[
+            (p.topic_id, p.queue_id, p.producer_id, p.epoch, p.window) for p in message.producers
         ],
     )
 
@@ -211,6 +255,38 @@ async def restart_store(
     if error is not None:
         raise StartOverFailed(opened, error) from error
     return opened
+
+
+async def start_over_at(
+    conn: ClientConnection,
+    answer: ReplicaFetchResponse,
+    base: ReplicaFileRequest,
+    store: MessageStore,
+    history: EpochHistory,
+    *,
+    lock: asyncio.Lock,
+    clock: Clock,
+    step: Callable[[str], None] | None,
+) -> tuple[MessageStore, int]:
+    """The follower's side of a `start_over` answer: copy the leader's compacted log
+    files (REPLICA_FILE, `base` naming the group, member, epoch and chunk size), then,
+    holding `lock` (compaction's), start the store over at the leader's log start with
+    the leader's epoch history up to there. Returns the store opened again and that
+    position; `StartOverFailed` carries the store opened again (empty) on failure."""
+    start = answer.start_over
+    assert start is not None
+    plan = plan_of(start)
+    await copy_compacted_files(
+        conn, plan, fs=OsFileSystem(), data_dir=store.config.data_dir, base=base
+    )
+    epochs = [
+        EpochEntry(e.epoch, e.start_position)
+        for e in answer.epochs
+        if e.start_position <= plan.position
+    ]
+    async with lock:
+        opened = await restart_store(store, plan, history, epochs, clock=clock, step=step)
+    return opened, plan.position
 
 
 class StartOverFailed(TidemqError):

@@ -27,7 +27,7 @@ import contextlib
 import functools
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -43,6 +43,7 @@ from tidemq.core.clock import Clock
 from tidemq.core.errors import (
     ConfigError,
     CorruptRecordError,
+    TidemqError,
     TierUnavailable,
 )
 from tidemq.protocol.tier_messages import (
@@ -112,6 +113,8 @@ class TierService:
         self.reads = TierReads(self.reader, self.stats, topics, self.loaded, config.url)
         #: Static topics: other brokers' offloaded links.
         self.links = TierLinks(self.store, self.reader, self.stats, clock)
+        #: Writes the ranges a pass changed into the replicated log (`member_tables`).
+        self.publish_tables: Callable[[], Awaitable[None]] | None = None
 
     async def _io(self, fn: Callable[..., _T], *args: object) -> _T:
         """A blocking object-store or Parquet call, on a worker thread."""
@@ -170,6 +173,14 @@ class TierService:
             # up (and, while appends are refused, at every pass: what else holds the
             # segments, such as the services' scan position, moves on its own schedule).
             await self._gateway.call(lambda s: s.enforce_retention())
+        if self.publish_tables is not None:
+            # The group's other members learn the new ranges (their retention, and a
+            # promoted member's reads, follow them). A failure (appends refused: a full
+            # disk, too few members in sync) keeps them for the next pass.
+            try:
+                await self.publish_tables()
+            except TidemqError as exc:
+                log.warning("tiered storage: recording the ranges in the log: %s", exc)
 
     async def offload_now(self, topic: str) -> None:
         """Upload every durable batch of `topic` (an operator before maintenance, or a
@@ -218,6 +229,7 @@ class TierService:
         if manifest is not None and manifest.topic_created_ms != info.created_ms:
             manifest = None  # an earlier topic of the same name: its files are orphans
         view = await self._gateway.call(lambda s: s.offload.open_range(info.name, qt.queue))
+        found = manifest is not None
         if manifest is None:
             manifest = QueueManifest(
                 broker=self._broker,
@@ -249,6 +261,11 @@ class TierService:
                 f"the tier's manifest of {info.name}/{qt.queue} ends at {manifest.end}, the "
                 f"broker recorded {view.remote_end}: offsets in between are lost"
             )
+        if found and manifest.log_start > view.log_start:
+            # Remote retention went on without this store's record of it (a crash, or a
+            # replica group's leader lost before the group committed it).
+            start = manifest.log_start
+            await self._gateway.call(lambda s: s.offload.set_log_start(info.name, qt.queue, start))
         listed = {f.path for f in manifest.files}
         prefix = queue_data_prefix(info.name, self._broker, qt.queue)
         for orphan in await self._io(self.store.list, prefix):

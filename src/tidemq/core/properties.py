@@ -50,6 +50,7 @@ __all__ = [
     "OP_TOPIC",
     "POP_TOPIC",
     "PRODUCERS_TOPIC",
+    "TABLES_TOPIC",
     "TIMER_TOPIC",
     "SystemProperties",
     "decode_properties",
@@ -70,6 +71,9 @@ OFFSETS_TOPIC: Final = "%SYS%OFFSETS"
 #: Which user each producer id was issued to (`tidemq.broker.producer_owner_topic`):
 #: compact.
 PRODUCERS_TOPIC: Final = "%SYS%PRODUCERS"
+#: The tier ranges and static chains, replicated to a group's members
+#: (`tidemq.broker.member_tables`): compact.
+TABLES_TOPIC: Final = "%SYS%TABLES"
 
 
 class SystemProperties(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -33,6 +33,7 @@ __all__ = [
     "ReplicaFetchResponse",
     "ReplicaFileRequest",
     "ReplicaFileResponse",
+    "ReplicaProducerWindow",
     "ReplicaQueueStart",
     "ReplicaServiceState",
     "ReplicaStartOver",
@@ -125,6 +126,19 @@ class ReplicaCompactedFile(_Msg, array_like=True):
     size: int
 
 
+class ReplicaProducerWindow(_Msg, array_like=True):
+    """A producer's last batches on a queue that end before the leader's log start
+    (`ProducerStates.rows_before`): the follower keeps them, so a retry of one is
+    answered from them and not stored again."""
+
+    topic_id: int
+    queue_id: int
+    producer_id: int
+    epoch: int
+    #: [base sequence, count, base offset, end position] per batch, oldest first.
+    window: list[list[int]]
+
+
 class ReplicaStartOver(_Msg):
     """The follower's log ends below the leader's log start: start over there."""
 
@@ -132,6 +146,7 @@ class ReplicaStartOver(_Msg):
     position: int
     queues: list[ReplicaQueueStart] = msgspec.field(default_factory=list)
     compacted: list[ReplicaCompactedFile] = msgspec.field(default_factory=list)
+    producers: list[ReplicaProducerWindow] = msgspec.field(default_factory=list)
 
 
 class ReplicaFetchResponse(_Msg):

@@ -25,7 +25,11 @@ Tables::
     counters(name, value)                                          producer id allocation;
                                                                    offsets_applied: where
                                                                    consumer_offsets stands
-                                                                   in the offset book
+                                                                   in the offset book;
+                                                                   tables_applied: where
+                                                                   remote_ranges and
+                                                                   static_chains stand in
+                                                                   %SYS%TABLES
     users(name, salt, iterations, stored_key, server_key)          SCRAM credentials
     acls(principal, resource_type, resource_name, pattern_type,    ACL entries (core/acl.py),
          operation, permission, host)                              as their enum values
@@ -528,12 +532,27 @@ class Metadata:
                 "INSERT OR REPLACE INTO counters VALUES ('offsets_applied', ?)", (applied,)
             )
 
+    def tables_applied(self) -> int | None:
+        """Where the tier ranges and static chains stand in their replicated topic
+        (`broker/member_tables.py`); None: never read from it."""
+        row = self._db.execute("SELECT value FROM counters WHERE name = 'tables_applied'")
+        found = row.fetchone()
+        return None if found is None else int(found[0])
+
+    @_writes
+    def set_tables_applied(self, applied: int) -> None:
+        with self._tx():
+            self._db.execute(
+                "INSERT OR REPLACE INTO counters VALUES ('tables_applied', ?)", (applied,)
+            )
+
     @_writes
     def forget_log_state(self) -> None:
         """Drop every row derived from the commit log (a replica starting over at its
         leader's log start, `start_over.py`): queue bounds, index ends, compacted logs,
-        producer windows, the offset book's view. Topics, counters, users, ACLs, service
-        state, static chains and remote ranges stay."""
+        producer windows, the offset book's view (and where the tables' topic was read to).
+        Topics, other counters, users, ACLs, service state, static chains and remote
+        ranges stay."""
         with self._tx():
             for table in (
                 "queue_state",
@@ -544,6 +563,7 @@ class Metadata:
             ):
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("INSERT OR REPLACE INTO counters VALUES ('offsets_applied', 0)")
+            self._db.execute("DELETE FROM counters WHERE name = 'tables_applied'")
 
     @_writes
     def clear_offsets_view(self) -> None:
@@ -551,6 +571,7 @@ class Metadata:
         with self._tx():
             self._db.execute("DELETE FROM consumer_offsets")
             self._db.execute("INSERT OR REPLACE INTO counters VALUES ('offsets_applied', 0)")
+            self._db.execute("DELETE FROM counters WHERE name = 'tables_applied'")
 
     def all_offsets(self) -> list[tuple[str, str, int, int, int]]:
         """Every (group, topic, queue, offset, commit ms) of the view."""

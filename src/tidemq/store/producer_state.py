@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from tidemq.core.errors import FencedProducer, OutOfOrderSequence
 
-__all__ = ["NO_PRODUCER", "ProducerStamp", "ProducerStates", "RememberedBatch"]
+__all__ = ["NO_PRODUCER", "ProducerRow", "ProducerStamp", "ProducerStates", "RememberedBatch"]
 
 #: Producer id stored in records appended without idempotence.
 NO_PRODUCER = -1
@@ -46,6 +46,9 @@ class _State:
 
 
 Key = tuple[int, int, int]  # topic id, queue id, producer id
+#: A producer's window on a queue as saved: (topic id, queue id, producer id, epoch,
+#: [[base sequence, count, base offset, end position], ...] oldest first).
+ProducerRow = tuple[int, int, int, int, list[list[int]]]
 
 
 class ProducerStates:
@@ -111,6 +114,29 @@ class ProducerStates:
         for key in [k for k in self._states if k[0] == topic_id]:
             del self._states[key]
             self._dirty.discard(key)
+
+    def rows_before(self, position: int, max_batches: int) -> list[ProducerRow]:
+        """The windows as far as their batches end at or before log `position` (what a
+        replica starting over there cannot rebuild from the log it copies), newest
+        first, at most `max_batches` batches in all (bounds the start-over answer)."""
+        rows: list[tuple[int, ProducerRow]] = []
+        for key, state in self._states.items():
+            window = [
+                [b.base_sequence, b.count, b.base_offset, b.end_position]
+                for b in state.window
+                if b.end_position <= position
+            ]
+            if window:
+                rows.append((window[-1][3], (*key, state.epoch, window)))
+        rows.sort(key=lambda r: r[0], reverse=True)
+        out: list[ProducerRow] = []
+        left = max_batches
+        for _, row in rows:
+            left -= len(row[4])
+            if left < 0:
+                break
+            out.append(row)
+        return out
 
     # ------------------------------------------------------------------ snapshot
 

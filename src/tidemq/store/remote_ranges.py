@@ -77,9 +77,15 @@ class RemoteRanges:
         self._ranges = {
             key: RemoteRange(start, end) for key, (start, end) in metadata.remote_ranges().items()
         }
+        #: Keys set since the broker last wrote them into the replicated log
+        #: (`broker/member_tables.py`).
+        self.changed: set[tuple[int, int]] = set()
 
     def __contains__(self, key: tuple[int, int]) -> bool:
         return key in self._ranges
+
+    def keys(self) -> list[tuple[int, int]]:
+        return list(self._ranges)
 
     def get(self, key: tuple[int, int]) -> RemoteRange | None:
         return self._ranges.get(key)
@@ -89,6 +95,7 @@ class RemoteRanges:
         remote_end = max(remote_end, log_start)
         self._meta.set_remote_range(key[0], key[1], log_start, remote_end)
         self._ranges[key] = RemoteRange(log_start, remote_end)
+        self.changed.add(key)
 
     def drop_topic(self, topic_id: int) -> None:
         for key in [k for k in self._ranges if k[0] == topic_id]:

@@ -19,7 +19,8 @@ The start-over itself, on a closed store, is crash-safe by a marker file:
 3. create an empty log whose first segment starts at S;
 4. record each queue's end and min offset at its offset at S (recovery then resets each
    empty index to continue there, as it does for a queue whose records all went with
-   their segments);
+   their segments), and the leader's producer windows of batches before S (recovery
+   loads them as its snapshot: a retry of such a batch is answered, not stored again);
 5. move the staged compacted files into their queues' directories and switch to them;
 6. write a checkpoint at S, and the follower's epoch history (the leader's, up to S);
 7. remove the marker.
@@ -30,13 +31,14 @@ starts over again. Nothing half-installed is ever served.
 
 Kept through a start-over: topics (mirrored from the leader before), the topic-id and
 producer-id counters, users, ACLs, the saved service state, static chains and remote
-ranges (metadata not in the log; see the design note for what that means).
+ranges (metadata not in the log; the chains and ranges are then read again from their
+replicated topic, `broker/member_tables.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -49,6 +51,7 @@ from tidemq.store.files import FileSystem, ensure_dir
 from tidemq.store.format.checkpoint import Checkpoint
 from tidemq.store.message_store import queue_dir
 from tidemq.store.metadata import Metadata
+from tidemq.store.producer_state import ProducerRow
 from tidemq.store.segmented_log import segment_name
 
 if TYPE_CHECKING:
@@ -97,13 +100,20 @@ class StartOverPlan:
     #: (topic id, queue id) -> the queue's offset at `position`.
     queues: dict[tuple[int, int], int]
     compacted: list[CompactedFile]
+    #: Producer windows of the batches before `position` (`ProducerStates.rows_before`).
+    producers: list[ProducerRow] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------- leader side
 
 
-def plan_start_over(store: MessageStore) -> StartOverPlan:
-    """What a follower needs to start over at this store's log start."""
+#: Producer-window batches a plan carries at most by default.
+MAX_PLAN_BATCHES: Final = 65_536
+
+
+def plan_start_over(store: MessageStore, max_batches: int = MAX_PLAN_BATCHES) -> StartOverPlan:
+    """What a follower needs to start over at this store's log start; at most
+    `max_batches` batches of producer windows (the newest)."""
     position = store.log.start_position
     return StartOverPlan(
         position=position,
@@ -114,6 +124,7 @@ def plan_start_over(store: MessageStore) -> StartOverPlan:
             CompactedFile(t, q, log.generation, log.start, log.end, log.file_size())
             for (t, q), log in store.compacted.items()
         ],
+        producers=store.producer_states.rows_before(position, max_batches),
     )
 
 
@@ -200,6 +211,7 @@ def start_over(
         }
         meta.set_queue_index_ends(starts)
         meta.set_queue_min_offsets(starts)
+        meta.save_producer_state(r for r in plan.producers if (r[0], r[1]) in starts)
         at("compacted")
         for f in plan.compacted:
             key = (f.topic_id, f.queue_id)

@@ -19,10 +19,16 @@ class StaticQueues:
         self._chains: dict[tuple[int, int], QueueChain] = {}
         #: (topic id, queue) of the static queues not writable here: appends are refused.
         self.read_only: set[tuple[int, int]] = set()
+        #: Keys set since the broker last wrote them into the replicated log
+        #: (`broker/member_tables.py`).
+        self.changed: set[tuple[int, int]] = set()
         for key, (writable, raw) in metadata.static_chains().items():
             self._chains[key] = decode_chain(raw)
             if not writable:
                 self.read_only.add(key)
+
+    def keys(self) -> list[tuple[int, int]]:
+        return list(self._chains)
 
     def get(self, topic_id: int, queue: int) -> QueueChain | None:
         return self._chains.get((topic_id, queue))
@@ -44,6 +50,7 @@ class StaticQueues:
         self._chains[key] = chain
         if writable:
             self.read_only.discard(key)
+        self.changed.add(key)
 
     def drop_topic(self, topic_id: int) -> None:
         for key in [k for k in self._chains if k[0] == topic_id]:
