@@ -102,7 +102,7 @@ def protobuf_batch_column(column: Any, fmt: ValueFormat, arrow_type: Any) -> Any
 
 
 def _batch_column(
-    frames: Frames, groups: list[tuple[int, int, Any, Any]], fmt: ValueFormat, arrow_type: Any
+    frames: Frames, groups: list[tuple[int, int, Any, int]], fmt: ValueFormat, arrow_type: Any
 ) -> Any:
     messages = _writer_messages(fmt)
     reader_json = _READER_JSON.get(fmt)
@@ -115,8 +115,8 @@ def _batch_column(
     return scatter(pieces, [rows for _, _, rows, _ in groups], len(frames.column), arrow_type)
 
 
-def _groups(frames: Frames) -> list[tuple[int, int, Any, Any]] | None:
-    """(schema id, message index, rows, bytes before each row's payload) of each group
+def _groups(frames: Frames) -> list[tuple[int, int, Any, int]] | None:
+    """(schema id, message index, rows, bytes before their payloads) of each group
     of present values, or None when a value's message indexes are not the usual ones."""
     starts = frames.starts[frames.present]
     lengths = frames.ends[frames.present] - starts
@@ -129,12 +129,12 @@ def _groups(frames: Frames) -> list[tuple[int, int, Any, Any]] | None:
     if not ((single | one) & (lengths >= skip)).all():
         return None
     index = np.where(single, 0, second // 2)
-    keys = frames.ids * _INDEX_LIMIT + index
+    keys = (frames.ids * _INDEX_LIMIT + index) * 2 + single
     found = []
     for key in np.unique(keys):
         chosen = np.flatnonzero(keys == key)
-        schema_id, message_index = divmod(int(key), _INDEX_LIMIT)
-        found.append((schema_id, message_index, frames.present[chosen], skip[chosen]))
+        schema_id, message_index = divmod(int(key) // 2, _INDEX_LIMIT)
+        found.append((schema_id, message_index, frames.present[chosen], int(skip[chosen[0]])))
     return found
 
 

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = ["FRAMING", "Frames", "scatter"]
 
@@ -75,20 +76,18 @@ class Frames:
         gather = np.arange(total) + np.repeat(starts - (ends_out - lengths), lengths)
         return bytes(self.data[gather].tobytes())
 
-    def payload_list(self, rows: Any, skip: Any = FRAMING) -> list[bytes]:
-        """The rows' payloads as bytes objects, each without its first `skip` bytes
-        (a number, or one per row): one copy of the bytes, one Python object a value."""
-        starts = self.starts[rows] + skip
-        lengths = np.maximum(self.ends[rows] - starts, 0)
-        bounds = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=bounds[1:])
-        gather = np.arange(int(bounds[-1])) + np.repeat(starts - bounds[:-1], lengths)
-        array = pa.Array.from_buffers(
-            pa.large_binary(),
-            len(rows),
-            [None, pa.py_buffer(bounds), pa.py_buffer(self.data[gather].tobytes())],
-        )
-        return array.to_pylist()  # type: ignore[no-any-return]
+    def payload_list(self, rows: Any, skip: int = FRAMING) -> list[bytes]:
+        """The rows' values as bytes objects, each without its first `skip` bytes: one
+        Python object a value (sliced by Arrow: gathering the bytes with numpy index
+        arrays cost about 1 us a 150-byte value, the slice 0.1)."""
+        column = self.column
+        if len(rows) != len(column) or column.null_count:
+            column = column.take(pa.array(rows))
+        return pc.binary_slice(column, skip, _TO_THE_END).to_pylist()  # type: ignore[no-any-return]
+
+
+#: `binary_slice`'s stop for "to the end" (without one, pyarrow 26 fails: negative resize).
+_TO_THE_END: Final = (1 << 31) - 1
 
 
 def scatter(pieces: list[Any], rows: list[Any], length: int, arrow_type: Any) -> Any:
