@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,7 @@ def _fill(address: str, url: str, fmt: str, events: list[Event]) -> list[bytes]:
     return kept
 
 
-def _seconds(fn: Any, clock: Any = time.perf_counter) -> float:
+def _seconds(fn: Any, clock: Callable[[], float] = time.perf_counter) -> float:
     t0 = clock()
     fn()
     return clock() - t0
