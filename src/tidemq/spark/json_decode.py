@@ -1,8 +1,8 @@
 """`valueFormat=json` on the executors: a batch's values decoded into the subject's
 struct column a batch at a time (ADR 0024).
 
-The framing is read with numpy (`value_frames.py`); the payloads become bytes objects in
-one copy and go through msgspec's decoder in a `map` (no Python frame per value), and
+The framing is read with numpy (`value_frames.py`); the payloads, sliced by Arrow, become
+bytes objects and go through msgspec's decoder in a `map` (no Python frame a value), and
 the decoded values into Arrow in one `pa.array` call against the struct type that
 `json_types.py` derives from the subject's JSON Schema. These are the very calls the
 value-by-value path (`json_rows`) makes for each value, so the two give the same column
