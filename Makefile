@@ -84,7 +84,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(PY) benchmarks/bench_topics.py --json benchmarks/results/topics.json
 	$(PY) benchmarks/bench_key_index.py --json benchmarks/results/key_index.json
 	$(PY) benchmarks/bench_serde.py --json benchmarks/results/serde.json
-	$(PY) benchmarks/bench_spark_avro.py --json benchmarks/results/spark_avro.json
+	$(PY) benchmarks/bench_spark_value_format.py --json benchmarks/results/spark_value_format.json
 	$(PY) benchmarks/bench_tier.py --json benchmarks/results/tier.json
 	$(PY) benchmarks/bench_tier_disk.py --json benchmarks/results/tier_disk.json
 	$(PY) benchmarks/bench_spark_tier.py --json benchmarks/results/spark_tier.json

@@ -248,12 +248,16 @@ class WriterMessages:
     def read(self, value: bytes | memoryview) -> Message:
         framed = unframe(value)
         indexes, payload = decode_message_indexes(framed.payload)
-        key = (framed.schema_id, tuple(indexes))
+        return self.message_class(framed.schema_id, indexes).FromString(bytes(payload))
+
+    def message_class(self, schema_id: int, indexes: list[int]) -> type[Message]:
+        """The message type `indexes` name in the schema of `schema_id` (fetched once)."""
+        key = (schema_id, tuple(indexes))
         cls = self._classes.get(key)
         if cls is None:
-            answer = self._registry.schema_answer(framed.schema_id)
+            answer = self._registry.schema_answer(schema_id)
             imports = registered_imports(self._registry, answer.get("references") or [])
             cls = self._classes[key] = message_class(
                 str(answer["schema"]), indexes, imports=imports
             )
-        return cls.FromString(bytes(payload))
+        return cls

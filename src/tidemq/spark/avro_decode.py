@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import fastavro
 import fastavro.schema
-import numpy as np
 import pyarrow as pa
 
 from tidemq.core.errors import InvalidBatch
 from tidemq.schema.wire import WireFormatError, unframe
+from tidemq.spark.value_frames import Frames, scatter
 
 if TYPE_CHECKING:
     from tidemq.spark.value_format import ValueFormat
@@ -39,8 +39,6 @@ _MAGIC: Final = b"Obj\x01"
 #: Any 16 bytes do: the block is read from memory, right after its header.
 _SYNC: Final = bytes(16)
 _METADATA: Final = fastavro.parse_schema({"type": "map", "values": "bytes"})
-#: The magic byte and the 4-byte schema id.
-_FRAMING: Final = 5
 _ERRORS: Final = (WireFormatError, ValueError, TypeError, EOFError, KeyError, IndexError)
 
 
@@ -78,64 +76,12 @@ class _Writer:
 _WRITERS: dict[tuple[str, str], dict[int, _Writer]] = {}
 
 
-class _Frames:
-    """A binary column's framing read with numpy, without a Python object per value:
-    where each value's bytes are, which are present, and each one's schema id."""
-
-    def __init__(self, column: Any) -> None:
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
-        if not pa.types.is_binary(column.type):
-            column = column.cast(pa.binary())
-        self.column = column
-        n = len(column)
-        _, offsets, data = column.buffers()
-        bounds = np.frombuffer(offsets, dtype=np.int32)[column.offset : column.offset + n + 1]
-        self.data = (
-            np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
-        )
-        self.starts = bounds[:-1].astype(np.int64)
-        self.ends = bounds[1:].astype(np.int64)
-        valid = column.is_valid().to_numpy(zero_copy_only=False)
-        self.present = np.flatnonzero(valid)
-        starts = self.starts[self.present]
-        framed = self.ends[self.present] - starts >= _FRAMING
-        head = np.where(framed, starts, 0)
-        # Padded so that the 5 bytes read at a short value's place stay in bounds.
-        padded = np.concatenate([self.data, np.zeros(_FRAMING, np.uint8)])
-        framed &= padded[head] == 0
-        #: Index (in `present`) of the first value not in Confluent's framing, or -1.
-        self.unframed = int(np.argmin(framed)) if not framed.all() else -1
-        self.ids = np.zeros(len(head), dtype=np.int64)
-        for k in range(1, _FRAMING):  # the big-endian schema id after the magic byte
-            self.ids = (self.ids << 8) | padded[head + k].astype(np.int64)
-
-    def runs(self) -> list[tuple[int, Any]]:
-        """(schema id, row indexes) of each run of present values with one schema id."""
-        if not len(self.present):
-            return []
-        cuts = np.flatnonzero(self.ids[1:] != self.ids[:-1]) + 1
-        return [
-            (int(self.ids[rows[0]]), self.present[rows])
-            for rows in np.split(np.arange(len(self.present)), cuts)
-        ]
-
-    def payloads(self, rows: Any) -> bytes:
-        """The rows' payloads (past the 5 framing bytes), end to end."""
-        starts, ends = self.starts[rows] + _FRAMING, self.ends[rows]
-        lengths = ends - starts
-        total = int(lengths.sum())
-        ends_out = np.cumsum(lengths)
-        gather = np.arange(total) + np.repeat(starts - (ends_out - lengths), lengths)
-        return bytes(self.data[gather].tobytes())
-
-
 def decode_avro_column(
     column: Any, offsets: list[int], fmt: ValueFormat, arrow_type: Any, where: tuple[str, int]
 ) -> Any:
     """The values of a binary column (framed Avro; null stays null) as a pa.Array of
     `arrow_type` (the reader schema's struct)."""
-    frames = _Frames(column)
+    frames = Frames(column)
     if frames.unframed >= 0:
         row = int(frames.present[frames.unframed])
         problem = WireFormatError("GUID-framed: schemas are named by id in this registry")
@@ -155,20 +101,11 @@ def decode_avro_column(
             writers[schema_id] = _Writer(text, reader, canonical)
         context = (writers[schema_id], arrow_type, where)
         pieces.append(_run_column(rows, frames, offsets, context))
-    decoded = len(frames.present)
-    if len(pieces) == 1 and decoded == len(column):
-        return pieces[0]
-    # Several runs, or tombstones: the pieces end to end, a null after them, and each row
-    # taken from where its value landed.
-    position = np.full(len(column), decoded, dtype=np.int64)
-    if runs:
-        position[np.concatenate([rows for _, rows in runs])] = np.arange(decoded)
-    whole = pa.concat_arrays([*pieces, pa.nulls(1, arrow_type)])
-    return whole.take(pa.array(position))
+    return scatter(pieces, [rows for _, rows in runs], len(column), arrow_type)
 
 
 def _run_column(
-    rows: Any, frames: _Frames, offsets: list[int], context: tuple[_Writer, Any, Any]
+    rows: Any, frames: Frames, offsets: list[int], context: tuple[_Writer, Any, Any]
 ) -> Any:
     writer, arrow_type, where = context
     data = frames.payloads(rows)

@@ -17,11 +17,19 @@ from typing import Any, Final
 
 from google.protobuf.descriptor import FieldDescriptor
 
-__all__ = ["json_of_row", "protobuf_row", "spark_json_of_message"]
+__all__ = [
+    "TIMESTAMP",
+    "is_map",
+    "is_repeated",
+    "json_of_row",
+    "protobuf_row",
+    "python_value",
+    "spark_json_of_message",
+]
 
 _F = FieldDescriptor
 #: Read as a Spark timestamp, as Spark's own `from_protobuf` reads it.
-_TIMESTAMP: Final = "google.protobuf.Timestamp"
+TIMESTAMP: Final = "google.protobuf.Timestamp"
 _SCALARS: Final[dict[int, str]] = {
     _F.TYPE_DOUBLE: "double",
     _F.TYPE_FLOAT: "float",
@@ -42,7 +50,7 @@ _SCALARS: Final[dict[int, str]] = {
 }
 
 
-def _is_map(field: Any) -> bool:
+def is_map(field: Any) -> bool:
     return (
         field.type == _F.TYPE_MESSAGE
         and field.message_type is not None
@@ -50,7 +58,7 @@ def _is_map(field: Any) -> bool:
     )
 
 
-def _is_repeated(field: Any) -> bool:
+def is_repeated(field: Any) -> bool:
     # `is_repeated` (protobuf >= 5); older runtimes have only `label`.
     repeated = getattr(field, "is_repeated", None)
     if repeated is None:
@@ -73,7 +81,7 @@ def spark_json_of_message(descriptor: Any, seen: tuple[str, ...] = ()) -> dict[s
 
 
 def _field_type(field: Any, seen: tuple[str, ...]) -> Any:
-    if _is_map(field):
+    if is_map(field):
         entry = field.message_type
         return {
             "type": "map",
@@ -82,13 +90,13 @@ def _field_type(field: Any, seen: tuple[str, ...]) -> Any:
             "valueContainsNull": True,
         }
     element = _value_type(field, seen)
-    if _is_repeated(field):
+    if is_repeated(field):
         return {"type": "array", "elementType": element, "containsNull": True}
     return element
 
 
 def _value_type(field: Any, seen: tuple[str, ...]) -> Any:
-    if field.type == _F.TYPE_MESSAGE and field.message_type.full_name == _TIMESTAMP:
+    if field.type == _F.TYPE_MESSAGE and field.message_type.full_name == TIMESTAMP:
         return "timestamp"
     if field.type in (_F.TYPE_MESSAGE, _F.TYPE_GROUP):
         return spark_json_of_message(field.message_type, seen)
@@ -100,25 +108,26 @@ def protobuf_row(message: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in message.DESCRIPTOR.fields:
         value = getattr(message, f.name)
-        if _is_map(f):
+        if is_map(f):
             value_field = f.message_type.fields_by_name["value"]
-            out[f.name] = [(k, _value(value_field, v)) for k, v in value.items()]
-        elif _is_repeated(f):
-            out[f.name] = [_value(f, v) for v in value]
+            out[f.name] = [(k, python_value(value_field, v)) for k, v in value.items()]
+        elif is_repeated(f):
+            out[f.name] = [python_value(f, v) for v in value]
         elif f.type == _F.TYPE_MESSAGE or f.has_presence:
             # Fields with presence (messages, proto3 `optional`, oneof members): null unset.
-            out[f.name] = _value(f, value) if message.HasField(f.name) else None
+            out[f.name] = python_value(f, value) if message.HasField(f.name) else None
         else:
-            out[f.name] = _value(f, value)
+            out[f.name] = python_value(f, value)
     return out
 
 
-def _value(field: Any, value: Any) -> Any:
+def python_value(field: Any, value: Any) -> Any:
+    """One value of `field` (an element, for repeated fields) as `protobuf_row` gives it."""
     if field.type == _F.TYPE_ENUM:
         found = field.enum_type.values_by_number.get(value)
         return found.name if found is not None else str(value)
     if field.type == _F.TYPE_MESSAGE:
-        if field.message_type.full_name == _TIMESTAMP:
+        if field.message_type.full_name == TIMESTAMP:
             return value.ToDatetime(tzinfo=dt.UTC)
         return protobuf_row(value)
     return value
@@ -136,11 +145,11 @@ def json_of_row(row: dict[str, Any], descriptor: Any) -> dict[str, Any]:
         value = row.get(f.name)
         if value is None:
             continue
-        if _is_map(f):
+        if is_map(f):
             entries = value.items() if isinstance(value, dict) else value
             value_field = f.message_type.fields_by_name["value"]
             out[f.name] = {str(k): _json_value(value_field, v) for k, v in entries}
-        elif _is_repeated(f):
+        elif is_repeated(f):
             out[f.name] = [_json_value(f, v) for v in value]
         else:
             out[f.name] = _json_value(f, value)

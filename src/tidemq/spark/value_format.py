@@ -2,10 +2,12 @@
 JSON values into a struct column, with the schema from the registry (`schemaRegistry`,
 `subject`, `schemaVersion`).
 
-JSON values are parsed and laid out by the subject's JSON Schema (`json_types.py`); a
-value that is not framed, not JSON, or whose fields do not fit the schema's types fails
-the task naming the topic, queue and offset (the schema's other constraints are the
-producer's serializer's to check).
+JSON values are parsed and laid out by the subject's JSON Schema (`json_types.py`), a
+batch at a time (`json_decode.py`); a value that is not framed, not JSON, or whose
+fields do not fit the schema's types fails the task naming the topic, queue and offset
+(the schema's other constraints are the producer's serializer's to check). Protobuf
+values are read with their writer's message type and laid out a field at a time into
+the struct of the reader's message (`protobuf_decode.py`).
 
 The reader schema is resolved once, on the driver, when Spark asks for the source's
 schema: the subject's version (latest by default; the subject defaults to
@@ -25,12 +27,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-import msgspec
 import pyarrow as pa
 
-from tidemq.core.errors import InvalidBatch
-from tidemq.schema.wire import WireFormatError, unframe
 from tidemq.spark.avro_decode import decode_avro_column
+from tidemq.spark.json_decode import decode_json_column
 from tidemq.spark.json_types import spark_json_of_json_schema
 
 if TYPE_CHECKING:
@@ -294,82 +294,21 @@ _COMPLEX: Final[dict[Any, Any]] = {
 
 
 def decode_values(batch: Any, fmt: ValueFormat, arrow_type: Any, topic: str, queue: int) -> Any:
-    """`batch` (a pa.RecordBatch of the source) with its `value` column decoded."""
+    """`batch` (a pa.RecordBatch of the source) with its `value` column decoded, a batch
+    at a time (ADR 0022, 0024)."""
     column = batch.column(batch.schema.get_field_index("value"))
     offsets = batch.column(batch.schema.get_field_index("offset")).to_pylist()
+    where = (topic, queue)
     if fmt.kind == "avro":
-        return _with_values(
-            batch, decode_avro_column(column, offsets, fmt, arrow_type, (topic, queue))
-        )
-    values = column.to_pylist()
+        return _with_values(batch, decode_avro_column(column, offsets, fmt, arrow_type, where))
     if fmt.kind == "json":
-        return _with_values(batch, _json_values(values, offsets, arrow_type, topic, queue))
+        return _with_values(batch, decode_json_column(column, offsets, arrow_type, where))
     if fmt.kind == "protobuf":
-        return _with_values(batch, _protobuf_values(values, offsets, arrow_type, topic, queue, fmt))
+        from tidemq.spark.protobuf_decode import decode_protobuf_column  # noqa: PLC0415
+
+        decoded = decode_protobuf_column(column, offsets, fmt, arrow_type, where)
+        return _with_values(batch, decoded)
     raise ValueError(f"unknown valueFormat {fmt.kind!r}")
-
-
-def _protobuf_values(  # noqa: PLR0917 - one call site, the column's context
-    values: list[Any], offsets: list[int], arrow_type: Any, topic: str, queue: int, fmt: ValueFormat
-) -> Any:
-    """Each framed value read as the message its indexes name (in the writer's schema,
-    fetched once per executor process), laid out as the reader schema's first message."""
-    from tidemq.client.protobuf_serde import WriterMessages  # noqa: PLC0415
-    from tidemq.spark.protobuf_types import protobuf_row  # noqa: PLC0415
-
-    messages = _PROTOBUF_READERS.get(fmt.registry_url)
-    if messages is None:
-        messages = _PROTOBUF_READERS[fmt.registry_url] = WriterMessages(fmt.registry())
-    decoded: list[Any] = []
-    for value, offset in zip(values, offsets, strict=True):
-        if value is None:
-            decoded.append(None)
-            continue
-        try:
-            decoded.append(protobuf_row(messages.read(value)))
-        except Exception as exc:
-            raise InvalidBatch(
-                f"{topic}/{queue} offset {offset}: the value is not Protobuf of a registered "
-                f"schema ({type(exc).__name__}: {exc})"
-            ) from None
-    return pa.array(decoded, type=arrow_type)
-
-
-#: registry URL -> its writers' message classes (per executor process).
-_PROTOBUF_READERS: dict[str, Any] = {}
-
-
-_JSON_DECODE: Final = msgspec.json.Decoder().decode
-
-
-def _json_values(
-    values: list[Any], offsets: list[int], arrow_type: Any, topic: str, queue: int
-) -> Any:
-    decoded: list[Any] = []
-    for value, offset in zip(values, offsets, strict=True):
-        if value is None:
-            decoded.append(None)
-            continue
-        try:
-            # msgspec's decoder: the same JSON, a few times faster than json.loads.
-            decoded.append(_JSON_DECODE(unframe(value).payload))
-        except (WireFormatError, ValueError, msgspec.DecodeError) as exc:
-            raise InvalidBatch(
-                f"{topic}/{queue} offset {offset}: the value is not framed JSON ({exc})"
-            ) from None
-    try:
-        return pa.array(decoded, type=arrow_type)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-        # Find the value that does not fit, to name it.
-        for value, offset in zip(decoded, offsets, strict=True):
-            try:
-                pa.array([value], type=arrow_type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
-                raise InvalidBatch(
-                    f"{topic}/{queue} offset {offset}: the JSON value does not fit the "
-                    f"subject's schema ({exc})"
-                ) from None
-        raise
 
 
 def _with_values(batch: Any, column: Any) -> Any:
