@@ -39,7 +39,7 @@ def _on_leader(
         store = _open(data_dir)
         gateway = StoreGateway(store, asyncio.get_running_loop(), lambda _: None)
         try:
-            tables = MemberTables(gateway)
+            tables = MemberTables(gateway, replicated=True)
             await tables.start()
             await body(store, tables)
         finally:

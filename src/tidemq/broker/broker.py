@@ -362,7 +362,7 @@ class Broker:
         self._service_states.rebuild(store)
         self._book = OffsetBook(self._gateway)
         await self._book.start()
-        self._tables = MemberTables(self._gateway)
+        self._tables = MemberTables(self._gateway, replicated=self._replica is not None)
         await self._tables.start()
         self._start_security(store)
         await self._transactions.start()

@@ -103,11 +103,20 @@ def _rows(store: MessageStore) -> list[MessageRecord]:
     return out
 
 
+def _forget_changes(store: MessageStore) -> None:
+    store.remote.changed.clear()
+    store.static.changed.clear()
+
+
 class MemberTables:
     """Publishes a broker's table changes into the log. Runs on the loop."""
 
-    def __init__(self, gateway: StoreGateway) -> None:
+    def __init__(self, gateway: StoreGateway, *, replicated: bool) -> None:
+        """`replicated`: the broker leads a replica group. A lone broker's own metadata
+        is the only copy anyone reads: it writes no rows (a static remap then writes
+        nothing to its commit log, and costs no extra sync)."""
         self._gateway = gateway
+        self._replicated = replicated
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -117,6 +126,9 @@ class MemberTables:
         acknowledged: a repeated request finds it done and changes nothing), and a data
         directory from before the topic has rows only there."""
         store = self._gateway.store
+        if not self._replicated:
+            _forget_changes(store)
+            return
         catch_up(store, whole=True)
         store.remote.changed.update(store.remote.keys())
         store.static.changed.update(store.static.keys())
@@ -126,6 +138,9 @@ class MemberTables:
         """Write the rows changed since the last publish; returns once committed."""
         async with self._lock:
             store = self._gateway.store
+            if not self._replicated:
+                _forget_changes(store)
+                return
             rows = _rows(store)
             if not rows:
                 return
