@@ -98,8 +98,7 @@ def _rows(store: MessageStore) -> list[MessageRecord]:
             else _encode.encode((store.static.is_writable(*key), encode_chain(chain)))
         )
         out.append(MessageRecord(value, _encode.encode((CHAIN, *key))))
-    store.remote.changed.clear()
-    store.static.changed.clear()
+    _forget_changes(store)
     return out
 
 
